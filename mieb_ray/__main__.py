@@ -1,0 +1,3 @@
+from mieb_ray.cli import main
+
+raise SystemExit(main())
