@@ -1,0 +1,13 @@
+"""`ray job submit --working-dir . -- python jobs/build_train.py --sources ... --out ...`
+
+The build job as a Ray job entrypoint: the same flags as `mieb-ray build`. It joins the cluster it
+was submitted to (RAY_ADDRESS), prints progress and a summary line, and exits non-zero on failure
+so that `ray job submit` reports FAILED.
+"""
+
+import sys
+
+from mieb_ray.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["build", *sys.argv[1:]]))

@@ -1,0 +1,104 @@
+"""One unit in, its shards out: read the source rows, caption them from the class table, write.
+
+ShardBuilder is the callable class the build pipeline runs in a Ray actor pool: each actor holds
+the class tables once and streams units through, so image bytes go from the source file to the
+output shard without crossing the object store. Shard names depend only on the row index
+(`<slug>/<index // rows_per_shard:06d>`), so a retried or repeated unit rewrites the same shards
+with the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mieb_ray import storage
+from mieb_ray.captions import ClassTable
+from mieb_ray.io.readers import SourceError, Unit, read_unit
+from mieb_ray.io.writers import WRITERS
+from mieb_ray.sources import by_slug
+from mieb_ray.table import train_rows
+
+
+def shard_path(slug: str, shard: int, suffix: str) -> str:
+    return f"{slug}/{shard:06d}.{suffix}"
+
+
+def error_path(slug: str, unit_lo: int) -> str:
+    return f"_errors/{slug}/{unit_lo:012d}.parquet"
+
+
+class ShardBuilder:
+    def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int):
+        self.tables, self.out, self.rows_per_shard = tables, out, rows_per_shard
+        self.writer_cls = WRITERS[fmt]
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"result": np.array([json.dumps(self.build(Unit.from_json(u))) for u in batch["unit"]])}
+
+    def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
+        dest = storage.join(self.out, shard_path(slug, shard, self.writer_cls.suffix))
+        local = storage.staging_path(dest)
+        return _OpenShard(shard, dest, local, self.writer_cls(local, image_ext))
+
+    def _commit(self, slug: str, shard: _OpenShard) -> dict:
+        stats = shard.writer.close()
+        storage.commit(shard.local, shard.dest)
+        return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, **stats}
+
+    def build(self, unit: Unit) -> dict:
+        source, table = by_slug(unit.slug), self.tables[unit.slug]
+        shards, errors, dropped, last = [], [], 0, -1
+        current: _OpenShard | None = None
+        try:
+            for file, chunk in read_unit(source, unit):
+                index = chunk["index"].to_numpy()
+                if len(index) == 0:
+                    continue
+                if index[0] <= last or np.any(np.diff(index) <= 0):
+                    raise SourceError(f"{unit.slug}: sample keys out of order or repeated in "
+                                      f"{storage.display(file)} near index {int(index[0])}")
+                last = int(index[-1])
+                # the index is increasing, so each shard's rows are one slice of the chunk
+                shard_of = index // self.rows_per_shard
+                bounds = np.flatnonzero(np.diff(shard_of)) + 1
+                for lo, hi in zip([0, *bounds], [*bounds, len(index)]):
+                    number = int(shard_of[lo])
+                    if current is None or current.number != number:
+                        if current is not None:
+                            shards.append(self._commit(unit.slug, current))
+                        current = self._open(unit.slug, number, source.image_ext)
+                    rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
+                                                      storage.display(file))
+                    current.writer.write(rows)
+                    dropped += n_dropped
+                    if bad.num_rows:
+                        errors.append(bad)
+            if current is not None:
+                shards.append(self._commit(unit.slug, current))
+                current = None
+        finally:
+            if current is not None and os.path.exists(current.local):  # failed mid-shard: never committed
+                os.unlink(current.local)
+        error_file = None
+        if errors:
+            error_file = error_path(unit.slug, unit.lo)
+            dest = storage.join(self.out, error_file)
+            local = storage.staging_path(dest)
+            pq.write_table(pa.concat_tables(errors), local)
+            storage.commit(local, dest)
+        return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
+                "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped}
+
+
+@dataclass
+class _OpenShard:
+    number: int
+    dest: str
+    local: str
+    writer: object

@@ -1,0 +1,221 @@
+"""Where bytes live: local paths, `s3://` URIs and the Hugging Face hub (`hf://`), and the manifest.
+
+S3 settings come from the standard AWS environment: `AWS_ENDPOINT_URL(_S3)`, `AWS_REGION` /
+`AWS_DEFAULT_REGION`, and the SDK's own credential chain (keys, `AWS_PROFILE`, instance roles).
+Reads go through pyarrow filesystems. Writes are atomic: a shard is written to a local temp file
+and committed whole, by rename on local disk and by one boto3 upload on S3 (a multipart upload
+is aborted on failure, so a half-written object is never visible).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from mieb_ray.errors import UserError
+
+MANIFEST = "_manifest.json"
+
+
+class StorageError(UserError):
+    pass
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+@functools.lru_cache(maxsize=None)
+def _s3() -> pafs.S3FileSystem:
+    # A bare S3FileSystem() ignores AWS_ENDPOINT_URL, so pass it on; the SDK resolves region and keys.
+    kwargs = {}
+    if endpoint := _endpoint():
+        url = urlparse(endpoint)
+        kwargs.update(endpoint_override=url.netloc, scheme=url.scheme or "https")
+    if region := os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        kwargs["region"] = region
+    elif endpoint:
+        kwargs["region"] = "us-east-1"
+    return pafs.S3FileSystem(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=10), **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _hf() -> pafs.FileSystem:
+    from huggingface_hub import HfFileSystem
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem()))
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem for `uri` and the path inside it."""
+    if is_s3(uri):
+        return _s3(), uri[len("s3://"):].rstrip("/")
+    if uri.startswith("hf://"):
+        return _hf(), uri[len("hf://"):].rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def _describe(exc: OSError) -> str:
+    # pyarrow's S3 messages are long and multi-line; keep the first line, never any credential
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def list_files(uri: str) -> list[str]:
+    """Every file under `uri`, recursively, as URIs with the same scheme; [] when it does not exist."""
+    fs, path = filesystem(uri)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise StorageError(f"cannot list {uri}: {_describe(exc)}") from exc
+    prefix = uri.rstrip("/")
+    return sorted(prefix + i.path[len(path):] for i in infos if i.type == pafs.FileType.File)
+
+
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    try:
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except OSError as exc:
+        raise StorageError(f"cannot reach {uri}: {_describe(exc)}") from exc
+
+
+def open_input(uri: str):
+    """A seekable binary file (pyarrow NativeFile) for reading `uri`."""
+    fs, path = filesystem(uri)
+    try:
+        return fs.open_input_file(path)
+    except FileNotFoundError as exc:
+        raise StorageError(f"no such file: {uri}") from exc
+    except OSError as exc:
+        raise StorageError(f"cannot open {uri}: {_describe(exc)}") from exc
+
+
+def read_text(uri: str) -> str:
+    with open_input(uri) as f:
+        return f.read().decode("utf-8")
+
+
+def check_output(uri: str) -> None:
+    """Fail early, in one line, when the output cannot be written: a missing bucket, bad credentials."""
+    if not is_s3(uri):
+        os.makedirs(os.path.abspath(uri), exist_ok=True)
+        return
+    bucket = uri[len("s3://"):].split("/", 1)[0]
+    fs = _s3()
+    try:
+        info = fs.get_file_info(bucket)
+    except OSError as exc:
+        raise StorageError(f"cannot reach bucket '{bucket}': {_describe(exc)}") from exc
+    if info.type == pafs.FileType.NotFound:
+        endpoint = f" at {_endpoint()}" if _endpoint() else ""
+        raise StorageError(f"bucket '{bucket}' does not exist{endpoint}")
+
+
+class HashingWriter:
+    """A binary file that keeps the sha256 and size of what is written through it."""
+
+    def __init__(self, path: str):
+        self._f = open(path, "wb")
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.bytes += len(data)
+        return self._f.write(data)
+
+    def flush(self):
+        self._f.flush()
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def close(self):
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+
+def staging_path(dest: str) -> str:
+    """A local path to write `dest` into before commit(): beside it on local disk (so the rename is
+    atomic), in the temp dir for S3."""
+    name = f".{os.path.basename(dest)}.{uuid.uuid4().hex[:8]}.tmp"
+    if is_s3(dest):
+        return os.path.join(tempfile.gettempdir(), name)
+    directory = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, name)
+
+
+def commit(local: str, dest: str) -> None:
+    """Make the finished file `local` visible at `dest` all at once, and remove `local`."""
+    try:
+        if is_s3(dest):
+            bucket, key = dest[len("s3://"):].split("/", 1)
+            try:
+                _boto3_s3().upload_file(local, bucket, key)
+            except Exception as exc:  # boto3 raises several unrelated types; name the target, not the keys
+                raise StorageError(f"cannot write {dest}: {type(exc).__name__}: {str(exc).splitlines()[0]}") \
+                    from exc
+        else:
+            os.replace(local, os.path.abspath(dest))
+    finally:
+        if os.path.exists(local):
+            os.unlink(local)
+
+
+@functools.lru_cache(maxsize=None)
+def _boto3_s3():
+    import boto3  # reads AWS_ENDPOINT_URL, region and credentials from the environment itself
+
+    return boto3.client("s3")
+
+
+def write_bytes(dest: str, data: bytes) -> None:
+    local = staging_path(dest)
+    with open(local, "wb") as f:
+        f.write(data)
+    commit(local, dest)
+
+
+def delete(uri: str) -> None:
+    fs, path = filesystem(uri)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_manifest(root: str, manifest: dict) -> None:
+    """The manifest is written last: an output without one is incomplete."""
+    write_bytes(join(root, MANIFEST), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_manifest(root: str) -> dict | None:
+    uri = join(root, MANIFEST)
+    return json.loads(read_text(uri)) if exists(uri) else None
+
+
+def display(uri: str) -> str:
+    """`uri` as it may be printed or stored: no user:password@ part."""
+    parsed = urlparse(uri)
+    if parsed.password or parsed.username:
+        return uri.replace(parsed.netloc, parsed.hostname or "", 1)
+    return uri

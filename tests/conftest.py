@@ -1,0 +1,54 @@
+"""Session fixtures: one S3 server, one local Ray, one fixture mirror of the 23 sources.
+
+Every cache (Ray, HF) stays inside pytest's temp dir. The S3 environment is set before Ray starts
+so that Ray's workers inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import s3server
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    server = s3server.start(str(tmp_path_factory.mktemp("seaweedfs")))
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hf_home(tmp_path_factory):
+    home = str(tmp_path_factory.mktemp("hf_home"))
+    os.environ["HF_HOME"] = home
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(home, "datasets")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return home
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3, tmp_path_factory):
+    import ray
+
+    # 4 logical CPUs on 2 cores: an actor pool that reserves every CPU cannot starve the rest (platform notes)
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
+             logging_level="WARNING", runtime_env={"env_vars": dict(s3.env)})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mirror(tmp_path_factory):
+    """The fixture mirror of all 23 sources in the hub's layout: (root, rows written per dataset)."""
+    from mieb_ray.fixtures.mirror import make_mirror
+
+    root = str(tmp_path_factory.mktemp("mirror"))
+    return root, make_mirror(root)
