@@ -38,7 +38,9 @@ def init_ray(address: str | None = None) -> None:
 
 def run_build(args: argparse.Namespace) -> None:
     from mieb_ray.pipelines.build import build
+    from mieb_ray.sources import select
 
+    select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
     build(args.sources, args.out, datasets=args.datasets, fmt=args.format, rows_per_shard=args.rows_per_shard,
           overwrite=args.overwrite, verify_counts=args.verify_counts, max_error_rate=args.max_error_rate,

@@ -39,7 +39,10 @@ def check_counts(counts: dict[str, int], expected: dict[str, int]) -> None:
 def _plan(selected, sources: str, rows_per_shard: int):
     def one(source):
         units, hub_names = readers.plan(source, sources, rows_per_shard)
-        return source, units, class_table(source, hub_names)
+        try:
+            return source, units, class_table(source, hub_names)
+        except ValueError as exc:  # the source's class list is not the one the catalog knows
+            raise UserError(str(exc)) from exc
 
     with ThreadPoolExecutor(8) as pool:
         planned = list(pool.map(one, selected))

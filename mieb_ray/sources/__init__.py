@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from mieb_ray.errors import UserError
 from mieb_ray.sources.catalog import PARQUET, SOURCES, TOTAL_ROWS, WEBDATASET, Source
 
 __all__ = ["PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug", "select", "read_labels",
@@ -12,7 +13,7 @@ __all__ = ["PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug"
 _BY_SLUG = {s.slug: s for s in SOURCES}
 
 
-class UnknownDatasetError(ValueError):
+class UnknownDatasetError(UserError, ValueError):
     pass
 
 
