@@ -29,8 +29,11 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
 
 def init_ray(address: str | None = None) -> None:
     """Join the cluster a job was submitted to (RAY_ADDRESS), or start a local one."""
+    import logging
+
     import ray
 
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=True,
                  logging_level="WARNING")

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.captions import ClassTable
+from mieb_ray.errors import UserError
 from mieb_ray.io.readers import SourceError, Unit, read_unit
 from mieb_ray.io.writers import WRITERS
 from mieb_ray.sources import by_slug
@@ -39,7 +40,14 @@ class ShardBuilder:
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"result": np.array([json.dumps(self.build(Unit.from_json(u))) for u in batch["unit"]])}
+        return {"result": np.array([json.dumps(self._try_build(Unit.from_json(u))) for u in batch["unit"]])}
+
+    def _try_build(self, unit: Unit) -> dict:
+        # a bad source is the user's to fix: hand the driver its one-line message, not a worker traceback
+        try:
+            return self.build(unit)
+        except UserError as exc:
+            return {"user_error": str(exc)}
 
     def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
         dest = storage.join(self.out, shard_path(slug, shard, self.writer_cls.suffix))

@@ -107,7 +107,8 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker))
     workers = max(1, min(workers, len(units)))
-    ray.data.DataContext.get_current().enable_progress_bars = False  # our own progress lines below
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # our own progress lines below
     ds = ray.data.from_items([{"unit": u.to_json()} for u in units], override_num_blocks=len(units))
     ds = ds.map_batches(
         ShardBuilder,
@@ -118,6 +119,8 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     results, rows, t_run, t_log = [], 0, time.time(), 0.0
     for row in ds.iter_rows():
         result = json.loads(row["result"])
+        if "user_error" in result:
+            raise UserError(result["user_error"])
         results.append(result)
         rows += result["rows"]
         if time.time() - t_log > 5 or len(results) == len(units):
