@@ -185,7 +185,7 @@ def commit(local: str, dest: str) -> None:
 def _boto3_s3():
     import boto3  # reads AWS_ENDPOINT_URL, region and credentials from the environment itself
 
-    return boto3.client("s3")
+    return boto3.session.Session().client("s3")  # not boto3's default session, which keeps old credentials
 
 
 def write_bytes(dest: str, data: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from mieb_ray import storage
 from mieb_ray.captions import class_table, clean_caption
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
-from mieb_ray.fixtures.mirror import expected_rows, hub_names
+from mieb_ray.fixtures.mirror import expected_rows, hub_names, make_mirror
 from mieb_ray.io import readers
 from mieb_ray.pipelines.build import build
 from mieb_ray.sources import PARQUET, SOURCES, by_slug
@@ -214,3 +215,27 @@ def test_unreadable_tar_fails_naming_the_file(ray_local, mirror, tmp_path, capsy
     assert main(["build", "--sources", str(bad), "--out", str(tmp_path / "out"), "--datasets", "fer2013"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # Ray's own INFO lines come before it
     assert err.startswith("mieb-ray: error: unreadable tar file") and "1.tar" in err
+
+
+def test_error_rows_are_counted_and_the_rate_is_enforced(ray_local, tmp_path):
+    root = str(tmp_path / "mirror")
+    make_mirror(root, datasets=["gtsrb"], rows={"gtsrb": 20})
+    tar = sorted(glob.glob(f"{root}/mteb/wds_gtsrb/train/*.tar"))[1]
+    with tarfile.open(tar) as t:
+        members = [(m, t.extractfile(m).read()) for m in t.getmembers()]
+    with tarfile.open(tar, "w") as t:  # one label outside the 43 classes, one that is not a number
+        for i, (m, data) in enumerate(members):
+            if m.name.endswith(".cls") and i in (0, 2):
+                data = b"43" if i == 0 else b"stop"
+                m.size = len(data)
+            t.addfile(m, io.BytesIO(data))
+
+    with pytest.raises(UserError, match=r"^2 rows could not be built \(gtsrb: 2\), more than --max-error-rate 0"):
+        build(root, str(tmp_path / "strict"), datasets=["gtsrb"], max_error_rate=0)
+    assert not os.path.exists(tmp_path / "strict" / "_manifest.json")
+
+    manifest = build(root, str(tmp_path / "lenient"), datasets=["gtsrb"], max_error_rate=0.2)
+    assert manifest["counts"]["datasets"] == {"gtsrb": 18} and manifest["counts"]["errors"] == {"gtsrb": 2}
+    errors = pq.read_table([os.path.join(tmp_path, "lenient", f) for f in manifest["error_files"]]).to_pylist()
+    assert sorted(e["key"] for e in errors) == ["gtsrb/10", "gtsrb/11"]
+    assert {e["error"] for e in errors} == {"label 43 outside the 43 classes", "label missing or not in the class list"}

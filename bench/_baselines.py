@@ -1,0 +1,189 @@
+"""Helpers shared by bench/build_bytes.py and bench/build_rows.py (not a benchmark itself).
+
+The two baselines the build is compared with:
+  copy_floor(files, out)        one process, no Ray: pq.read_table + pq.write_table of each file, unchanged;
+  minimal_pipeline(files, out)  ray.data.read_parquet -> map_batches(CaptionTake, 1 actor, pyarrow) -> write_parquet.
+and start_ray(), MemorySampler, train_files(), parquet_rows(), machine_facts(), markdown_table().
+
+Ray's workers import CaptionTake by its module name, `_baselines`: start_ray() puts bench/ on their PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # before `import ray`: no token auth, no ~/.ray/auth_token
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
+
+BENCH = Path(__file__).resolve().parent
+
+# the label column of each parquet source (scimmir's `class` holds strings: its class codes)
+LABEL_COLUMNS = ("label", "fine_label", "common", "class")
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+
+
+def start_ray(work: Path) -> None:
+    """Start local Ray once, before anything is timed."""
+    # 4 logical CPUs on this 2-core machine: an actor pool whose actors reserve every CPU leaves none for the
+    # read tasks feeding it and Ray Data deadlocks (platform notes, section 2). 4 logical CPUs let the
+    # build's default pool (CPU // 1 = 4 actors) and the 1-actor baseline run beside their read tasks.
+    pythonpath = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+             _temp_dir=str((work / "ray").resolve()),  # session files inside the work folder, not /tmp/ray
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})  # workers can import `_baselines`
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+
+
+def copy_floor(files: list[str], out: Path) -> int:
+    """The floor: read each parquet file whole and write it back unchanged, one process. Returns rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    for k, path in enumerate(files):
+        table = pq.read_table(path)
+        pq.write_table(table, out / f"{k:05d}.parquet")  # same schema (metadata too), default settings
+        rows += table.num_rows
+    return rows
+
+
+class CaptionTake:
+    """The minimal pipeline's transform: caption = take(a small class-name array, label)."""
+
+    def __init__(self):
+        self.names = pa.array([f"a photo of class {i}." for i in range(1000)])  # birdsnap has 500 classes
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        label = batch[next(c for c in LABEL_COLUMNS if c in batch.column_names)]
+        if not pa.types.is_integer(label.type):  # scimmir: class code strings -> their index
+            label = pc.index_in(label, value_set=pc.unique(label))
+        return batch.append_column("caption", pc.take(self.names, label))
+
+
+def minimal_pipeline(files: list[str], out: Path) -> int:
+    """read_parquet -> 1-actor pyarrow take -> write_parquet (the issue's baseline). Returns rows written."""
+    ds = ray.data.read_parquet(files)
+    ds = ds.map_batches(CaptionTake, compute=ray.data.ActorPoolStrategy(size=1), batch_format="pyarrow")
+    ds.write_parquet(str(out))
+    return parquet_rows(out)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def train_files(mirror: Path, slugs: list[str]) -> list[str]:
+    """The train split files of the sources, as the build itself finds them."""
+    from mieb_ray.io import readers
+    from mieb_ray.sources import by_slug
+
+    return [f for slug in slugs for f in readers.train_files(by_slug(slug), str(mirror))]
+
+
+def parquet_rows(folder: Path) -> int:
+    """Rows in all parquet files under folder, from their footers (cheap)."""
+    return sum(pq.read_metadata(p).num_rows for p in Path(folder).rglob("*.parquet") if not p.name.startswith("."))
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - t0, result
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def _used() -> int:
+    vm = psutil.virtual_memory()
+    return vm.total - vm.available
+
+
+class MemorySampler:
+    """Every `interval` s in a thread: system-wide used memory (total - available) and the RSS sum of the
+    raylet's child processes (Ray's workers and actors). `with MemorySampler() as m: ...` then m.used_delta
+    (peak used minus used just before the block) and m.ray_rss (peak RSS sum). RSS counts pages shared
+    between workers (the /dev/shm object store, libraries) once per process, so it overstates."""
+
+    METHOD = ("memory: system used = psutil total - available, sampled every 0.25 s, peak minus the value "
+              "just before the run (includes anything else running on the machine); Ray workers = peak over "
+              "samples of the summed RSS of the raylet's child processes (shared pages counted per process)")
+
+    def __init__(self, interval: float = 0.25):
+        self.interval, self._stop = interval, threading.Event()
+        me = psutil.Process()
+        self.raylet = next((p for p in me.children(recursive=True) if p.name() == "raylet"), None)
+
+    def _workers_rss(self) -> int:
+        if self.raylet is None:
+            return 0
+        total = 0
+        for p in self.raylet.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:  # a worker that just exited
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak_used = max(self.peak_used, _used())
+            self.ray_rss = max(self.ray_rss, self._workers_rss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self.before = _used()
+        self.peak_used, self.ray_rss = self.before, 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.used_delta = self.peak_used - self.before
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def machine_facts() -> list[str]:
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    import mieb_ray
+
+    return [f"CPUs: {os.cpu_count()} ({model or 'unknown model'}); RAM: {psutil.virtual_memory().total / 2**30:.1f} GiB; "
+            f"{platform.platform()}",
+            f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
+            f"mieb-ray {mieb_ray.__version__}; Ray started with num_cpus=4"]
+
+
+def command_line() -> str:
+    return " ".join([".venv/bin/python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
