@@ -1,0 +1,39 @@
+"""The catalog: 23 sources adding up to mieb-train's 4,434,196 rows, pinned revisions, the count check."""
+
+import re
+
+import pytest
+
+from mieb_ray.errors import UserError
+from mieb_ray.fixtures.mirror import expected_rows, hub_rows
+from mieb_ray.io.readers import repo_root
+from mieb_ray.pipelines.build import check_counts
+from mieb_ray.sources import SOURCES, TOTAL_ROWS, by_slug, select
+
+
+def test_the_23_sources_make_mieb_train():
+    assert len(SOURCES) == 23 and len({s.slug for s in SOURCES}) == 23
+    assert sum(s.rows for s in SOURCES) == TOTAL_ROWS == 4_434_196
+    assert all(re.fullmatch(r"[0-9a-f]{40}", s.revision) and s.split == "train" for s in SOURCES)
+    assert sum(expected_rows(hub_rows()).values()) == TOTAL_ROWS  # caltech101: 3,060 on the hub, 30 dropped
+    assert hub_rows()["caltech101"] == 3_060
+
+
+def test_hub_reads_go_to_the_pinned_revision():
+    assert repo_root(by_slug("cifar10"), "hf") == "hf://datasets/mteb/cifar10@69a62dd171e24a133d193073e73fda4dbb823266"
+    assert repo_root(by_slug("cifar10"), "s3://b/mirror") == "s3://b/mirror/mteb/cifar10"
+
+
+def test_count_check_names_the_dataset():
+    expected = {s.slug: s.rows for s in SOURCES}
+    check_counts(dict(expected), expected)
+    with pytest.raises(UserError, match=r"^row count mismatch: cifar100: 49,999 rows, expected 50,000$"):
+        check_counts({**expected, "cifar100": 49_999}, expected)
+    with pytest.raises(UserError, match=r"gtsrb: 0 rows, expected 26,640"):
+        check_counts({k: v for k, v in expected.items() if k != "gtsrb"}, expected)
+
+
+def test_select_keeps_catalog_order_and_rejects_unknown_names():
+    assert [s.slug for s in select("dtd,cifar10")] == ["cifar10", "dtd"]
+    with pytest.raises(UserError, match=r"^unknown dataset 'imagenet'; valid: ucf101, imagenet1k, "):
+        select("imagenet")
