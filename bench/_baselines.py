@@ -35,16 +35,22 @@ LABEL_COLUMNS = ("label", "fine_label", "common", "class")
 # ---------------------------------------------------------------------------------------------- Ray
 
 
+CORES = os.cpu_count() or 1  # the build's pool gets one actor per real core, not per logical CPU below
+
+
 def start_ray(work: Path) -> None:
     """Start local Ray once, before anything is timed."""
     # 4 logical CPUs on this 2-core machine: an actor pool whose actors reserve every CPU leaves none for the
     # read tasks feeding it and Ray Data deadlocks (platform notes, section 2). 4 logical CPUs let the
-    # build's default pool (CPU // 1 = 4 actors) and the 1-actor baseline run beside their read tasks.
+    # 1-actor baseline run beside its read and write tasks; the build is given workers=CORES explicitly.
     pythonpath = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
              _temp_dir=str((work / "ray").resolve()),  # session files inside the work folder, not /tmp/ray
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})  # workers can import `_baselines`
     ray.data.DataContext.get_current().enable_progress_bars = False
+    # untimed warm-up, part of start-up: the first Ray Data job starts worker processes and imports Ray Data
+    # in them, which would otherwise be charged to whichever contender happens to run first
+    ray.data.range(100).map_batches(lambda batch: batch).count()
 
 
 # ---------------------------------------------------------------------------------------------- baselines
@@ -94,8 +100,9 @@ def train_files(mirror: Path, slugs: list[str]) -> list[str]:
 
 
 def parquet_rows(folder: Path) -> int:
-    """Rows in all parquet files under folder, from their footers (cheap)."""
-    return sum(pq.read_metadata(p).num_rows for p in Path(folder).rglob("*.parquet") if not p.name.startswith("."))
+    """Rows in the parquet files under folder, from their footers (cheap); the build's _errors/ not counted."""
+    return sum(pq.read_metadata(p).num_rows for p in Path(folder).rglob("*.parquet")
+               if not p.name.startswith(".") and "_errors" not in p.relative_to(folder).parts)
 
 
 def timed(fn, *args, **kwargs):

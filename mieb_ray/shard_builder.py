@@ -55,9 +55,11 @@ class ShardBuilder:
         return _OpenShard(shard, dest, local, self.writer_cls(local, image_ext))
 
     def _commit(self, slug: str, shard: _OpenShard) -> dict:
-        stats = shard.writer.close()
+        rows = shard.writer.close()
+        stats = storage.file_stats(shard.local)
         storage.commit(shard.local, shard.dest)
-        return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, **stats}
+        return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows,
+                **stats}
 
     def build(self, unit: Unit) -> dict:
         source, table = by_slug(unit.slug), self.tables[unit.slug]

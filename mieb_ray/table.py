@@ -6,22 +6,24 @@ row; only SciMMIR, whose caption is each row's own text, cleans strings, vectori
 
 from __future__ import annotations
 
-import datasets
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from mieb_ray.captions import ClassTable, clean_captions
 from mieb_ray.sources import Source
 
-FEATURES = datasets.Features({
-    "key": datasets.Value("string"),
-    "image": datasets.Image(),
-    "text": datasets.Value("string"),
-    "label": datasets.Value("int64"),
-    "class_name": datasets.Value("string"),
-    "dataset_name": datasets.Value("string"),
-})
-SCHEMA = FEATURES.arrow_schema  # carries the `huggingface` metadata, so `datasets` decodes image as an Image
+_STRING = {"dtype": "string", "_type": "Value"}
+# What `datasets.Features(...).arrow_schema` writes (a test checks it): the `huggingface` metadata makes
+# `datasets` decode `image` as an Image. Spelled out so that actors need not import `datasets` (0.6 s each).
+HF_FEATURES = {"key": _STRING, "image": {"_type": "Image"}, "text": _STRING,
+               "label": {"dtype": "int64", "_type": "Value"},
+               "class_name": _STRING, "dataset_name": _STRING}
+SCHEMA = pa.schema([("key", pa.string()), ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                    ("text", pa.string()), ("label", pa.int64()), ("class_name", pa.string()),
+                    ("dataset_name", pa.string())],
+                   metadata={"huggingface": json.dumps({"info": {"features": HF_FEATURES}})})
 ERROR_SCHEMA = pa.schema([("key", pa.string()), ("dataset_name", pa.string()), ("file", pa.string()),
                           ("error", pa.string())])
 
@@ -68,7 +70,8 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str) ->
     safe_ids = pc.fill_null(pc.if_else(ok, ids, 0), 0)
     keep = pc.and_(ok, pc.take(pa.array(table.keep), safe_ids))
     dropped = pc.sum(pc.and_(ok, pc.invert(keep))).as_py() or 0
-    chunk, safe_ids = chunk.filter(keep), pc.filter(safe_ids, keep)
+    if not pc.all(keep).as_py():  # filtering copies the image bytes: only when a row goes
+        chunk, safe_ids = chunk.filter(keep), pc.filter(safe_ids, keep)
 
     text = pc.take(pa.array(table.text, pa.string()), safe_ids)
     if source.caption_column:

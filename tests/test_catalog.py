@@ -37,3 +37,16 @@ def test_select_keeps_catalog_order_and_rejects_unknown_names():
     assert [s.slug for s in select("dtd,cifar10")] == ["cifar10", "dtd"]
     with pytest.raises(UserError, match=r"^unknown dataset 'imagenet'; valid: ucf101, imagenet1k, "):
         select("imagenet")
+
+
+def test_the_table_schema_is_what_datasets_writes():
+    """table.SCHEMA spells out HF's features metadata; `datasets` itself must agree, metadata included."""
+    import datasets
+
+    from mieb_ray.table import SCHEMA
+
+    features = datasets.Features({"key": datasets.Value("string"), "image": datasets.Image(),
+                                  "text": datasets.Value("string"), "label": datasets.Value("int64"),
+                                  "class_name": datasets.Value("string"), "dataset_name": datasets.Value("string")})
+    assert SCHEMA.equals(features.arrow_schema, check_metadata=True)
+    assert datasets.Features.from_arrow_schema(SCHEMA) == features

@@ -31,12 +31,9 @@ def test_local_commit_is_a_rename_and_leaves_no_staging_file(tmp_path):
     assert open(dest, "rb").read() == b"shard" and os.listdir(os.path.dirname(dest)) == ["000000.parquet"]
 
 
-def test_hashing_writer_counts_what_it_writes(tmp_path):
-    w = storage.HashingWriter(str(tmp_path / "f"))
-    w.write(b"abc")
-    w.write(memoryview(b"def"))
-    w.close()
-    assert (w.bytes, w.sha256.hexdigest()) == (6, hashlib.sha256(b"abcdef").hexdigest())
+def test_file_stats_are_size_and_sha256(tmp_path):
+    (tmp_path / "f").write_bytes(b"abcdef")
+    assert storage.file_stats(str(tmp_path / "f")) == {"bytes": 6, "sha256": hashlib.sha256(b"abcdef").hexdigest()}
 
 
 def test_s3_round_trip_agrees_with_boto3(s3, fresh_clients):

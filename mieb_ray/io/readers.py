@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
@@ -181,29 +180,42 @@ def plan(source: Source, sources: str, rows_per_shard: int) -> tuple[list[Unit],
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _as_image(col: pa.Array) -> pa.Array:
+def _as_image(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """HF Image structs pass through untouched; a raw binary column becomes {bytes, path: null}."""
     if pa.types.is_struct(col.type):
         return col if col.type == IMAGE_TYPE else col.cast(IMAGE_TYPE)
-    return pa.StructArray.from_arrays([col.cast(pa.binary()), pa.nulls(len(col), pa.string())],
-                                      fields=list(IMAGE_TYPE))
+    return pa.chunked_array([pa.StructArray.from_arrays([c.cast(pa.binary()), pa.nulls(len(c), pa.string())],
+                                                        fields=list(IMAGE_TYPE)) for c in col.chunks], IMAGE_TYPE)
+
+
+def _row_group_batches(meta: pq.FileMetaData, row_groups: list[int]):
+    """Consecutive row groups, read together up to CHUNK_ROWS rows or CHUNK_BYTES (a bigger group alone)."""
+    batch, rows, size = [], 0, 0
+    for i in row_groups:
+        group = meta.row_group(i)
+        if batch and (rows + group.num_rows > CHUNK_ROWS or size + group.total_byte_size > CHUNK_BYTES):
+            yield batch
+            batch, rows, size = [], 0, 0
+        batch.append(i)
+        rows, size = rows + group.num_rows, size + group.total_byte_size
+    if batch:
+        yield batch
 
 
 def _read_parquet(source: Source, unit: Unit, piece: Piece):
     try:
         pf = pq.ParquetFile(storage.open_input(piece.uri))
-        batches = pf.iter_batches(batch_size=CHUNK_ROWS, row_groups=piece.row_groups,
-                                  columns=_parquet_columns(source))
         index = piece.first
-        for batch in batches:
-            n = batch.num_rows
+        for groups in _row_group_batches(pf.metadata, piece.row_groups):
+            table = pf.read_row_groups(groups, columns=_parquet_columns(source))
+            n = table.num_rows
             lo, hi = max(unit.lo - index, 0), n if unit.hi is None else min(unit.hi - index, n)
             if hi > lo:
                 yield piece.uri, pa.table({
                     "index": pa.array(range(index, index + n), pa.int64()),
-                    "image": _as_image(batch.column(source.image_column)),
-                    "label": batch.column(source.label_column),
-                    **({"caption": batch.column(source.caption_column)} if source.caption_column else {}),
+                    "image": _as_image(table[source.image_column]),
+                    "label": table[source.label_column],
+                    **({"caption": table[source.caption_column]} if source.caption_column else {}),
                 }).slice(lo, hi - lo)
             index += n
     except (pa.ArrowInvalid, OSError) as exc:
@@ -218,6 +230,8 @@ def _label(raw: bytes | None) -> int | None:
 
 
 def _read_tar(source: Source, unit: Unit, piece: Piece):
+    from webdataset.tariterators import group_by_keys, tar_file_iterator  # a slow import: only where used
+
     ext = source.image_column
     rows: dict[str, list] = {"index": [], "image": [], "label": []}
     size = 0

@@ -114,7 +114,7 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
         ShardBuilder,
         fn_constructor_kwargs=dict(tables=tables, out=out, fmt=fmt, rows_per_shard=rows_per_shard),
         batch_size=1, batch_format="numpy", num_cpus=cpus_per_worker,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=workers),
+        compute=ray.data.ActorPoolStrategy(size=workers),  # all at once: a pool that grows one by one idles
     )
     results, rows, t_run, t_log = [], 0, time.time(), 0.0
     for row in ds.iter_rows():
