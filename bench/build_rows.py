@@ -32,6 +32,7 @@ from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
 from mieb_ray.pipelines.build import build
 from mieb_ray.sources import PARQUET, SOURCES
 
+TAR_ROWS = 10_000  # samples per tar, as in the hub's WebDataset repos (CLIP_benchmark --max-count)
 TINY = bytes(range(80))  # every image: the build copies image bytes, it never decodes them
 PARQUET_SLUGS = [s.slug for s in SOURCES if s.layout == PARQUET]
 
@@ -40,15 +41,16 @@ def ensure_mirror(root: Path, scale: float, files: int) -> dict[str, int]:
     """Write the mirror, or reuse the one a marker file says was written with the same scale and files."""
     rows = {slug: max(1, int(n * scale)) for slug, n in hub_rows().items()}
     marker = root / "bench-mirror.json"
-    want = {"scale": scale, "files": files, "rows": rows}
+    want = {"scale": scale, "files": files, "tar_rows": TAR_ROWS, "rows": rows}
     if marker.exists() and json.loads(marker.read_text()) == want:
         print(f"[mirror] reusing {root} ({sum(rows.values()):,} rows)")
         return rows
     shutil.rmtree(root, ignore_errors=True)
-    print(f"[mirror] writing scale {scale}: {sum(rows.values()):,} rows, {files} train files per source ...",
+    print(f"[mirror] writing scale {scale}: {sum(rows.values()):,} rows, {files} parquet files per source, "
+          f"tars of {TAR_ROWS:,} rows ...",
           flush=True)
     t0 = time.perf_counter()
-    make_mirror(root, rows=rows, files=files, image_bytes=lambda source, index: TINY)
+    make_mirror(root, rows=rows, files=files, image_bytes=lambda source, index: TINY, tar_rows=TAR_ROWS)
     marker.write_text(json.dumps(want))
     print(f"[mirror] written in {time.perf_counter() - t0:.0f}s")
     return rows
@@ -70,7 +72,7 @@ def measure(name: str, fn, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="0.1,1.0", help="comma-separated fractions of the hub's rows (default 0.1,1.0)")
-    ap.add_argument("--files", type=int, default=4, help="train files (parquet or tar) per source (default 4)")
+    ap.add_argument("--files", type=int, default=4, help="parquet train files per source (default 4)")
     ap.add_argument("--rows-per-shard", type=int, default=10_000, help="the build's shard size (default 10,000)")
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work",
                     help="work folder: mirrors, outputs, Ray session files (default bench/_work, git-ignored)")
@@ -112,7 +114,7 @@ def main() -> None:
               b.gib(m["rss"])] for s, c, n, _, m in results]
 
     print("\n" + "=" * 100)
-    print(f"### Rows: 23 sources, {args.files} train files each, 80-byte images, "
+    print(f"### Rows: 23 sources, {args.files} parquet files each, tars of {TAR_ROWS:,} rows, 80-byte images, "
           f"rows_per_shard={args.rows_per_shard:,}\n")
     print(b.markdown_table(["scale", "contender", "rows in", "seconds", "rows/s", "peak system used (rise)",
                             "peak Ray workers RSS"], table))

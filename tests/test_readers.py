@@ -129,3 +129,18 @@ def test_scimmir_captions_are_the_rows_own_text(tmp_path):
         assert rows[i]["text"].startswith(("a figure of", "a table of"))
     assert any("model v2 on ImageNet across epochs." in r["text"] for r in rows)
     assert pc.all(pc.invert(pc.match_substring(pa.array([r["text"] for r in rows]), "\n"))).as_py()
+
+
+def test_tars_on_shard_boundaries_are_read_once_each(tmp_path):
+    make_mirror(tmp_path, rows={"gtsrb": 25}, datasets=["gtsrb"], tar_rows=5)  # tars of 5, like the hub's 10,000
+    source = by_slug("gtsrb")
+    units, _ = readers.plan(source, str(tmp_path), 5)
+    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 5, 1), (5, 10, 1), (10, 15, 1), (15, 20, 1),
+                                                           (20, None, 1)]
+    units, _ = readers.plan(source, str(tmp_path), 10)  # 5 is not a multiple of 10: one unit per shard
+    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 10, 2), (10, 20, 2), (20, None, 1)]
+    out = str(tmp_path / "out")
+    builder = ShardBuilder({"gtsrb": class_table(source)}, out, "parquet", 1)
+    units, _ = readers.plan(source, str(tmp_path), 1)  # one tar, several shards: the writer rolls over
+    shards = [s["path"] for u in units for s in builder.build(u)["shards"]]
+    assert shards == [f"gtsrb/{k:06d}.parquet" for k in range(25)]

@@ -116,21 +116,17 @@ def plan_parquet(source: Source, files: list[str], rows_per_shard: int) -> tuple
                               f"(columns: {', '.join(names)})")
         pieces_at.append((uri, first, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]))
         first += meta.num_rows
-    units = []
-    for lo in range(0, first, rows_per_shard):
-        hi = min(lo + rows_per_shard, first)
-        pieces = []
-        for uri, start, group_rows in pieces_at:
-            piece = None
-            for i, n in enumerate(group_rows):
-                if start < hi and start + n > lo:
-                    piece = piece or Piece(uri, start)
-                    piece.row_groups.append(i)
-                start += n
-            if piece:
-                pieces.append(piece)
-        units.append(Unit(source.slug, lo, hi, pieces))
-    return units, hub_class_names(metas[0], source.label_column)
+    units: dict[int, Unit] = {}
+    for uri, start, group_rows in pieces_at:  # each row group goes to every unit it overlaps
+        for i, n in enumerate(group_rows):
+            for k in range(start // rows_per_shard, (start + n - 1) // rows_per_shard + 1):
+                lo = k * rows_per_shard
+                unit = units.setdefault(k, Unit(source.slug, lo, min(lo + rows_per_shard, first), []))
+                if not unit.pieces or unit.pieces[-1].uri != uri:
+                    unit.pieces.append(Piece(uri, start))
+                unit.pieces[-1].row_groups.append(i)
+            start += n
+    return [units[k] for k in sorted(units)], hub_class_names(metas[0], source.label_column)
 
 
 def _key_index(key: str, uri: str) -> int:
@@ -152,17 +148,24 @@ def _first_index(uri: str) -> int:
 
 
 def plan_webdataset(source: Source, files: list[str], rows_per_shard: int) -> list[Unit]:
-    """Units from the first key of each tar: tar t holds indices [first[t], first[t+1])."""
+    """Units from the first key of each tar: tar t holds indices [first[t], first[t+1]).
+
+    Tars that start on shard boundaries (the hub's hold 10,000 samples each) are one unit apiece and
+    read once. Otherwise a unit is one shard's index range and skips the rows of its tars that are not
+    its own, so a tar spanning several shards is read once per shard.
+    """
     with ThreadPoolExecutor(16) as pool:
         firsts = list(pool.map(_first_index, files))
     for a, b, uri in zip(firsts, firsts[1:], files[1:]):
         if b <= a:
             raise SourceError(f"{source.slug}: {storage.display(uri)} starts at index {b}, not after {a}")
-    ends = firsts[1:] + [None]
+    ends = firsts[1:] + [None]  # the last tar's size is known only by reading it
+    if all(first % rows_per_shard == 0 for first in firsts):
+        return [Unit(source.slug, first, end, [Piece(uri, first)]) for uri, first, end in zip(files, firsts, ends)]
     units = []
     last_lo = firsts[-1] - firsts[-1] % rows_per_shard
     for lo in range(0, last_lo + 1, rows_per_shard):
-        hi = lo + rows_per_shard if lo < last_lo else None  # the last tar's size is known only by reading it
+        hi = lo + rows_per_shard if lo < last_lo else None
         pieces = [Piece(uri, first) for uri, first, end in zip(files, firsts, ends)
                   if (hi is None or first < hi) and (end is None or end > lo)]
         if pieces:
