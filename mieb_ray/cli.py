@@ -1,4 +1,4 @@
-"""`mieb-ray build | demo`: parse flags, connect to Ray, call a pipeline. No logic of its own."""
+"""`mieb-ray build | embed | demo`: parse flags, connect to Ray, call a pipeline. No logic of its own."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def init_ray(address: str | None = None) -> None:
 
     import ray
 
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=True,
                  logging_level="WARNING")
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
 
 
 def run_build(args: argparse.Namespace) -> None:
@@ -48,6 +48,42 @@ def run_build(args: argparse.Namespace) -> None:
     build(args.sources, args.out, datasets=args.datasets, fmt=args.format, rows_per_shard=args.rows_per_shard,
           overwrite=args.overwrite, verify_counts=args.verify_counts, max_error_rate=args.max_error_rate,
           workers=args.workers, cpus_per_worker=args.cpus_per_worker)
+
+
+def add_embed_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True,
+                   help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; local or s3://")
+    p.add_argument("--out", required=True, help="output root for the embedding shards, local or s3://")
+    p.add_argument("--model", required=True,
+                   help="a CLIP model: hub name (e.g. openai/clip-vit-base-patch32), local directory or s3:// prefix")
+    p.add_argument("--revision", default=None, help="hub commit to load (default: the pinned one for known models)")
+    p.add_argument("--modality", default="image", choices=["image", "text"])
+    p.add_argument("--image-column", default="image")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--key-column", default="key")
+    p.add_argument("--carry-columns", default="", help="comma-separated input columns to copy beside each embedding")
+    p.add_argument("--batch-size", type=int, default=256, help="rows per model call (default: 256)")
+    p.add_argument("--dtype", default="float32", choices=["float16", "float32"], help="stored embedding type")
+    p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the shards it committed")
+    p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
+    p.add_argument("--max-error-rate", type=float, default=0.01,
+                   help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="encoder actors (default: one per GPU of the cluster; on CPUs, CPUs // 4)")
+    p.add_argument("--gpus-per-worker", type=float, default=None,
+                   help="GPUs per encoder actor (default: 1 when the cluster has GPUs, else 0)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs (and torch threads) per encoder actor")
+
+
+def run_embed(args: argparse.Namespace) -> None:
+    from mieb_ray.pipelines.embed import embed
+
+    init_ray(args.address)
+    embed(args.input, args.out, args.model, revision=args.revision, modality=args.modality,
+          image_column=args.image_column, text_column=args.text_column, key_column=args.key_column,
+          carry_columns=[c for c in args.carry_columns.split(",") if c], batch_size=args.batch_size,
+          dtype=args.dtype, resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
+          workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -64,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build the mieb-train table from the 23 sources")
     add_build_flags(b)
     b.set_defaults(run=run_build)
+    e = sub.add_parser("embed", help="encode the images (or texts) of a table with a CLIP model")
+    add_embed_flags(e)
+    e.set_defaults(run=run_embed)
     d = sub.add_parser("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)

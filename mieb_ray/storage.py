@@ -127,7 +127,14 @@ def check_output(uri: str) -> None:
 
 
 def file_stats(path: str) -> dict:
-    """Size and sha256 of a local file (hashlib reads it back from the page cache, outside the GIL)."""
+    """Size and sha256 of a local file or an s3:// object (hashlib works outside the GIL)."""
+    if is_s3(path):
+        digest, size = hashlib.sha256(), 0
+        with open_input(path) as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return {"bytes": size, "sha256": digest.hexdigest()}
     with open(path, "rb") as f:
         return {"bytes": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 

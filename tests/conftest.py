@@ -52,3 +52,21 @@ def mirror(tmp_path_factory):
 
     root = str(tmp_path_factory.mktemp("mirror"))
     return root, make_mirror(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory):
+    """A tiny random CLIP saved with save_pretrained: loaded back through the code path of a real model."""
+    from mieb_ray.fixtures.models import make_tiny_clip
+
+    return make_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
+
+
+@pytest.fixture(scope="session")
+def mieb_train(ray_local, mirror, tmp_path_factory):
+    """A small mieb-train (Parquet, 5 rows per shard) of a few sources with varied images: (root, manifest)."""
+    from mieb_ray.pipelines.build import build
+
+    out = str(tmp_path_factory.mktemp("mieb-train"))
+    return out, build(mirror[0], out, datasets=["imagenet1k", "cifar100", "mnist", "fer2013", "scimmir"],
+                      rows_per_shard=5)

@@ -1,0 +1,1 @@
+"""Encoding: image decode and preprocessing, model loading, the encoder actor."""

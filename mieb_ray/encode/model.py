@@ -1,0 +1,256 @@
+"""Models: find one (local dir, s3:// prefix or hub repo), describe it from its config alone, and encode with it.
+
+The driver calls `resolve` + `load_info` once, before any Ray work, so a wrong name fails in one line and the
+hub revision is fixed for the whole job; actors then `resolve(info.name, info.revision)` on their own node
+(a local cache hit) and build one `Encoder` each.
+
+Hub pinning: a hub name without --revision uses its PINNED commit when it has one, else the hub's current
+`main`, with a warning; either way ModelInfo.revision records the commit actually loaded, so the output names
+exactly which weights made it. Importing this module imports no torch: Ray's decode tasks import the
+pipeline module that imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# The commits public projects pin these repos at (NeMo Curator pins clip-vit-large-patch14 at 32bd642).
+PINNED = {
+    "openai/clip-vit-base-patch32": "3d74acf9a28c67741b2f4f2ea7635f0aaf6f0268",
+    "openai/clip-vit-large-patch14": "32bd64288804d66eefd0ccbe215aa642df71cc41",
+}
+
+# Config, tokenizer and processor files (small), then one weight format: safetensors when the repo has it,
+# else PyTorch pickles; never both (the openai repos also carry TF and Flax copies of the same weights).
+_SMALL = ["*.json", "*.txt", "*.model"]
+_WEIGHTS = (["*.safetensors"], ["pytorch_model*.bin"])
+_COMPLETE = ".mieb-ray-complete"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    revision: str | None
+    architecture: str
+    dim: int
+    image_config: dict | None
+    max_text_length: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_cache_dir() -> str:
+    return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "mieb-ray", "models")
+
+
+def _is_hub(name: str) -> bool:
+    return not storage.is_s3(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
+
+
+def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+    """A local directory holding the model's config, weights, tokenizer and processor files."""
+    if storage.is_s3(name_or_path):
+        return _from_s3(name_or_path, cache_dir or default_cache_dir())
+    if _is_hub(name_or_path):
+        return _from_hub(name_or_path, revision, cache_dir)
+    if not os.path.isdir(name_or_path):
+        raise UserError(f"model path {name_or_path} does not exist" if not os.path.exists(name_or_path)
+                        else f"model path {name_or_path} is not a directory")
+    return os.path.abspath(name_or_path)
+
+
+def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if revision is None and repo in PINNED:
+        revision = PINNED[repo]
+    elif revision is None:
+        log.warning("model %s is not pinned: using the hub's current main (pass --revision to pin it)", repo)
+    at = f" at revision {revision}" if revision else ""
+    try:
+        for weights in _WEIGHTS:
+            path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir)
+            if _select(os.listdir(path), weights):
+                return path
+    except (HfHubHTTPError, OSError, ValueError) as exc:  # not found, gated, offline without a cached copy
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise UserError(f"model {repo} is not a local directory and cannot be fetched from the "
+                        f"Hugging Face hub{at}: {first}") from exc
+    raise UserError(f"model {repo}{at} has no weights (*.safetensors or pytorch_model*.bin)")
+
+
+def _select(paths: list[str], weights: list[str] | None = None) -> list[str]:
+    """The files a model needs from a listing: the small ones plus one weight format."""
+    small = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in _SMALL)]
+    for pats in [weights] if weights else _WEIGHTS:
+        found = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in pats)]
+        if found:
+            return small + found
+    return []
+
+
+def _from_s3(uri: str, cache_dir: str) -> str:
+    """Download the prefix once per machine; later calls (every actor on the node) touch no network."""
+    uri = uri.rstrip("/")
+    final = os.path.join(cache_dir, hashlib.sha1(uri.encode()).hexdigest())
+    if os.path.exists(os.path.join(final, _COMPLETE)):
+        return final
+    prefix = uri + "/"
+    files = _select([u[len(prefix):] for u in storage.list_files(uri)])
+    if not files:
+        bucket = uri[len("s3://"):].split("/", 1)[0]
+        what = "no model files (*.safetensors or pytorch_model*.bin)" if storage.exists(f"s3://{bucket}") \
+            else f"no bucket '{bucket}'"
+        raise UserError(f"{what} at {storage.display(uri)}")
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".download-", dir=cache_dir)
+    try:
+        for rel in files:
+            dest = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with storage.open_input(prefix + rel) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 << 20)
+        with open(os.path.join(tmp, _COMPLETE), "w") as f:
+            json.dump({"uri": storage.display(uri), "files": files}, f)
+        try:
+            os.rename(tmp, final)  # atomic: a reader sees no directory or a complete one
+        except OSError:
+            if not os.path.exists(os.path.join(final, _COMPLETE)):  # not a concurrent download that won
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _model_class(config: dict):
+    """The transformers class the config names (never remote code), else the AutoModel class for its type."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    for name in [*(config.get("architectures") or []), MODEL_MAPPING_NAMES.get(config.get("model_type", ""))]:
+        cls = getattr(transformers, name, None) if name else None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return None
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_info(path: str, name: str, revision: str | None, modality: str = "image") -> ModelInfo:
+    """Describe the model from its JSON files alone (no weights, no torch model), and fail early if it cannot
+    embed `modality` ("image" or "text")."""
+    shown = storage.display(name)
+    config = _read_json(os.path.join(path, "config.json"))
+    if config is None:
+        raise UserError(f"model {shown} has no config.json")
+    if not _select(os.listdir(path)):
+        raise UserError(f"model {shown} has no weights (*.safetensors or pytorch_model*.bin)")
+    cls = _model_class(config)
+    arch = cls.__name__ if cls else (config.get("architectures") or [config.get("model_type", "?")])[0]
+    if cls is None or not hasattr(cls, f"get_{modality}_features"):
+        raise UserError(f"model {shown} has no {modality} features ({arch})")
+
+    text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
+    own = vision if modality == "image" else text
+    dim = config.get("projection_dim") or own.get("hidden_size") or config.get("hidden_size")
+    # transformers 5 saves the image processor inside processor_config.json; hub repos have preprocessor_config.json
+    image_config = _read_json(os.path.join(path, "preprocessor_config.json")) or \
+        (_read_json(os.path.join(path, "processor_config.json")) or {}).get("image_processor")
+    tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
+    lengths = [n for n in (text.get("max_position_embeddings"), tokenizer_config.get("model_max_length"))
+               if isinstance(n, int) and n < 1_000_000]  # tokenizers say 1e30 for "no limit"
+    parent, leaf = os.path.split(os.path.abspath(path))
+    snapshot = leaf if os.path.basename(parent) == "snapshots" and _SHA.match(leaf) else None
+    return ModelInfo(name=shown, revision=(snapshot or revision) if _is_hub(name) else None, architecture=arch,
+                     dim=int(dim), image_config=image_config,
+                     max_text_length=min(lengths, default=512))  # 512: BERT-style text models
+
+
+def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    import torch
+
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype not in _DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: use auto, {', '.join(_DTYPES)}")
+    return getattr(torch, dtype)
+
+
+class Encoder:
+    """Loaded once per actor."""
+
+    def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto"):
+        import torch
+        import transformers
+
+        self.path, self.info = path, info
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _torch_dtype(dtype, self.device)
+        cls = getattr(transformers, info.architecture)  # load_info checked it is a transformers model class
+        # to(device) after loading: device_map= would need accelerate, which we do not depend on
+        self.model = cls.from_pretrained(path, dtype=self.dtype, trust_remote_code=False).to(self.device).eval()
+        self._tokenizer = None
+
+    def encode_pixel_values(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """Float (n, 3, h, w), already normalised -> L2-normalised float32 (n, dim)."""
+        import torch
+
+        with torch.inference_mode():
+            pixel_values = pixel_values.to(self.device, self.dtype, non_blocking=True)
+            return _unit(self.model.get_image_features(pixel_values=pixel_values))
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        """Tokenised with truncation to the model's limit (77 for CLIP) -> L2-normalised float32 (n, dim)."""
+        import torch
+
+        if not len(texts):
+            return np.zeros((0, self.info.dim), np.float32)
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
+        batch = self._tokenizer(list(texts), padding=True, truncation=True, max_length=self.info.max_text_length,
+                                return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            return _unit(self.model.get_text_features(**batch))
+
+
+def _unit(out) -> np.ndarray:
+    import torch
+
+    # transformers 5 returns an output object whose pooler_output is the projected embedding; 4.x a tensor.
+    # Normalised in float32: a bf16 norm would round every component again.
+    emb = getattr(out, "pooler_output", out).float()
+    return torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()

@@ -1,0 +1,219 @@
+"""The embed job on Ray: mieb-train shards (and any table) -> embedding shards, read back every way users do;
+resume, error rows, S3, and the one-line errors before any work starts."""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from mieb_ray import storage
+from mieb_ray.cli import main
+from mieb_ray.encode.model import Encoder, load_info
+from mieb_ray.encode.preprocess import ImageSpec, load_image, normalize
+from mieb_ray.errors import UserError
+from mieb_ray.io import embeddings
+from mieb_ray.pipelines.embed import embed
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def train_rows(root: str) -> dict[str, dict]:
+    table = pq.read_table(sorted(glob.glob(f"{root}/*/*.parquet")))
+    return {r["key"]: r for r in table.to_pylist()}
+
+
+def output_rows(root: str) -> dict[str, tuple[np.ndarray, dict]]:
+    out = {}
+    for uri in embeddings.shard_uris(root):
+        table = embeddings.open_shard(uri)
+        for row, vector in zip(table.drop_columns(["embedding"]).to_pylist(), embeddings.matrix(table)):
+            assert row["key"] not in out, row["key"]
+            out[row["key"]] = (vector, row)
+    return out
+
+
+def centred_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A tiny random CLIP maps every image near one direction: compare what is left after the mean."""
+    a, b = a - a.mean(0), b - b.mean(0)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def image_run(mieb_train, tiny_clip, tmp_path_factory):
+    root, _ = mieb_train
+    out = str(tmp_path_factory.mktemp("emb-images"))
+    return out, embed(root, out, tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16)
+
+
+def test_image_embeddings_of_mieb_train(image_run, mieb_train, tiny_clip):
+    out, manifest = image_run
+    root, train_manifest = mieb_train
+    source = train_rows(root)
+    got = output_rows(out)
+    assert set(got) == set(source) and manifest["counts"] == {"total": len(source), "errors": 0}
+    assert [s["path"] for s in manifest["shards"]] == [s["path"].replace(".parquet", ".arrow")
+                                                        for s in train_manifest["shards"]]
+    for key, (_, row) in got.items():
+        assert (row["dataset_name"], row["label"]) == (source[key]["dataset_name"], source[key]["label"])
+
+    # the same images through the model's own processor and get_image_features, outside Ray
+    from transformers import CLIPModel, CLIPProcessor
+
+    processor, model = CLIPProcessor.from_pretrained(tiny_clip), CLIPModel.from_pretrained(tiny_clip).eval()
+    keys = sorted(got)
+    images = [Image.open(io.BytesIO(source[k]["image"]["bytes"])) for k in keys]
+    import torch
+
+    with torch.inference_mode():
+        ref = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output.numpy()
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    ours = np.stack([got[k][0] for k in keys])
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
+    assert centred_cosines(ours, ref).min() >= 0.95
+
+
+def test_shards_open_every_way(image_run, ray_local):
+    out, manifest = image_run
+    path = os.path.join(out, manifest["shards"][0]["path"])
+    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    vectors = table["embedding"].chunks[0].values.to_numpy(zero_copy_only=True)  # raises if a copy were needed
+    assert table.num_rows == manifest["shards"][0]["rows"] and vectors.size == table.num_rows * manifest["dim"]
+    meta = embeddings.model_metadata(table)
+    assert meta["model"]["architecture"] == "CLIPModel" and meta["normalized"] and meta["preprocessing"]["height"]
+    hf = datasets.load_dataset("arrow", data_files=embeddings.shard_uris(out), split="train")
+    assert hf.num_rows == manifest["counts"]["total"] and len(hf[0]["embedding"]) == manifest["dim"]
+    assert embeddings.read_ray(out).count() == manifest["counts"]["total"]
+    for shard in manifest["shards"]:
+        assert storage.file_stats(os.path.join(out, shard["path"]))["sha256"] == shard["sha256"]
+
+
+def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb_train, tiny_clip, tmp_path):
+    out, manifest = image_run
+    root, _ = mieb_train
+    copy = tmp_path / "out"
+    pa.fs.copy_files(out, str(copy))
+    os.unlink(copy / "_manifest.json")  # interrupted: two shards and the manifest never written
+    for shard in manifest["shards"][:2]:
+        os.unlink(copy / shard["path"])
+    with pytest.raises(UserError, match="holds .* shards of an unfinished run; pass --resume"):
+        embed(root, str(copy), tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16)
+    lines = []
+    again = embed(root, str(copy), tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16, resume=True,
+                  log=lines.append)
+    assert f"{len(manifest['shards']) - 2} already done" in lines[0]
+    assert again == manifest  # same keys, same bytes: nothing encoded twice, nothing lost
+    with pytest.raises(UserError, match="already holds complete embeddings"):
+        embed(root, str(copy), tiny_clip, resume=True)
+
+
+def test_text_embeddings_equal_the_encoder(mieb_train, tiny_clip, tmp_path):
+    root, _ = mieb_train
+    manifest = embed(root, str(tmp_path), tiny_clip, modality="text", batch_size=32)
+    got = output_rows(str(tmp_path))
+    source = train_rows(root)
+    assert set(got) == set(source) and manifest["config"]["modality"] == "text"
+    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None, modality="text"))
+    keys = sorted(got)
+    ref = encoder.encode_texts([source[k]["text"] for k in keys])
+    assert np.allclose(np.stack([got[k][0] for k in keys]), ref, atol=1e-5)
+
+
+def _jpeg(color) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), color).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_bad_images_become_error_rows(ray_local, tiny_clip, tmp_path):
+    good = [_jpeg((i * 40, 100, 200 - i * 30)) for i in range(5)]
+    png = io.BytesIO()
+    Image.new("RGB", (50, 50), "red").save(png, "PNG")
+    bad = {"corrupt": good[0][:20] + os.urandom(500), "truncated": png.getvalue()[:60], "empty": b"",
+           "text": b"this is not an image\n"}
+    keys = [f"good/{i}" for i in range(5)] + [f"bad/{k}" for k in bad]
+    images = good + list(bad.values())
+    table = pa.table({"id": keys, "img": pa.array(images, pa.binary())})  # any table: raw bytes, other names
+    pq.write_table(table, tmp_path / "table.parquet")
+    out = str(tmp_path / "out")
+    with pytest.raises(UserError, match=r"^4 of 9 rows could not be encoded, more than --max-error-rate 0.01"):
+        embed(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id")
+    manifest = embed(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id",
+                     max_error_rate=0.5, resume=True)
+    assert manifest["counts"] == {"total": 5, "errors": 4}
+    assert set(output_rows(out)) == {f"good/{i}" for i in range(5)}
+    errors = pa.ipc.open_file(os.path.join(out, manifest["error_files"][0])).read_all().to_pylist()
+    assert sorted(e["key"] for e in errors) == sorted(f"bad/{k}" for k in bad)
+    assert all(e["error"] for e in errors)
+
+
+def test_s3_in_and_out_with_a_model_on_s3(ray_local, s3, mieb_train, tiny_clip):
+    root, _ = mieb_train
+    client = s3.client()
+    for base, prefix in ((root, "emb-test/train"), (tiny_clip, "emb-test/model")):
+        for path in glob.glob(f"{base}/**/*", recursive=True):
+            if os.path.isfile(path):
+                client.upload_file(path, s3.bucket, f"{prefix}/{os.path.relpath(path, base)}")
+    out = f"s3://{s3.bucket}/emb-test/out"
+    manifest = embed(f"s3://{s3.bucket}/emb-test/train", out, f"s3://{s3.bucket}/emb-test/model",
+                     carry_columns=["dataset_name"])
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix="emb-test/out/")["Contents"]}
+    assert {f"emb-test/out/{s['path']}" for s in manifest["shards"]} | {"emb-test/out/_manifest.json"} <= listed
+    assert json.loads(client.get_object(Bucket=s3.bucket, Key="emb-test/out/_manifest.json")["Body"].read()) \
+        == manifest
+    assert sum(embeddings.open_shard(u).num_rows for u in embeddings.shard_uris(out)) == len(train_rows(root))
+    with pytest.raises(UserError, match="^bucket 'no-such-bucket' does not exist"):
+        embed(f"s3://{s3.bucket}/emb-test/train", "s3://no-such-bucket/out", tiny_clip)
+
+
+def test_webdataset_input_with_json_fields(ray_local, mirror, tiny_clip, tmp_path):
+    from mieb_ray.pipelines.build import build
+
+    train = str(tmp_path / "wds")
+    build(mirror[0], train, datasets=["gtsrb", "stl10"], fmt="webdataset")
+    manifest = embed(train, str(tmp_path / "out"), tiny_clip, carry_columns=["dataset_name", "label"])
+    got = output_rows(str(tmp_path / "out"))
+    assert len(got) == manifest["counts"]["total"] == 24
+    assert {row["dataset_name"] for _, row in got.values()} == {"gtsrb", "stl10"}
+    assert all(key.split("/")[0] == row["dataset_name"] for key, (_, row) in got.items())
+
+
+def test_bad_setup_fails_in_one_line_before_any_work(mieb_train, tiny_clip, tmp_path, capsys):
+    from transformers import BertConfig, BertModel
+
+    root, _ = mieb_train
+    bert = tmp_path / "bert"
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                         vocab_size=99)).save_pretrained(bert)
+    cases = [
+        (["--model", str(tmp_path / "nowhere")], "model path"),
+        (["--model", str(bert)], "has no image features (BertModel)"),
+        (["--model", tiny_clip, "--image-column", "picture"], "has no column picture"),
+        (["--model", tiny_clip, "--input", str(tmp_path / "empty")], "no .parquet or .tar files under"),
+    ]
+    (tmp_path / "empty").mkdir()
+    for flags, message in cases:
+        args = ["embed", "--input", root, "--out", str(tmp_path / "out"), *flags]
+        if "--input" in flags:
+            args = ["embed", "--out", str(tmp_path / "out"), *flags]
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after any library's progress bars
+        assert err.startswith("mieb-ray: error:") and message in err, err
+    assert not os.path.exists(tmp_path / "out" / "_manifest.json")
+
+
+def test_spec_round_trips_through_the_manifest(image_run):
+    _, manifest = image_run
+    spec = ImageSpec(**manifest["preprocessing"])
+    pixels = load_image(_jpeg((10, 20, 30)), spec)
+    assert pixels.shape == (spec.height, spec.width, 3)
+    assert normalize(torch.from_numpy(pixels[None]), spec).shape == (1, 3, spec.height, spec.width)

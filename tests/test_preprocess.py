@@ -1,0 +1,331 @@
+"""Image preprocessing against transformers' own image processors (PIL backend), pixel by pixel, and the
+bad inputs it must refuse. No Ray.
+
+Every test image is made here, in memory, from the real pictures in mieb_ray/fixtures/images.
+Run with -s to see the measured differences.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from transformers.image_transforms import get_resize_output_image_size
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+from mieb_ray.encode import preprocess
+from mieb_ray.encode.preprocess import ImageError, ImageSpec, load_image, load_images, normalize, resize_output_size
+
+FIXTURES = Path(preprocess.__file__).resolve().parents[1] / "fixtures" / "images"
+
+PROCESSORS = {
+    "clip64": lambda: CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}),
+    "clip224": CLIPImageProcessorPil,  # CLIP ViT-B/32's settings
+    "siglip224": SiglipImageProcessorPil,  # a fixed 224x224 resize, no crop
+}
+
+# Bounds in uint8 levels of |ours - processor| (pixel_values * std / rescale_factor).
+EXACT = 0.01  # the same uint8 pixels; what is left is float32 rounding in normalize (~1e-4 levels)
+# JPEGs decoded in draft mode (DCT-scaled by 1/2..1/8 so that each side stays >= 2x the resized size):
+# those pixels are averages of the full decode but not the same numbers, and the bicubic resize after
+# shrinks them less. The differences are at sharp edges: here max 10 levels, mean at most 0.46
+# (bench/preprocess.py: max 7, mean 0.4 on sharp 1600x1200 mosaics at 224). Bounded with margin; a
+# draft box misplaced by a fraction of a pixel gives a mean of 0.87-3.4 and a max of 14-58:
+DRAFT_MAX, DRAFT_MEAN = 16, 0.75
+
+
+@pytest.fixture(scope="module", params=list(PROCESSORS))
+def processor(request):
+    return PROCESSORS[request.param]()
+
+
+@lru_cache
+def picture(name: str) -> Image.Image:
+    with Image.open(FIXTURES / name) as im:
+        return im.copy()
+
+
+def encode(im: Image.Image, fmt: str, **params) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def large_jpeg() -> bytes:  # the size of BioVITA's photos
+    return encode(picture("chelsea.jpg").resize((1600, 1200), Image.Resampling.BICUBIC), "JPEG", quality=90)
+
+
+def rgba_png() -> bytes:  # alpha from 0 to 255 across the picture: composited onto white
+    im = picture("astronaut.jpg").convert("RGBA")
+    im.putalpha(Image.linear_gradient("L").rotate(90).resize(im.size))
+    return encode(im, "PNG")
+
+
+def la_png() -> bytes:
+    im = picture("camera.jpg").convert("LA")
+    im.putalpha(Image.radial_gradient("L").resize(im.size))
+    return encode(im, "PNG")
+
+
+def palette_png() -> bytes:  # palette with one transparent entry
+    im = picture("china.jpg").convert("P", palette=Image.Palette.ADAPTIVE, colors=32)
+    return encode(im, "PNG", transparency=int(np.bincount(np.asarray(im).ravel()).argmax()))
+
+
+def i16_png() -> bytes:  # 16-bit grayscale: 0..510, so the processor's clip at 255 shows
+    return encode(Image.fromarray(np.asarray(picture("coins.jpg"), dtype=np.uint16) * 2), "PNG")
+
+
+def with_orientation(im: Image.Image, fmt: str, orientation: int, **params) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(im, fmt, exif=exif, **params)
+
+
+IMAGES = {
+    "large jpeg 1600x1200": large_jpeg,
+    "jpeg 400x266": lambda: (FIXTURES / "chelsea.jpg").read_bytes(),
+    "portrait jpeg 267x400": lambda: encode(picture("rocket.jpg").transpose(Image.Transpose.ROTATE_90), "JPEG"),
+    "grayscale jpeg (L)": lambda: (FIXTURES / "camera.jpg").read_bytes(),
+    "cmyk jpeg": lambda: encode(picture("flower.jpg").convert("CMYK"), "JPEG", quality=90),
+    "exif-rotated jpeg (6) 1600x1200": lambda: with_orientation(
+        picture("coffee.jpg").resize((1600, 1200), Image.Resampling.BICUBIC), "JPEG", 6, quality=90),
+    "small png 100x80": lambda: encode(picture("coffee.jpg").resize((100, 80), Image.Resampling.LANCZOS), "PNG"),
+    "grayscale png (L)": lambda: (FIXTURES / "horse.png").read_bytes(),
+    "wide png 448x172": lambda: (FIXTURES / "text.png").read_bytes(),
+    "rgba png": rgba_png,
+    "la png": la_png,
+    "palette png with transparency": palette_png,
+    "bilevel png (1)": lambda: encode(picture("text.png").convert("1"), "PNG"),
+    "16-bit png (I;16)": i16_png,
+    "1x1 png": lambda: encode(Image.new("RGB", (1, 1), (200, 30, 90)), "PNG"),
+    "webp": lambda: encode(picture("hubble_deep_field.jpg"), "WEBP", quality=90),
+}
+
+
+@lru_cache
+def image_bytes(name: str) -> bytes:
+    return IMAGES[name]()
+
+
+def spec_of(proc) -> ImageSpec:
+    return ImageSpec.from_processor_config(proc.to_dict())
+
+
+def ours(data: bytes, proc) -> torch.Tensor:
+    spec = spec_of(proc)
+    return normalize(torch.from_numpy(load_image(data, spec))[None], spec)
+
+
+def reference(data: bytes, proc) -> torch.Tensor:
+    """The processor's pixel_values; it ignores EXIF, so it gets the upright image."""
+    with Image.open(io.BytesIO(data)) as im:
+        return proc(images=[ImageOps.exif_transpose(im)], return_tensors="pt")["pixel_values"]
+
+
+def levels(a: torch.Tensor, b: torch.Tensor, proc) -> torch.Tensor:
+    """|a - b| in uint8 levels."""
+    spec = spec_of(proc)
+    return (a - b).abs() * torch.tensor(spec.std).view(1, 3, 1, 1) / spec.rescale_factor
+
+
+@pytest.mark.parametrize("name", list(IMAGES))
+def test_matches_the_processor(name, processor):
+    data = image_bytes(name)
+    got, want = ours(data, processor), reference(data, processor)
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.float32
+    diff = levels(got, want, processor)
+    print(f"\n{type(processor).__name__}{tuple(want.shape[2:])} {name}: |pixel_values diff| max "
+          f"{(got - want).abs().max().item():.2e}, uint8 levels max {diff.max().item():.2f} "
+          f"mean {diff.mean().item():.3f}")
+    if "jpeg" in name:
+        assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
+    else:
+        assert diff.max() <= EXACT
+
+
+@pytest.mark.parametrize("name", [n for n in IMAGES if "jpeg" in n])
+def test_jpeg_differs_only_by_draft_mode(name, processor, monkeypatch):
+    """Without draft mode (a factor no image reaches), JPEGs are as exact as other formats."""
+    monkeypatch.setattr(preprocess, "DRAFT_FACTOR", 10**6)
+    data = image_bytes(name)
+    assert levels(ours(data, processor), reference(data, processor), processor).max() <= EXACT
+
+
+@lru_cache
+def oriented(fmt: str, orientation: int) -> bytes:
+    # Non-square and odd-sized, so that a wrong flip, swap or crop offset shows.
+    stored = picture("flower.jpg").crop((0, 0, 301, 203))
+    if fmt == "PNG":
+        return with_orientation(stored, fmt, orientation)
+    # Drafted by 1/4 (clip64) or 1/2, with partial last draft pixels that the transpose moves.
+    return with_orientation(stored.resize((1207, 903), Image.Resampling.BICUBIC), fmt, orientation, quality=90)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation(orientation, processor):
+    png, jpeg = oriented("PNG", orientation), oriented("JPEG", orientation)
+    assert levels(ours(png, processor), reference(png, processor), processor).max() <= EXACT
+    diff = levels(ours(jpeg, processor), reference(jpeg, processor), processor)
+    assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
+
+
+@pytest.mark.parametrize("orientation", preprocess._UPRIGHT)
+def test_upright_point_maps_are_pils_transposes(orientation):
+    """Where _UPRIGHT says a pixel centre goes is where PIL's transpose puts that pixel."""
+    stored = np.arange(5 * 3, dtype=np.uint8).reshape(3, 5)  # (h, w), every pixel distinct
+    method, move = preprocess._UPRIGHT[orientation]
+    upright = np.asarray(Image.fromarray(stored).transpose(method))
+    for y, x in np.ndindex(stored.shape):
+        ux, uy = move(x + 0.5, y + 0.5, 5, 3)
+        assert upright[int(uy), int(ux)] == stored[y, x]
+
+
+def test_animated_gif_first_frame(processor):
+    frames = [picture(n).convert("RGB").resize((120, 90)) for n in ("chelsea.jpg", "coffee.jpg", "rocket.jpg")]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    got = ours(data, processor)
+    assert levels(got, reference(data, processor), processor).max() <= EXACT
+    with Image.open(io.BytesIO(data)) as im:
+        im.seek(1)
+        second = processor(images=[im.convert("RGB")], return_tensors="pt")["pixel_values"]
+    assert levels(got, second, processor).mean() > 10
+
+
+def test_crop_larger_than_the_resize_pads_with_zeros():
+    proc = CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 81, "width": 72})
+    for name in ("wide png 448x172", "portrait jpeg 267x400"):
+        data = image_bytes(name)
+        diff = levels(ours(data, proc), reference(data, proc), proc)
+        assert diff.max() <= (DRAFT_MAX if "jpeg" in name else EXACT)
+    assert not load_image(image_bytes("wide png 448x172"), spec_of(proc))[:8].any()  # (81 - 64) // 2 rows on top
+
+
+def test_output_is_uint8_at_the_models_size():
+    spec = spec_of(CLIPImageProcessorPil())
+    pixels = load_image(large_jpeg(), spec)
+    assert pixels.dtype == np.uint8 and pixels.shape == (224, 224, 3) and pixels.flags.writeable
+
+
+def test_resize_output_size_is_transformers():
+    """Truncation of the long side, both orientations, including sizes at and below the target."""
+    for edge in (64, 224):
+        spec = spec_of(CLIPImageProcessorPil(size={"shortest_edge": edge}, crop_size=edge))
+        for h in (1, 2, 63, 64, 65, 223, 224, 225, 266, 299, 300, 333, 1200, 1201, 4001):
+            for w in (1, 3, 64, 224, 225, 400, 1600, 1601, 9999):
+                want = get_resize_output_image_size(np.broadcast_to(np.uint8(0), (3, h, w)), edge,
+                                                    default_to_square=False, input_data_format="channels_first")
+                assert resize_output_size(spec, h, w) == want, (h, w)
+
+
+# ---- ImageSpec ------------------------------------------------------------------------------------
+
+CLIP = ImageSpec(height=224, width=224, resize_shortest_edge=224, resample=3, do_center_crop=True,
+                 mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
+                 rescale_factor=1 / 255)
+
+
+def test_spec_from_processor_configs():
+    assert spec_of(CLIPImageProcessorPil()) == CLIP
+    # openai/clip-vit-base-patch32's preprocessor_config.json: ints for sizes, no rescale_factor.
+    legacy = {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+              "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": list(CLIP.mean),
+              "image_std": list(CLIP.std), "resample": 3, "size": 224}
+    assert ImageSpec.from_processor_config(legacy) == CLIP
+    # google/siglip-base-patch16-224's
+    siglip = {"do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+              "image_processor_type": "SiglipImageProcessor", "image_std": [0.5, 0.5, 0.5], "resample": 3,
+              "rescale_factor": 0.00392156862745098, "size": {"height": 224, "width": 224}}
+    assert ImageSpec.from_processor_config(siglip) == ImageSpec(
+        height=224, width=224, resize_shortest_edge=None, resample=3, do_center_crop=False,
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), rescale_factor=1 / 255)
+    assert spec_of(SiglipImageProcessorPil()).resize_shortest_edge is None
+
+
+def test_spec_to_dict():
+    assert ImageSpec(**CLIP.to_dict()) == CLIP  # how the embed job ships it to its tasks
+    d = json.loads(json.dumps(CLIP.to_dict()))
+    assert d["mean"] == list(CLIP.mean) and d["resize_shortest_edge"] == 224 and d["resample"] == 3
+
+
+@pytest.mark.parametrize("change", [
+    {"size": {"shortest_edge": 224, "longest_edge": 500}},  # not reproduced
+    {"do_center_crop": False},  # shortest edge without a crop: images of varying size
+    {"size": {"height": 256, "width": 256}},  # fixed resize, then a crop
+    {"do_resize": False},
+])
+def test_spec_refuses_what_it_cannot_reproduce(change):
+    with pytest.raises(ValueError):
+        ImageSpec.from_processor_config({**CLIPImageProcessorPil().to_dict(), **change})
+
+
+def test_normalize_dtype_and_layout():
+    pixels = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8))
+    x = normalize(pixels, CLIP)
+    assert x.shape == (2, 3, 224, 224) and x.dtype == torch.float32 and x.is_contiguous()
+    want = (pixels[1, 5, 7, 2] / 255 - CLIP.mean[2]) / CLIP.std[2]
+    assert abs(x[1, 2, 5, 7].item() - want.item()) < 1e-6
+    assert torch.equal(normalize(pixels, CLIP, dtype=torch.bfloat16), x.to(torch.bfloat16))
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A 1x1 PNG whose header says width x height: a decompression bomb as Image.open sees it."""
+    data = bytearray(encode(Image.new("L", (1, 1)), "PNG"))
+    # 8-byte signature, then the IHDR chunk: length (4), b"IHDR" (4), width, height, ... (13), CRC of type + data.
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+def bad_inputs() -> dict[str, tuple[bytes, str]]:
+    jpeg, png = large_jpeg(), encode(picture("coffee.jpg"), "PNG")
+    scan = jpeg.find(b"\xff\xda")  # start of the entropy-coded scan: a valid header before it
+    noise = np.random.default_rng(0).bytes(20_000)
+    return {
+        "zero bytes": (b"", "empty image"),
+        "text file": (b"key,label\nastronaut,3\n" * 50, "not an image"),
+        "jpeg header, then noise": (jpeg[:scan + 14] + noise, "corrupt image (broken data stream"),
+        "noise after a jpeg start": (jpeg[:20] + noise, "not an image"),
+        "truncated jpeg": (jpeg[: len(jpeg) // 2], "truncated image"),
+        "truncated png": (png[: len(png) // 2], "truncated image"),
+        "30000x30000 png": (png_claiming(30_000, 30_000), "image too large"),
+        "1x1000000 png": (png_claiming(1, 1_000_000), "image too large once resized (224x224000000 pixels)"),
+    }
+
+
+@pytest.mark.parametrize("name", list(bad_inputs()))
+def test_bad_input_is_an_image_error(name):
+    data, reason = bad_inputs()[name]
+    with pytest.raises(ImageError) as err:
+        load_image(data, CLIP)
+    assert str(err.value).startswith(reason) and "\n" not in str(err.value)
+
+
+def test_max_pixels_is_checked_before_decoding():
+    with pytest.raises(ImageError, match=r"^image too large \(1600x1200 pixels\)$"):
+        load_image(large_jpeg(), CLIP, max_pixels=1600 * 1200 - 1)
+    assert load_image(large_jpeg(), CLIP, max_pixels=1600 * 1200).shape == (224, 224, 3)
+    # Header only, never decoded: 900 M pixels would take 2.7 GB.
+    with pytest.raises(ImageError, match="^image too large"):
+        load_image(png_claiming(30_000, 30_000), CLIP, max_pixels=10**12)
+
+
+def test_load_images_keeps_going():
+    good = (FIXTURES / "chelsea.jpg").read_bytes()
+    pixels, errors = load_images([good, None, b"", b"not an image", good], CLIP)
+    assert errors == [None, "missing image", "empty image", "not an image", None]
+    assert pixels.shape == (5, 224, 224, 3) and pixels.dtype == np.uint8
+    assert not pixels[1:4].any()
+    assert np.array_equal(pixels[0], load_image(good, CLIP)) and np.array_equal(pixels[4], pixels[0])
