@@ -7,18 +7,33 @@ import time
 
 from mieb_ray import storage
 from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import build
+from mieb_ray.pipelines.embed import embed
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:
     out = os.path.abspath(out)
-    mirror, train = os.path.join(out, "mirror"), os.path.join(out, "mieb-train")
+    mirror, train, model = (os.path.join(out, d) for d in ("mirror", "mieb-train", "tiny-clip"))
     t0 = time.time()
     written = make_mirror(mirror, rows=rows)
     log(f"[demo] fixture mirror of {len(written)} sources ({sum(written.values()):,} rows, the hub's layout) "
         f"in {time.time() - t0:.1f}s: {mirror}")
-    manifest = build(mirror, train, rows_per_shard=rows // 2, overwrite=True, log=log)
-    log(f"[demo] mieb-train: {manifest['counts']['total']:,} rows in {len(manifest['shards'])} Parquet shards "
-        f"at {train} (manifest: {storage.join(train, storage.MANIFEST)})")
-    log(f"[demo] read it back: datasets.load_dataset({train!r}, 'cifar100', split='train')")
-    return manifest
+    built = build(mirror, train, rows_per_shard=rows // 2, overwrite=True, log=log)
+    make_tiny_clip(model)
+    log(f"[demo] a tiny random CLIP saved with save_pretrained: {model}")
+    outputs = {"mieb-train": built}
+    for modality in ("image", "text"):
+        target = os.path.join(out, f"embeddings-{modality}")
+        outputs[target] = embed(train, target, model, modality=modality, carry_columns=["dataset_name"],
+                                overwrite=True, log=log)
+    log("[demo] outputs:")
+    log(f"  {train}: {built['counts']['total']:,} rows in {len(built['shards'])} Parquet shards "
+        f"(datasets.load_dataset({train!r}, 'cifar100'))")
+    for modality in ("image", "text"):
+        target = os.path.join(out, f"embeddings-{modality}")
+        m = outputs[target]
+        log(f"  {target}: {m['counts']['total']:,} {modality} embeddings (dim {m['dim']}) in {len(m['shards'])} "
+            f"Arrow shards, manifest {storage.join(target, storage.MANIFEST)}")
+    log(f"[demo] done in {time.time() - t0:.0f}s")
+    return outputs

@@ -1,0 +1,20 @@
+"""`mieb-ray demo`: build and embed from a fixture mirror made on the spot, as the README's first command runs it."""
+
+import os
+
+import pytest
+
+from mieb_ray.demo import demo
+
+
+@pytest.mark.timeout(600)
+def test_demo_builds_and_embeds(ray_local, tmp_path):
+    lines = []
+    outputs = demo(str(tmp_path / "demo"), rows=10, log=lines.append)
+    built = outputs["mieb-train"]
+    assert built["counts"]["total"] == 23 * 10 - 1  # caltech101's first row is background_google
+    for modality in ("image", "text"):
+        m = outputs[str(tmp_path / "demo" / f"embeddings-{modality}")]
+        assert m["counts"] == {"total": built["counts"]["total"], "errors": 0}
+        assert os.path.exists(tmp_path / "demo" / f"embeddings-{modality}" / "_manifest.json")
+    assert any(line.startswith("[demo] outputs:") for line in lines)
