@@ -1,4 +1,4 @@
-"""`mieb-ray build | embed | demo`: parse flags, connect to Ray, call a pipeline. No logic of its own."""
+"""`mieb-ray build | embed | eval-biovita | demo`: parse flags, connect to Ray, call a pipeline. No logic of its own."""
 
 from __future__ import annotations
 
@@ -86,6 +86,33 @@ def run_embed(args: argparse.Namespace) -> None:
           workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
 
 
+def add_eval_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default="hf",
+                   help="'hf' for myang333/BioVITAT2IRetrieval at the pinned revision, or a mirror root (local or "
+                        "s3://) holding myang333/BioVITAT2IRetrieval/ (default: hf)")
+    p.add_argument("--image-embeddings", help="embed output of the corpus images, keyed by corpus id")
+    p.add_argument("--text-embeddings", help="embed output of the query texts, keyed by the text itself")
+    p.add_argument("--model", help="instead of the two embedding flags: embed corpus and queries with this model first")
+    p.add_argument("--revision", default=None, help="hub commit of --model")
+    p.add_argument("--out", required=True, help="output folder: results JSON, per-query ranks, report.html")
+    p.add_argument("--query-block", type=int, default=256, help="queries per scoring task (default: 256)")
+    p.add_argument("--corpus-blocks", type=int, default=4, help="taxon-aligned corpus blocks (default: 4)")
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    from mieb_ray.errors import UserError
+    from mieb_ray.pipelines.eval_biovita import embed_biovita, evaluate
+
+    if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
+        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
+    if not args.model and not (args.image_embeddings and args.text_embeddings):
+        raise UserError("--image-embeddings and --text-embeddings go together")
+    init_ray(args.address)
+    images, texts = (embed_biovita(args.data, args.model, args.revision, args.out) if args.model
+                     else (args.image_embeddings, args.text_embeddings))
+    evaluate(args.data, images, texts, args.out, query_block=args.query_block, corpus_blocks=args.corpus_blocks)
+
+
 def run_demo(args: argparse.Namespace) -> None:
     from mieb_ray.demo import demo
 
@@ -103,6 +130,9 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
+    v = sub.add_parser("eval-biovita", help="score embeddings on BioVITA text-to-image taxon retrieval")
+    add_eval_flags(v)
+    v.set_defaults(run=run_eval)
     d = sub.add_parser("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)

@@ -1,0 +1,12 @@
+"""`ray job submit --working-dir . -- python jobs/eval_biovita.py --data hf --image-embeddings ... --text-embeddings ... --out ...`
+
+The eval job as a Ray job entrypoint: the same flags as `mieb-ray eval-biovita`. It joins the cluster it
+was submitted to (RAY_ADDRESS), prints progress and a summary line, and exits non-zero on failure.
+"""
+
+import sys
+
+from mieb_ray.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["eval-biovita", *sys.argv[1:]]))

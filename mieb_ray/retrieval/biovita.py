@@ -1,0 +1,219 @@
+"""The BioVITA text-to-image benchmark data (mteb `BioVITAT2IReranking`), read from the hub or a mirror.
+
+The hub repo was written by `push_to_hub(config_name=...)`: per subset four configs
+`{subset}-{corpus,queries,qrels,top_ranked}`, each a folder of `test-NNNNN-of-NNNNN*.parquet` files,
+listed in the README's YAML `configs:`. Only the columns scoring needs are read: never the corpus
+images, except through read_images().
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+
+REPO = "myang333/BioVITAT2IRetrieval"
+REVISION = "fa59ba155cc59354c388e454c705a93bb9d984ab"
+SUBSETS = ("unseen_species", "unseen_genus")
+SPLIT = "test"
+TASK = "BioVITAT2IReranking"
+KINDS = ("corpus", "queries", "qrels", "top_ranked")
+HF = "hf"
+
+
+class BioVITAError(UserError):
+    pass
+
+
+@dataclass
+class Subset:
+    name: str
+    corpus_ids: list[str]  # corpus `id`, file order
+    corpus_taxa: list[str]  # corpus `taxon`, aligned
+    query_ids: list[str]
+    query_texts: list[str]
+    correct_taxa: list[str]
+    candidate_taxa: list[list[str]]  # 100 each, in the official order (the tie-break)
+    top_ranked: list[list[str]]  # per query, aligned with query_ids: its pool of corpus ids, in order
+    qrels: dict[str, dict[str, int]]  # as mteb loads them: only queries with qrels rows appear
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def repo_root(data: str) -> str:
+    """The hub at the pinned revision ("hf"), or ROOT/<org>/<repo> of a mirror (local or s3://)."""
+    if data == HF:
+        return f"hf://datasets/{REPO}@{REVISION}"
+    return storage.join(data, REPO)
+
+
+def _natural(uri: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
+
+
+def _card_patterns(root: str) -> dict[str, list[str]]:
+    """config -> the test split's data_files patterns, from the README front matter ({} without one)."""
+    readme = storage.join(root, "README.md")
+    if not storage.exists(readme):
+        return {}
+    text = storage.read_text(readme)
+    if not text.startswith("---"):
+        return {}
+    front = yaml.safe_load(text.split("---", 2)[1]) or {}
+    patterns = {}
+    for config in front.get("configs") or []:
+        files = config.get("data_files") or []
+        if isinstance(files, str):  # `data_files: pattern` means one "train" split
+            files = [{"split": "train", "path": files}]
+        for entry in files:
+            if isinstance(entry, dict) and entry.get("split") == SPLIT:
+                paths = entry.get("path")
+                patterns[config["config_name"]] = [paths] if isinstance(paths, str) else list(paths or [])
+    return patterns
+
+
+def _locate(root: str) -> dict[str, list[str]]:
+    """Every config's test-split parquet files: by the README's patterns, else the `<config>/` folder."""
+    patterns = _card_patterns(root)
+    prefix = root.rstrip("/") + "/"
+    # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
+    rel = [u[len(prefix):] for u in storage.list_files(root) if u.endswith(".parquet")]
+    rel = [r for r in rel if not re.search(r"(^|/)\.", r)]
+    found = {}
+    for subset in SUBSETS:
+        for kind in KINDS:
+            config = f"{subset}-{kind}"
+            if config in patterns:
+                files = [r for r in rel if any(fnmatch.fnmatchcase(r, p) for p in patterns[config])]
+            else:
+                files = [r for r in rel if r.startswith(f"{config}/") and r.split("/")[-1].startswith(SPLIT)]
+            found[config] = [storage.join(root, r) for r in sorted(files, key=_natural)]
+    return found
+
+
+def _files(found: dict[str, list[str]], root: str, config: str) -> list[str]:
+    subset = config.rsplit("-", 1)[0]
+    if not found.get(config):
+        raise BioVITAError(f"BioVITA subset {subset}: no files for config {config} under {storage.display(root)}")
+    return found[config]
+
+
+def _check_subset(subset: str) -> None:
+    if subset not in SUBSETS:
+        raise BioVITAError(f"unknown BioVITA subset {subset!r}; valid: {', '.join(SUBSETS)}")
+
+
+def config_files(data: str, config: str) -> list[str]:
+    """The parquet files of `config`'s test split, in order."""
+    root = repo_root(data)
+    return _files(_locate(root), root, config)
+
+
+def corpus_files(data: str, subset: str) -> list[str]:
+    """The corpus files (columns id, image, taxon), for embedding the images."""
+    _check_subset(subset)
+    return config_files(data, f"{subset}-corpus")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read(files: list[str], columns: list[str]) -> pa.Table:
+    """Only `columns` of the files, concatenated in order (column projection: other columns are not read)."""
+    tables = []
+    for uri in files:
+        try:
+            with storage.open_input(uri) as f:
+                tables.append(pq.ParquetFile(f).read(columns=columns))
+        except (pa.ArrowInvalid, KeyError) as exc:
+            raise BioVITAError(f"cannot read columns {', '.join(columns)} of {storage.display(uri)}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    return pa.concat_tables(tables)
+
+
+def _strings(table: pa.Table, column: str) -> list[str]:
+    return [None if v is None else str(v) for v in table[column].to_pylist()]
+
+
+def load_subset(data: str, subset: str) -> Subset:
+    """One subset's queries, candidates, pools, qrels and the corpus id -> taxon map (no images)."""
+    _check_subset(subset)
+    root = repo_root(data)
+    found = _locate(root)
+    where = f"BioVITA subset {subset}"
+
+    def files(kind: str) -> list[str]:
+        return _files(found, root, f"{subset}-{kind}")
+
+    corpus = _read(files("corpus"), ["id", "taxon"])
+    queries = _read(files("queries"), ["id", "text", "correct_taxon", "candidate_taxa"])
+    qrels_t = _read(files("qrels"), ["query-id", "corpus-id", "score"])
+    ranked = _read(files("top_ranked"), ["query-id", "corpus-ids"])
+
+    corpus_ids, query_ids = _strings(corpus, "id"), _strings(queries, "id")
+    if not query_ids:
+        raise BioVITAError(f"{where}: no queries in config {subset}-queries")
+    for ids, config in ((corpus_ids, "corpus"), (query_ids, "queries")):
+        if len(set(ids)) != len(ids):
+            dup = next(i for i, n in Counter(ids).items() if n > 1)
+            raise BioVITAError(f"{where}: id {dup!r} appears twice in config {subset}-{config}")
+    texts, correct = _strings(queries, "text"), _strings(queries, "correct_taxon")
+    candidates = queries["candidate_taxa"].to_pylist()
+    for qid, taxon, cands in zip(query_ids, correct, candidates):
+        if taxon not in (cands or []):
+            raise BioVITAError(f"{where}: query {qid!r}: correct taxon {taxon!r} is not among its "
+                               f"{len(cands or [])} candidate taxa")
+
+    # top_ranked rows are aligned to the queries by id; a query without one has an empty pool (as in mteb)
+    known, pools = set(query_ids), {}
+    for qid, pool in zip(_strings(ranked, "query-id"), ranked["corpus-ids"].to_pylist()):
+        if qid not in known:
+            raise BioVITAError(f"{where}: top_ranked has an entry for query {qid!r}, "
+                               f"which is not in config {subset}-queries")
+        pools[qid] = [str(d) for d in pool or []]
+    in_corpus = set(corpus_ids)
+    for qid, pool in pools.items():
+        missing = next((d for d in pool if d not in in_corpus), None)
+        if missing is not None:
+            raise BioVITAError(f"{where}: the pool of query {qid!r} names corpus id {missing!r}, "
+                               f"which is not in config {subset}-corpus")
+
+    qrels: dict[str, dict[str, int]] = {}
+    for qid, doc, score in zip(_strings(qrels_t, "query-id"), _strings(qrels_t, "corpus-id"),
+                               qrels_t["score"].to_pylist()):
+        qrels.setdefault(qid, {})[doc] = int(score)
+
+    return Subset(name=subset, corpus_ids=corpus_ids, corpus_taxa=_strings(corpus, "taxon"), query_ids=query_ids,
+                  query_texts=texts, correct_taxa=correct, candidate_taxa=[list(c) for c in candidates],
+                  top_ranked=[pools.get(q, []) for q in query_ids], qrels=qrels)
+
+
+def read_images(data: str, subset: str, ids: set[str]) -> dict[str, bytes]:
+    """The image bytes of some corpus ids (ids not in the corpus are left out). Reads the image column
+    only of the row groups that hold a wanted id."""
+    wanted, out = {str(i) for i in ids}, {}
+    for uri in corpus_files(data, subset):
+        if len(out) == len(wanted):
+            break
+        with storage.open_input(uri) as f:
+            pf = pq.ParquetFile(f)
+            for group in range(pf.num_row_groups):
+                group_ids = _strings(pf.read_row_group(group, columns=["id"]), "id")
+                rows = [i for i, d in enumerate(group_ids) if d in wanted and d not in out]
+                if not rows:
+                    continue
+                images = pf.read_row_group(group, columns=["image"])["image"]
+                for i in rows:
+                    value = images[i].as_py()
+                    if value is not None and value.get("bytes") is not None:
+                        out[group_ids[i]] = value["bytes"]
+    return out

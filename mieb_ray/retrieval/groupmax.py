@@ -1,0 +1,107 @@
+"""Group-max retrieval, as pure functions on blocks of embeddings.
+
+A group's score for a query is the max cosine over the group's items (a taxon's photos). Scores are
+float32 cosines computed the way mteb's `cos_sim` does (L2-normalise with torch, then a matrix product),
+so ranks match mteb's to the last bit. Work splits into query blocks x corpus blocks: a block's partial
+group maxima combine with the others' by `max`, and per-block top-k lists merge exactly as long as no
+group spans two corpus blocks (the corpus is cut at group boundaries).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+NEG = np.float32(-np.inf)
+# memory-mapped shards and Ray objects are read-only; torch only reads them here
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    """float32 rows of unit length: torch.nn.functional.normalize(p=2, dim=1), as mteb's cos_sim."""
+    return torch.nn.functional.normalize(torch.as_tensor(np.asarray(x), dtype=torch.float32), p=2, dim=1).numpy()
+
+
+def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """(q, d) float32 cosines of already normalised rows."""
+    return torch.mm(torch.from_numpy(queries), torch.from_numpy(docs).T).numpy()
+
+
+def group_maxima(scores: np.ndarray, doc_group: np.ndarray, n_groups: int) -> np.ndarray:
+    """(q, n_groups) max score per group over the columns of `scores`; -inf for a group with no column.
+
+    Columns are sorted by group once, so the max is one `reduceat` over contiguous runs.
+    """
+    out = np.full((scores.shape[0], n_groups), NEG, dtype=np.float32)
+    keep = doc_group >= 0
+    if not keep.any():
+        return out
+    order = np.flatnonzero(keep)[np.argsort(doc_group[keep], kind="stable")]
+    groups = doc_group[order]
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    out[:, groups[starts]] = np.maximum.reduceat(scores[:, order], starts, axis=1)
+    return out
+
+
+def candidate_maxima(queries: np.ndarray, docs: np.ndarray, doc_group: np.ndarray, n_groups: int,
+                     candidates: np.ndarray, pool: np.ndarray | None = None) -> np.ndarray:
+    """(q, c) partial maxima of each query's candidate groups over this block of docs.
+
+    candidates: (q, c) group ids in each query's candidate order, -1 for a group that has no docs at all;
+    pool: (q, n_docs) bool, the docs a query may score (BioVITA's top_ranked pool); None = all.
+    """
+    scores = cosines(queries, docs)
+    if pool is not None:
+        scores = np.where(pool, scores, NEG)
+    maxima = np.concatenate([group_maxima(scores, doc_group, n_groups),
+                             np.full((len(queries), 1), NEG, np.float32)], axis=1)  # column -1: no docs
+    return np.take_along_axis(maxima, candidates, axis=1)
+
+
+def rank_of(best: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """1-based rank of candidate `position` per row, best score first, ties by candidate order
+    (mteb: sorted(taxa, key=(-best, candidate index))); -inf candidates come last, in order."""
+    mine = np.take_along_axis(best, position[:, None], axis=1)
+    earlier = np.arange(best.shape[1])[None, :] < position[:, None]
+    return 1 + (best > mine).sum(1) + ((best == mine) & earlier).sum(1)
+
+
+def ranked(best: np.ndarray, k: int) -> np.ndarray:
+    """(q, k) candidate positions of each row's top k, ties by candidate order."""
+    order = np.lexsort((np.broadcast_to(np.arange(best.shape[1]), best.shape), -best), axis=1)
+    return order[:, :k]
+
+
+def topk_groups(scores: np.ndarray, doc_group: np.ndarray, n_groups: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the k best groups of this block: (q, k) scores and group ids, ties by group id."""
+    return topk_of(group_maxima(scores, doc_group, n_groups), k)
+
+
+def topk_of(maxima: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q, k) best values of each row and their column ids, ties by column id: only the columns at or
+    above the row's k-th value are sorted, so this costs a partition, not a sort of every group."""
+    k = min(k, maxima.shape[1])
+    kth = -np.partition(-maxima, k - 1, axis=1)[:, k - 1:k]
+    rows, cols = np.nonzero(maxima >= kth)  # row-major: columns ascending within a row
+    cuts = np.searchsorted(rows, np.arange(1, len(maxima)))
+    out_scores = np.empty((len(maxima), k), np.float32)
+    out_ids = np.empty((len(maxima), k), np.int64)
+    for r, ids in enumerate(np.split(cols, cuts)):
+        values = maxima[r, ids]
+        order = np.lexsort((ids, -values))[:k]
+        out_scores[r], out_ids[r] = values[order], ids[order]
+    return out_scores, out_ids
+
+
+def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of the union of per-block top-k lists (blocks hold disjoint groups)."""
+    scores = np.concatenate([s for s, _ in parts], axis=1)
+    ids = np.concatenate([i for _, i in parts], axis=1)
+    return _sorted(scores, ids, min(k, scores.shape[1]))
+
+
+def _sorted(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.lexsort((ids, -scores), axis=1)[:, :k]  # score descending, then group id ascending
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)

@@ -1,0 +1,121 @@
+"""mteb 2.26.24's own BioVITAT2IReranking pipeline on precomputed embeddings: the reference the tests compare to.
+
+The task's dataset is replaced by in-memory RetrievalSplitData built from our Subsets, and the model by an
+encoder that looks the embeddings up (queries by text, corpus photos by id). Everything else is mteb's:
+the rerank search (cosine, the top-1,000 cap), the document metrics, the taxon scores, main_score and the
+task score (reference/biovita-scoring.md §7(d)).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from mieb_ray.retrieval.biovita import SPLIT, TASK, Subset
+
+TAXON_KEYS = ("taxon_top_1_accuracy", "taxon_top_5_accuracy", "taxon_top_10_accuracy", "main_score")
+
+
+@contextmanager
+def _quiet_env(tmp: str):
+    """mteb's caches in `tmp`; its beta warning and progress bars silenced."""
+    keys = ("MTEB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update({"MTEB_CACHE": os.path.join(tmp, "mteb"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    mteb_log = logging.getLogger("mteb")
+    level = mteb_log.level
+    mteb_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is currently in beta.*")
+            yield
+    finally:
+        mteb_log.setLevel(level)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _encoder(text_emb: dict[str, np.ndarray], image_emb: dict[str, np.ndarray]):
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    dim = len(next(iter(image_emb.values())))
+
+    class FakeEncoder(AbsEncoder):
+        """Returns the precomputed embeddings: a query batch carries `text`, a corpus batch `id` (+ image=None)."""
+
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["text", "image"], "embed_dim": dim, "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            rows = []
+            for batch in inputs:
+                if "text" in batch:
+                    rows += [text_emb[t] for t in batch["text"]]
+                else:
+                    rows += [image_emb[i] for i in batch["id"]]
+            return np.stack(rows).astype(np.float32)
+
+    return FakeEncoder()
+
+
+def _split_data(subset: Subset):
+    from datasets import Dataset, Features, List, Value
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+
+    string = Value("string")
+    corpus = Dataset.from_dict(
+        {"id": subset.corpus_ids, "image": [None] * len(subset.corpus_ids), "taxon": subset.corpus_taxa},
+        features=Features({"id": string, "image": Value("null"), "taxon": string}))
+    queries = Dataset.from_dict(
+        {"id": subset.query_ids, "text": subset.query_texts, "correct_taxon": subset.correct_taxa,
+         "candidate_taxa": subset.candidate_taxa},
+        features=Features({"id": string, "text": string, "correct_taxon": string, "candidate_taxa": List(string)}))
+    return RetrievalSplitData(corpus=corpus, queries=queries,
+                              relevant_docs={q: dict(d) for q, d in subset.qrels.items()},
+                              top_ranked=dict(zip(subset.query_ids, subset.top_ranked)))
+
+
+def mteb_scores(subsets: dict[str, Subset], text_emb: dict[str, np.ndarray], image_emb: dict[str, np.ndarray],
+                return_results: bool = False) -> dict:
+    """{subset: {taxon_top_{1,5,10}_accuracy, main_score}, "task_score": TaskResult.get_score(),
+    "task_result": the TaskResult JSON exactly as mteb's TaskResult.to_disk writes it}.
+
+    return_results: also return the raw per-query rerank results ({subset: {qid: {doc: score}}}) as
+    "results", from mteb's predictions file.
+    """
+    import mteb
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+        task = mteb.get_task(TASK)
+        task.dataset = {name: {SPLIT: _split_data(s)} for name, s in subsets.items()}
+        task.hf_subsets = list(subsets)  # evaluate only the subsets given
+        task.data_loaded = True
+        predictions = os.path.join(tmp, "predictions") if return_results else None
+        model_result = mteb.evaluate(_encoder(text_emb, image_emb), task, cache=None, show_progress_bar=False,
+                                     prediction_folder=predictions)
+        task_result = model_result.task_results[0]
+        out = {name: {k: task_result.scores[SPLIT][i][k] for k in TAXON_KEYS}
+               for i, name in enumerate(s["hf_subset"] for s in task_result.scores[SPLIT])}
+        out["task_score"] = float(task_result.get_score())
+        path = Path(tmp, f"{TASK}.json")
+        task_result.to_disk(path)  # the JSON mteb writes: scores rounded to 6 decimals, date as a timestamp
+        out["task_result"] = json.loads(path.read_text())
+        if return_results:
+            with open(os.path.join(predictions, f"{TASK}_predictions.json")) as f:
+                saved = json.load(f)
+            out["results"] = {name: saved[name][SPLIT] for name in subsets}
+    return out

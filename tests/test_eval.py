@@ -1,0 +1,126 @@
+"""The eval job on BioVITA-shaped data: per-subset scores and the task score equal mteb 2.26.24's own
+(`mteb.evaluate` with an encoder returning the same embeddings); the outputs; the errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from mteb_reference import mteb_scores
+
+from mieb_ray import storage
+from mieb_ray.cli import main
+from mieb_ray.errors import UserError
+from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
+from mieb_ray.io import embeddings
+from mieb_ray.pipelines.eval_biovita import RESULTS_FILE, evaluate
+from mieb_ray.retrieval import biovita
+
+pytestmark = pytest.mark.timeout(600)
+TAXON_KEYS = [f"taxon_top_{k}_accuracy" for k in (1, 5, 10)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("biovita"))
+    return root, make_biovita_mirror(root)
+
+
+def lookup(uri: str) -> dict[str, np.ndarray]:
+    out = {}
+    for shard in embeddings.shard_uris(uri):
+        table = embeddings.open_shard(shard)
+        out.update(zip(table["key"].to_pylist(), embeddings.matrix(table).astype(np.float32)))
+    return out
+
+
+@pytest.mark.parametrize("grid", [256, None], ids=["exact-grid-vectors", "plain-float-vectors"])
+def test_scores_equal_mteb(ray_local, data, tmp_path, grid):
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts, grid=grid)
+    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=7, corpus_blocks=3, log=lambda _: None)
+    subsets = {name: biovita.load_subset(root, name) for name in biovita.SUBSETS}
+    want = mteb_scores(subsets, lookup(texts), lookup(images))
+    got = {e["hf_subset"]: e for e in result["scores"]["test"]}
+    for name in biovita.SUBSETS:
+        for key in TAXON_KEYS + ["main_score"]:
+            assert got[name][key] == round(want[name][key], 6), (name, key)
+    assert result["mieb_ray"]["task_score"] == pytest.approx(want["task_score"], abs=1e-12)
+    # the results file has the layout mteb writes (taxon metrics only)
+    mteb_entry = want["task_result"]["scores"]["test"][0]
+    ours = json.loads((tmp_path / "out" / RESULTS_FILE).read_text())
+    assert set(want["task_result"]) <= set(ours)
+    assert {k for k in ours["scores"]["test"][0]} <= set(mteb_entry)
+    assert ours["task_name"] == "BioVITAT2IReranking" and ours["dataset_revision"] == biovita.REVISION
+
+
+def test_ties_and_repeated_genus_queries_rank_as_designed(ray_local, data, tmp_path):
+    root, description = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    evaluate(root, images, texts, str(tmp_path / "out"), log=lambda _: None)
+    ranks = pq.read_table(tmp_path / "out" / "ranks.parquet").to_pylist()
+    by = {(r["subset"], r["query_id"]): r["rank"] for r in ranks}
+    ties = description["ties"]
+    assert by[("unseen_species", ties["species_query"])] == 2  # tied with an earlier candidate: after it
+    genus = {case: by[("unseen_genus", q)] for case, q in ties["genus_queries"].items()}
+    # one genus asked three times; its rival photo ties with it: ahead of it only when listed before it
+    assert genus == {"rival_before": 2, "rival_after": 1, "rival_absent": 1}
+    assert len(ranks) == sum(len(biovita.load_subset(root, s).query_ids) for s in biovita.SUBSETS)
+
+
+def test_outputs_and_report(ray_local, data, tmp_path):
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    out = tmp_path / "out"
+    result = evaluate(root, images, texts, str(out), gallery=4, log=lambda _: None)
+    assert json.loads((out / "_manifest.json").read_text())["task_score"] == result["mieb_ray"]["task_score"]
+    html = (out / "report.html").read_text()
+    assert html.count('class="card"') == 8 and "<svg" in html and "data:image/jpeg;base64," in html
+    assert result["mieb_ray"]["image_embeddings"]["model"] is not None
+
+
+def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, tmp_path):
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    out = str(tmp_path / "out")
+    # an image embedding missing: name the subset and the ids
+    shard = embeddings.shard_uris(images)[0]
+    table = embeddings.open_shard(shard)
+    embeddings.write_ipc(shard + ".tmp", table.slice(1))
+    os.replace(shard + ".tmp", shard)
+    with pytest.raises(UserError, match=r"^1 unseen_species corpus ids have no embedding in .*img \(e\.g\. '"):
+        evaluate(root, images, texts, out, log=lambda _: None)
+    # dimensions that differ between texts and images
+    make_biovita_embeddings(root, images, texts, dim=16)
+    make_biovita_embeddings(root, str(tmp_path / "img32"), str(tmp_path / "txt32"), dim=32)
+    with pytest.raises(UserError, match=r"text embeddings have dim 32 but image embeddings dim 16"):
+        evaluate(root, images, str(tmp_path / "txt32"), out, log=lambda _: None)
+    # a subset whose queries file is empty
+    empty = str(tmp_path / "empty")
+    make_biovita_mirror(empty)
+    path = biovita.config_files(empty, "unseen_species-queries")[0]
+    pq.write_table(pq.read_table(path).slice(0, 0), path)
+    with pytest.raises(UserError, match=r"unseen_species: no queries"):
+        evaluate(empty, images, texts, out, log=lambda _: None)
+
+
+def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, capsys):
+    root, _ = data
+    out = tmp_path / "out"
+    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--out", str(out)]) == 0
+    results = json.loads((out / RESULTS_FILE).read_text())
+    assert results["mieb_ray"]["text_embeddings"]["model"]["name"] == tiny_clip
+    texts = lookup(str(out / "embeddings" / "texts"))
+    genus = biovita.load_subset(root, "unseen_genus")
+    assert set(genus.query_texts) <= set(texts) and len(texts) < len(genus.query_ids) + 30  # a text embeds once
+    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--image-embeddings", "x",
+                 "--out", str(out)]) == 1
+    assert "give either --model, or both" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert storage.exists(str(out / "report.html"))
