@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.group_search import group_topk
+from mieb_ray.pipelines.group_search import _partitions, group_topk
 from mieb_ray.retrieval.groupmax import normalize
 
 
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--query-block", type=int, default=1000)
-    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--partitions", type=int, default=None, help="default: one per 256 MB of corpus")
     ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_scale"))
     args = ap.parse_args()
     work = args.work.resolve()
@@ -92,17 +92,18 @@ def main() -> None:
         t_faiss = time.perf_counter() - t0
     print(f"[run] faiss IndexFlatIP + group-by (K={args.k * max_group}): {t_faiss:.1f}s", flush=True)
 
+    partitions = args.partitions or _partitions(args.images * args.dim * 4)
     with b.MemorySampler() as mem_ours:
         t0 = time.perf_counter()
         o_scores, o_groups = group_topk(queries, k=args.k, shards=uris, group_column="label",
-                                        query_block=args.query_block, partitions=args.partitions)
+                                        query_block=args.query_block, partitions=partitions)
         t_ours = time.perf_counter() - t0
     print(f"[run] mieb-ray group_topk: {t_ours:.1f}s", flush=True)
 
     same = float((o_groups == f_groups).all(axis=1).mean())
     rows = [[f"faiss-cpu IndexFlatIP brute force (K={args.k * max_group}) + group-by", f"{t_faiss:.1f}",
              b.gib(mem_faiss.used_delta), "n/a (one process)", "1.00"],
-            [f"mieb-ray group_topk ({args.partitions} partitions, query blocks of {args.query_block})", f"{t_ours:.1f}",
+            [f"mieb-ray group_topk ({partitions} partitions, query blocks of {args.query_block})", f"{t_ours:.1f}",
              b.gib(mem_ours.used_delta), b.gib(mem_ours.ray_rss), f"{t_ours / t_faiss:.2f}"]]
     print("\n" + "=" * 100)
     print(f"### Group-max top-{args.k}: {args.queries:,} queries x {args.images:,} images ({args.dim}-d) in "

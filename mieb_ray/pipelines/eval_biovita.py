@@ -73,6 +73,7 @@ class Prepared:
     candidates: np.ndarray  # (q, 100) taxon ids, -1 for a taxon without photos
     correct: np.ndarray  # (q,) position of the correct taxon among the candidates
     pools: list[np.ndarray]  # per query: doc indices of its top_ranked pool
+    pool: np.ndarray  # (q, n) bool: the same pools as a matrix
 
 
 def scored_queries(subset: biovita.Subset) -> biovita.Subset:
@@ -101,12 +102,14 @@ def prepare(subset: biovita.Subset, text: Lookup, image: Lookup, corpus_blocks: 
     correct = np.array([c.index(t) for c, t in zip(subset.candidate_taxa, subset.correct_taxa)])
     doc_index = {d: i for i, d in enumerate(subset.corpus_ids)}
     pools = [np.array([doc_index[d] for d in pool], dtype=np.int64) for pool in subset.top_ranked]
+    pool = np.zeros((len(pools), len(subset.corpus_ids)), dtype=bool)
+    pool[np.repeat(np.arange(len(pools)), [len(p) for p in pools]), np.concatenate(pools or [np.zeros(0, int)])] = True
     # corpus blocks end on taxon boundaries, so no taxon's photos span two blocks
     order = np.argsort(doc_taxon, kind="stable")
     cuts = [i for i in np.linspace(0, len(order), corpus_blocks + 1).astype(int)[1:-1]]
     cuts = sorted({_next_boundary(doc_taxon[order], c) for c in cuts} - {0, len(order)})
     blocks = [(docs[idx], doc_taxon[idx], idx) for idx in np.split(order, cuts) if len(idx)]
-    return Prepared(queries, docs, doc_taxon, blocks, len(taxa), candidates, correct, pools)
+    return Prepared(queries, docs, doc_taxon, blocks, len(taxa), candidates, correct, pools, pool)
 
 
 def _next_boundary(sorted_taxa: np.ndarray, i: int) -> int:
@@ -116,26 +119,20 @@ def _next_boundary(sorted_taxa: np.ndarray, i: int) -> int:
 
 
 @ray.remote(num_cpus=1)
-def _block_maxima(queries, docs, doc_taxon, doc_index, n_taxa, candidates, pools):
-    # a query scores only the docs of its pool: BioVITA's top_ranked list
-    pool = np.zeros((len(queries), len(doc_index)), dtype=bool)
-    position = {d: j for j, d in enumerate(doc_index.tolist())}
-    for r, members in enumerate(pools):
-        cols = [position[d] for d in members.tolist() if d in position]
-        pool[r, cols] = True
+def _block_maxima(queries, docs, doc_taxon, n_taxa, candidates, pool):
+    # a query scores only the docs of its pool (BioVITA's top_ranked list): `pool` is this block's columns
     return candidate_maxima(queries, docs, doc_taxon, n_taxa, candidates, pool)
 
 
 def best_of_candidates(p: Prepared, query_block: int) -> np.ndarray:
     """(q, 100) max score of each candidate taxon over the query's pool: Ray tasks per query block x corpus
     block, combined by max."""
-    blocks = [tuple(ray.put(a) for a in block) for block in p.blocks]
+    blocks = [(ray.put(docs), ray.put(taxon), index) for docs, taxon, index in p.blocks]
     futures = []
     for lo in range(0, len(p.queries), query_block):
         sl = slice(lo, lo + query_block)
         queries, candidates = ray.put(p.queries[sl]), ray.put(p.candidates[sl])
-        pools = ray.put(p.pools[sl])
-        futures.append([_block_maxima.remote(queries, docs, taxon, index, p.n_taxa, candidates, pools)
+        futures.append([_block_maxima.remote(queries, docs, taxon, p.n_taxa, candidates, p.pool[sl][:, index])
                         for docs, taxon, index in blocks])
     best = [np.maximum.reduce(ray.get(parts)) if len(parts) > 1 else ray.get(parts[0]) for parts in futures]
     return np.concatenate(best) if best else np.zeros((0, p.candidates.shape[1]), np.float32)
