@@ -6,10 +6,12 @@ import os
 import time
 
 from mieb_ray import storage
+from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import build
 from mieb_ray.pipelines.embed import embed
+from mieb_ray.pipelines.eval_biovita import embed_biovita, evaluate
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:
@@ -27,6 +29,11 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
         target = os.path.join(out, f"embeddings-{modality}")
         outputs[target] = embed(train, target, model, modality=modality, carry_columns=["dataset_name"],
                                 overwrite=True, log=log)
+    biovita, scored = os.path.join(out, "biovita"), os.path.join(out, "biovita-eval")
+    make_biovita_mirror(biovita)
+    log(f"[demo] a BioVITA-shaped benchmark (hub layout, real pictures): {biovita}")
+    images, texts = embed_biovita(biovita, model, None, scored, log=log)
+    outputs[scored] = evaluate(biovita, images, texts, scored, log=log)
     log("[demo] outputs:")
     log(f"  {train}: {built['counts']['total']:,} rows in {len(built['shards'])} Parquet shards "
         f"(datasets.load_dataset({train!r}, 'cifar100'))")
@@ -35,5 +42,10 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
         m = outputs[target]
         log(f"  {target}: {m['counts']['total']:,} {modality} embeddings (dim {m['dim']}) in {len(m['shards'])} "
             f"Arrow shards, manifest {storage.join(target, storage.MANIFEST)}")
+    result = outputs[scored]
+    subsets = ", ".join(f"{e['hf_subset']} top-1/5/10 {e['taxon_top_1_accuracy']:.3f}/{e['taxon_top_5_accuracy']:.3f}/"
+                        f"{e['taxon_top_10_accuracy']:.3f}" for e in result["scores"]["test"])
+    log(f"  {scored}: BioVITA-shaped scores with the tiny random CLIP (near chance, as it should be): {subsets}; "
+        f"task score {result['mieb_ray']['task_score']:.3f}; report {os.path.join(scored, 'report.html')}")
     log(f"[demo] done in {time.time() - t0:.0f}s")
     return outputs

@@ -1,4 +1,4 @@
-"""`mieb-ray demo`: build and embed from a fixture mirror made on the spot, as the README's first command runs it."""
+"""`mieb-ray demo`: build, embed and eval from fixtures made on the spot, as the README's first command runs it."""
 
 import os
 
@@ -18,3 +18,6 @@ def test_demo_builds_and_embeds(ray_local, tmp_path):
         assert m["counts"] == {"total": built["counts"]["total"], "errors": 0}
         assert os.path.exists(tmp_path / "demo" / f"embeddings-{modality}" / "_manifest.json")
     assert any(line.startswith("[demo] outputs:") for line in lines)
+    scored = outputs[str(tmp_path / "demo" / "biovita-eval")]
+    assert 0 <= scored["mieb_ray"]["task_score"] <= 1
+    assert os.path.exists(tmp_path / "demo" / "biovita-eval" / "report.html")
