@@ -6,8 +6,10 @@ so that `ray job submit` reports FAILED.
 """
 
 import sys
+from pathlib import Path
 
-from mieb_ray.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the submitted checkout's mieb_ray, not another
+from mieb_ray.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["build", *sys.argv[1:]]))

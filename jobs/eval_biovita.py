@@ -5,8 +5,10 @@ was submitted to (RAY_ADDRESS), prints progress and a summary line, and exits no
 """
 
 import sys
+from pathlib import Path
 
-from mieb_ray.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the submitted checkout's mieb_ray, not another
+from mieb_ray.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["eval-biovita", *sys.argv[1:]]))

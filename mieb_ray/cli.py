@@ -23,7 +23,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="fail unless each dataset has its catalog row count (default: on for --sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
                    help="fail when more than this fraction of rows cannot be built (default: 0.001)")
-    p.add_argument("--workers", type=int, default=None, help="actor pool size (default: the cluster's CPUs)")
+    p.add_argument("--workers", type=int, default=None, help="actor pool size (default: the CPUs the cluster has or can grow to)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
 
 
@@ -69,7 +69,7 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
     p.add_argument("--workers", type=int, default=None,
-                   help="encoder actors (default: one per GPU of the cluster; on CPUs, CPUs // 4)")
+                   help="encoder actors (default: one per GPU the cluster has or can grow to; on CPUs, CPUs // 4)")
     p.add_argument("--gpus-per-worker", type=float, default=None,
                    help="GPUs per encoder actor (default: 1 when the cluster has GPUs, else 0)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs (and torch threads) per encoder actor")

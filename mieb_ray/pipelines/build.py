@@ -15,6 +15,7 @@ import ray
 
 from mieb_ray import __version__, storage
 from mieb_ray.captions import class_table
+from mieb_ray.cluster import capacity
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
 from mieb_ray.shard_builder import ShardBuilder
@@ -105,7 +106,7 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     log(f"[build] planned {len(units)} units over {len(selected)} datasets in {time.time() - t0:.1f}s")
 
     if workers is None:
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker))
+        workers = max(1, int(capacity()["CPU"] // cpus_per_worker))
     workers = max(1, min(workers, len(units)))
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # our own progress lines below

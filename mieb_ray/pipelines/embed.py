@@ -20,6 +20,7 @@ import pyarrow as pa
 import ray
 
 from mieb_ray import __version__, storage
+from mieb_ray.cluster import capacity
 from mieb_ray.encode.model import Encoder, load_info, resolve
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, tables
@@ -256,9 +257,9 @@ def _image_spec(info) -> dict:
 
 def _run(pending, files, columns, modality, spec, model, revision, info, writer, batch_size, decode_batch_size,
          workers, gpus_per_worker, cpus_per_worker, device, log) -> list[dict]:
-    resources = ray.cluster_resources()
+    resources = capacity()  # an autoscaling cluster's GPUs count before their nodes are up
     if gpus_per_worker is None:
-        gpus_per_worker = 1.0 if resources.get("GPU", 0) > 0 else 0.0
+        gpus_per_worker = 1.0 if resources["GPU"] > 0 else 0.0
     if workers is None:
         workers = int(resources["GPU"] // gpus_per_worker) if gpus_per_worker else max(1, int(resources["CPU"]) // 4)
     ctx = ray.data.DataContext.get_current()

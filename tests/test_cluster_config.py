@@ -1,0 +1,50 @@
+"""cluster.yaml passes Ray's own cluster-config validation (what `ray up` checks), and offers the resources
+the jobs ask for."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from mieb_ray.cluster import autoscaler_capacity
+from mieb_ray.pipelines.embed import DECODE_MEMORY
+
+CONFIG = Path(__file__).resolve().parents[1] / "cluster.yaml"
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return yaml.safe_load(CONFIG.read_text())
+
+
+def test_ray_up_would_accept_it(config):
+    validate_config(prepare_config(config))  # the schema and checks of `ray up`, defaults filled in as it does
+
+
+def test_node_types_offer_what_the_jobs_ask_for(config):
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]
+    assert head["resources"] == {"CPU": 0, "GPU": 0}  # the drivers run there; no task or actor does
+
+    def fits(request: dict) -> list[str]:
+        return [name for name, t in types.items()
+                if all(t.get("resources", {}).get(r, 0) >= n for r, n in request.items())]
+
+    # build: ShardBuilder actors (1 CPU); embed: read/decode tasks (1 CPU) and encoder actors (1 GPU, 1 CPU)
+    assert fits({"CPU": 1}) == ["cpu_worker", "gpu_worker"]
+    assert fits({"CPU": 1, "GPU": 1}) == ["gpu_worker"]
+    assert all(types[n]["max_workers"] > 0 for n in ("cpu_worker", "gpu_worker"))
+    assert DECODE_MEMORY < 8 << 30  # a decode task's memory hint fits any worker
+    assert sum(t.get("min_workers", 0) for t in types.values()) <= config["max_workers"]
+
+
+def test_default_pools_see_what_the_autoscaler_can_add(config):
+    # on a cluster that starts with its head alone, the embed job still sizes its GPU pool to the GPUs
+    # the autoscaler can bring up, instead of running on CPUs
+    assert autoscaler_capacity(config) == {"CPU": 16 * 32 + 8 * 4, "GPU": 8}
+
+
+def test_the_nodes_install_this_checkout(config):
+    assert config["file_mounts"] == {"~/mieb-ray": "."}
+    assert any("-e ~/mieb-ray" in c and "torch==2.13.0" in c for c in config["setup_commands"])
