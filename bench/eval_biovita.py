@@ -39,11 +39,7 @@ KEYS = [f"taxon_top_{k}_accuracy" for k in (1, 5, 10)]
 
 
 def lookup(uri: str) -> dict[str, np.ndarray]:
-    out = {}
-    for shard in embeddings.shard_uris(uri):
-        table = embeddings.open_shard(shard)
-        out.update(zip(table["key"].to_pylist(), embeddings.matrix(table).astype(np.float32)))
-    return out
+    return dict(zip(*embeddings.read_all(uri)))
 
 
 def main() -> None:

@@ -24,9 +24,8 @@ from mieb_ray.captions import class_table, clean_caption
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import expected_rows, hub_names, make_mirror
-from mieb_ray.io import readers
 from mieb_ray.pipelines.build import build
-from mieb_ray.sources import PARQUET, SOURCES, by_slug
+from mieb_ray.sources import PARQUET, by_slug
 
 pytestmark = pytest.mark.timeout(600)
 ROWS_PER_SHARD = 5

@@ -30,11 +30,7 @@ def data(tmp_path_factory):
 
 
 def lookup(uri: str) -> dict[str, np.ndarray]:
-    out = {}
-    for shard in embeddings.shard_uris(uri):
-        table = embeddings.open_shard(shard)
-        out.update(zip(table["key"].to_pylist(), embeddings.matrix(table).astype(np.float32)))
-    return out
+    return dict(zip(*embeddings.read_all(uri)))
 
 
 @pytest.mark.parametrize("grid", [256, None], ids=["exact-grid-vectors", "plain-float-vectors"])

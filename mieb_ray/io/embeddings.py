@@ -66,6 +66,17 @@ def shard_uris(root: str) -> list[str]:
     return [storage.join(root, s["path"]) for s in manifest["shards"]]
 
 
+def read_all(root: str) -> tuple[list[str], np.ndarray]:
+    """Every key and embedding (float32) of a complete output, in shard order."""
+    tables = [open_shard(u) for u in shard_uris(root)]
+    dims = {t["embedding"].type.list_size for t in tables}
+    if len(dims) > 1:
+        raise storage.StorageError(f"{storage.display(root)} mixes embedding dimensions {sorted(dims)}")
+    keys = [k for t in tables for k in t["key"].to_pylist()]
+    vectors = [matrix(t).astype(np.float32) for t in tables]
+    return keys, np.concatenate(vectors) if vectors else np.zeros((0, dims.pop() if dims else 0), np.float32)
+
+
 def read_ray(root: str):
     """The embeddings of a complete output as a Ray Dataset (one block per shard)."""
     import ray

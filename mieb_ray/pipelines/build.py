@@ -19,7 +19,7 @@ from mieb_ray.cluster import capacity
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
 from mieb_ray.shard_builder import ShardBuilder
-from mieb_ray.sources import PARQUET, TOTAL_ROWS, select
+from mieb_ray.sources import TOTAL_ROWS, select
 
 FORMAT = "mieb-train"
 FORMAT_VERSION = 1

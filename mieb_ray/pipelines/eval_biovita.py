@@ -47,14 +47,7 @@ class Lookup:
 
 
 def load_lookup(uri: str) -> Lookup:
-    uris = embeddings.shard_uris(uri)
-    tables = [embeddings.open_shard(u) for u in uris]
-    keys = [k for t in tables for k in t["key"].to_pylist()]
-    dims = {t["embedding"].type.list_size for t in tables}
-    if len(dims) > 1:
-        raise UserError(f"{storage.display(uri)} mixes embedding dimensions {sorted(dims)}")
-    matrix = np.concatenate([embeddings.matrix(t).astype(np.float32) for t in tables]) if tables else \
-        np.zeros((0, 0), np.float32)
+    keys, matrix = embeddings.read_all(uri)
     index = {k: i for i, k in enumerate(keys)}
     if len(index) != len(keys):
         raise UserError(f"{storage.display(uri)} holds {len(keys) - len(index)} duplicate keys")
