@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from mieb_ray.errors import find_user_error
@@ -27,6 +28,10 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # `ray job stop` and `kill` send SIGTERM: unwind as for Ctrl-C, staged files removed
+
+
 def init_ray(address: str | None = None) -> None:
     """Join the cluster a job was submitted to (RAY_ADDRESS), or start a local one."""
     import logging
@@ -36,6 +41,7 @@ def init_ray(address: str | None = None) -> None:
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=True,
                  logging_level="WARNING")
+        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
 
 
@@ -141,10 +147,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         args.run(args)
     except KeyboardInterrupt:
-        print("mieb-ray: interrupted", file=sys.stderr)
+        print("mieb-ray: interrupted; committed shards are complete, run again (embed: with --resume) to finish",
+              file=sys.stderr)
         return 130
     except Exception as exc:  # a user's mistake is one line; anything else keeps its traceback
         user = find_user_error(exc)

@@ -150,6 +150,17 @@ def staging_path(dest: str) -> str:
     return os.path.join(directory, name)
 
 
+def remove_staging(root: str) -> int:
+    """Delete the staging files a killed run left beside its local shards (never visible as shards)."""
+    if is_s3(root) or not os.path.isdir(root):
+        return 0
+    stale = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+             if f.startswith(".") and f.endswith(".tmp")]
+    for path in stale:
+        os.unlink(path)
+    return len(stale)
+
+
 def commit(local: str, dest: str) -> None:
     """Make the finished file `local` visible at `dest` all at once, and remove `local`."""
     try:

@@ -37,6 +37,8 @@ class S3Server:
     secret_key: str
     bucket: str
     process: subprocess.Popen
+    args: list[str]
+    data_dir: str
 
     @property
     def env(self) -> dict[str, str]:
@@ -58,6 +60,11 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
 
+    def restart(self, timeout: float = 60) -> None:
+        """The same server again (same ports, same data) after stop(): an outage, as a client sees it."""
+        self.process = _launch(self.args, self.data_dir, self.access_key, self.secret_key)
+        _wait(self, timeout)
+
 
 def weed_binary() -> str:
     found = shutil.which("weed", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -75,20 +82,29 @@ def start(data_dir: str, bucket: str = "mieb", access_key: str = "mieb-test-key"
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.port={s3_port}",
             f"-admin.port={free_port()}", f"-admin.port.grpc={free_port()}",
             *(f"-{name}.port={port}" for name, port in ports.items())]
+    proc = _launch(args, data_dir, access_key, secret_key)
+    server = S3Server(f"http://127.0.0.1:{s3_port}", access_key, secret_key, bucket, proc, args, data_dir)
+    _wait(server, timeout)
+    return server
+
+
+def _launch(args: list[str], data_dir: str, access_key: str, secret_key: str) -> subprocess.Popen:
     env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    log = open(os.path.join(data_dir, "weed.log"), "wb")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{s3_port}", access_key, secret_key, bucket, proc)
+    log = open(os.path.join(data_dir, "weed.log"), "ab")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(server: S3Server, timeout: float) -> None:
     client = server.client()
     deadline = time.time() + timeout
     while True:  # the -bucket appears a little after S3 starts answering
-        if proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited with {proc.returncode}; see {data_dir}/weed.log")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"weed mini exited with {server.process.returncode}; see {server.data_dir}/weed.log")
         try:
-            client.head_bucket(Bucket=bucket)
-            return server
+            client.head_bucket(Bucket=server.bucket)
+            return
         except Exception:
             if time.time() > deadline:
                 server.stop()
-                raise RuntimeError(f"weed mini did not serve bucket {bucket!r} within {timeout}s")
+                raise RuntimeError(f"weed mini did not serve bucket {server.bucket!r} within {timeout}s")
             time.sleep(0.2)

@@ -111,7 +111,12 @@ def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb
     again = embed(root, str(copy), tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16, resume=True,
                   log=lines.append)
     assert f"{len(manifest['shards']) - 2} already done" in lines[0]
-    assert again == manifest  # same keys, same bytes: nothing encoded twice, nothing lost
+    # nothing encoded twice, nothing lost: the same shards, keys and vectors (to float32 rounding: the resumed
+    # files are batched differently, which may change the last bit of a matrix product)
+    assert [(s["path"], s["rows"]) for s in again["shards"]] == [(s["path"], s["rows"]) for s in manifest["shards"]]
+    keys, vectors = embeddings.read_all(str(copy))
+    ref_keys, ref_vectors = embeddings.read_all(out)
+    assert keys == ref_keys and np.allclose(vectors, ref_vectors, atol=1e-6)
     with pytest.raises(UserError, match="already holds complete embeddings"):
         embed(root, str(copy), tiny_clip, resume=True)
 

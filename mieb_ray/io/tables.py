@@ -127,10 +127,13 @@ def _member(sample: dict, name: str) -> str | None:
     return WDS_NAMES.get(name) if WDS_NAMES.get(name) in sample else None
 
 
-def _wds_value(member: str, data: bytes):
+def _wds_value(member: str, data: bytes, strict: bool):
     if member in IMAGE_EXTENSIONS:
         return data
-    text = data.decode("utf-8", errors="replace")
+    try:
+        text = data.decode("utf-8", errors="strict" if strict else "replace")
+    except UnicodeDecodeError:
+        return data  # left as bytes: the encoder makes it an error row, "text is not valid UTF-8"
     if member == "cls":
         return int(text) if text.strip().lstrip("-").isdigit() else None
     return text
@@ -142,7 +145,8 @@ def _wds_row(sample: dict, columns: Columns) -> dict:
     row = {columns.key: sample["__key__"]}
     for name in (columns.data, *columns.carry):
         member = _member(sample, name)
-        row[name] = _wds_value(member, sample[member]) if member else meta.get(name)
+        # the text to encode must be valid UTF-8; a carried column is kept with replacement characters
+        row[name] = _wds_value(member, sample[member], strict=name == columns.data) if member else meta.get(name)
     return row
 
 

@@ -100,6 +100,7 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     expected = {s.slug: s.rows for s in selected}
     storage.check_output(out)
     _replace_old(out, overwrite)
+    storage.remove_staging(out)
 
     t0 = time.time()
     units, tables = _plan(selected, sources, rows_per_shard)

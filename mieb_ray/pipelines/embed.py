@@ -38,13 +38,19 @@ def shard_name(rel: str) -> str:
 # ---------------------------------------------------------------------------------------------- stages
 
 
-def read_stage(batch: dict, columns: tables.Columns, modality: str):
-    """One input file per call; yields its rows in chunks."""
+def read_stage(batch: dict, columns: tables.Columns, modality: str, spec: dict | None, decode_rows: int):
+    """One input file per task; yields its rows in chunks, images already decoded (so raw image bytes never
+    enter the object store, and a task's blocks stream out as it goes)."""
     for file_no, uri in zip(batch["file"], batch["uri"]):
-        yield from tables.read_file(int(file_no), str(uri), columns, modality)
+        for chunk in tables.read_file(int(file_no), str(uri), columns, modality):
+            if modality != "image":
+                yield chunk
+                continue
+            for lo in range(0, len(chunk["__row"]), decode_rows):
+                yield decode({k: v[lo:lo + decode_rows] for k, v in chunk.items()}, columns.data, spec)
 
 
-def decode_stage(batch: dict, data_column: str, spec: dict) -> dict:
+def decode(batch: dict, data_column: str, spec: dict) -> dict:
     """Image bytes -> uint8 pixels at the model's size; a bad image becomes an error, not an exception."""
     from mieb_ray.encode.preprocess import ImageSpec, load_images
 
@@ -78,7 +84,7 @@ class EncodeStage:
             pixels = batch.pop("pixels")
         else:
             texts = batch.pop(self.data_column)
-            errors = np.array(["" if isinstance(t, str) and t.strip() else "empty text" for t in texts], object)
+            errors = np.array([_text_error(t) for t in texts], object)
         ok = errors == ""
         out = np.zeros((n, self.encoder.info.dim), dtype=np.float32)
         if ok.any():
@@ -89,6 +95,12 @@ class EncodeStage:
             else:
                 out[ok] = self.encoder.encode_texts([str(t) for t in texts[ok]])
         return {**batch, "__error": errors, "embedding": out}
+
+
+def _text_error(text) -> str:
+    if isinstance(text, bytes):  # a tar member that did not decode
+        return "text is not valid UTF-8"
+    return "" if isinstance(text, str) and text.strip() else "empty text"
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -165,6 +177,7 @@ def _shard_stats(out: str, name: str) -> dict:
 
 def _prepare_output(out: str, overwrite: bool, resume: bool) -> dict[str, str]:
     storage.check_output(out)
+    storage.remove_staging(out)
     old = storage.read_manifest(out)
     if old is not None and not overwrite:
         raise UserError(f"{storage.display(out)} already holds complete embeddings ({storage.MANIFEST}); "
@@ -187,7 +200,7 @@ def embed(input: str, out: str, model: str, revision: str | None = None, modalit
           carry_columns: list[str] | None = None, batch_size: int = 256, dtype: str = "float32",
           resume: bool = False, overwrite: bool = False, max_error_rate: float = 0.01,
           workers: int | None = None, gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
-          decode_batch_size: int = 64, device: str | None = None, log=print) -> dict:
+          decode_batch_size: int = 256, device: str | None = None, log=print) -> dict:
     """Run the embed job on the connected Ray cluster; return the manifest."""
     if modality not in MODALITIES:
         raise UserError(f"unknown modality {modality!r}; valid: {', '.join(MODALITIES)}")
@@ -268,14 +281,11 @@ def _run(pending, files, columns, modality, spec, model, revision, info, writer,
     model = os.path.abspath(model) if os.path.isdir(model) else model
 
     ds = ray.data.from_items([{"file": i, "uri": files[i].uri} for i in pending], override_num_blocks=len(pending))
-    # read and decode fuse into one CPU task (raw image bytes never enter the object store); their memory
-    # hint also keeps them apart from the encoder actors, which would otherwise absorb them on a CPU-only run
-    cpu_task = dict(num_cpus=1, memory=DECODE_MEMORY)
-    ds = ds.map_batches(read_stage, fn_kwargs={"columns": columns, "modality": modality}, batch_size=1,
-                        batch_format="numpy", **cpu_task)
-    if modality == "image":
-        ds = ds.map_batches(decode_stage, fn_kwargs={"data_column": columns.data, "spec": spec},
-                            batch_size=decode_batch_size, batch_format="numpy", **cpu_task)
+    # one CPU task per input file (batch_size=1: a fused stage with a larger batch would bundle every file into
+    # one task); the memory hint also keeps it apart from the encoder actors on a CPU-only run
+    ds = ds.map_batches(read_stage, fn_kwargs={"columns": columns, "modality": modality, "spec": spec,
+                                               "decode_rows": decode_batch_size},
+                        batch_size=1, batch_format="numpy", num_cpus=1, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         EncodeStage, fn_constructor_kwargs=dict(model=model, revision=revision, modality=modality,
                                                 data_column=columns.data, spec=spec, device=device,
@@ -285,7 +295,7 @@ def _run(pending, files, columns, modality, spec, model, revision, info, writer,
 
     results, total = [], len(pending)
     done_rows, t_run, t_log = 0, time.time(), 0.0
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):  # each block as it comes
         for file_no in np.unique(batch["__file"]):
             mask = batch["__file"] == file_no
             part = {k: v[mask] for k, v in batch.items()}

@@ -1,0 +1,214 @@
+"""Faults lose nothing: a killed worker, an S3 outage mid-write, an interrupted driver; and every kind of bad
+input gives an error row or a one-line failure, never a silent drop."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from test_preprocess import encode, i16_png, palette_png, picture, png_claiming, with_orientation
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.io import embeddings
+from mieb_ray.pipelines.build import build
+from mieb_ray.pipelines.embed import embed
+
+pytestmark = pytest.mark.timeout(900)
+DATASETS = ["cifar10", "mnist", "dtd", "gtsrb", "scimmir", "caltech101"]
+
+
+def shards(manifest: dict) -> list[tuple]:
+    return [(s["path"], s["rows"], s["sha256"]) for s in manifest["shards"]]
+
+
+def same_embeddings(out: str, reference: str) -> None:
+    """Same keys, each once, and the same vectors: equal to float32 rounding, as a different batching of the
+    rows may change the last bit of a matrix product."""
+    keys, vectors = embeddings.read_all(out)
+    ref_keys, ref_vectors = embeddings.read_all(reference)
+    assert keys == ref_keys and len(set(keys)) == len(keys)
+    assert np.allclose(vectors, ref_vectors, atol=1e-6)
+
+
+def kill_worker_when(marker: str, ready, stop: threading.Event) -> threading.Thread:
+    """In the background: once `ready()` says the job is under way, SIGKILL one Ray worker running `marker`."""
+    def run():
+        while not stop.is_set():
+            if ready():
+                for proc in psutil.process_iter(["cmdline"]):
+                    if marker in " ".join(proc.info["cmdline"] or []):
+                        proc.kill()
+                        killed.append(proc.pid)
+                        return
+            time.sleep(0.05)
+
+    killed: list[int] = []
+    thread = threading.Thread(target=run, daemon=True)
+    thread.killed = killed
+    thread.start()
+    return thread
+
+
+def committed(folder, suffix: str) -> int:
+    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)
+
+
+def test_build_finishes_when_a_worker_is_killed(ray_local, mirror, tmp_path):
+    root, _ = mirror
+    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
+    out = tmp_path / "out"
+    stop = threading.Event()
+    killer = kill_worker_when("ShardBuilder", lambda: committed(out, ".parquet") >= 3, stop)
+    manifest = build(root, str(out), datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
+                     log=lambda _: None)
+    stop.set()
+    assert killer.killed, "no worker was killed: the test did not test anything"
+    assert shards(manifest) == shards(reference) and manifest["counts"] == reference["counts"]
+
+
+def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path):
+    root = tmp_path / "table"  # 8 files of 200 photos: long enough to be killed in the middle
+    root.mkdir()
+    photos = [encode(picture(name).resize((64, 48)), "PNG") for name in ("chelsea.jpg", "coffee.jpg", "rocket.jpg")]
+    for f in range(8):
+        keys = [f"p/{f}/{i}" for i in range(200)]
+        pq.write_table(pa.table({"key": keys, "image": pa.array([photos[i % 3] for i in range(200)], pa.binary())}),
+                       root / f"{f:03d}.parquet")
+    root = str(root)
+    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=2, log=lambda _: None)
+    out = tmp_path / "out"
+    stop = threading.Event()
+    killer = kill_worker_when("EncodeStage", lambda: committed(out, ".arrow") >= 1, stop)
+    manifest = embed(root, str(out), tiny_clip, batch_size=2, log=lambda _: None)
+    stop.set()
+    assert killer.killed, "no encoder was killed: the test did not test anything"
+    assert [s["rows"] for s in manifest["shards"]] == [s["rows"] for s in reference["shards"]]
+    same_embeddings(str(out), str(tmp_path / "ref"))
+
+
+def test_s3_outage_mid_write_then_rerun_gives_the_same_output(ray_local, s3, mirror, tmp_path):
+    root, _ = mirror
+    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
+    client, prefix = s3.client(), "outage/train"
+
+    def started() -> bool:
+        return client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("KeyCount", 0) >= 3
+
+    def outage():
+        while not started():
+            time.sleep(0.05)
+        s3.stop()  # mid-write: units are committing shards
+        time.sleep(4)
+        s3.restart()
+
+    thread = threading.Thread(target=outage, daemon=True)
+    thread.start()
+    out = f"s3://{s3.bucket}/{prefix}"
+    try:
+        manifest = build(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
+                         log=lambda _: None)
+    except UserError as exc:  # retries ran out: a clear one-line failure, and the output is not complete
+        assert "\n" not in str(exc) and s3.secret_key not in str(exc)
+        thread.join()
+        assert storage.read_manifest(out) is None
+        manifest = build(root, out, datasets=DATASETS, rows_per_shard=1, log=lambda _: None)  # run it again
+    thread.join()
+    assert shards(manifest) == shards(reference)  # same keys, same bytes as an uninterrupted run
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
+    assert {f"{prefix}/{p}" for p, _, _ in shards(manifest)} <= listed
+
+
+def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_local, mieb_train, tiny_clip,
+                                                                           tmp_path):
+    root, train = mieb_train
+    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, log=lambda _: None)
+    out = tmp_path / "out"
+    address = ray_local.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "mieb_ray", "--address", address, "embed", "--input", root, "--out", str(out),
+           "--model", tiny_clip, "--batch-size", "4"]
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while committed(out, ".arrow") < 2 and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert driver.poll() is None, "the run ended before it could be interrupted"
+    driver.send_signal(signal.SIGTERM)  # what `ray job stop` does
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "interrupted" in err.strip().splitlines()[-1]
+    assert not (out / "_manifest.json").exists()
+    rows = {s["path"].replace(".parquet", ".arrow"): s["rows"] for s in train["shards"]}
+    for name in [os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs
+                 if f.endswith(".arrow") and not f.startswith(".")]:
+        assert embeddings.open_shard(str(out / name)).num_rows == rows[name]  # what is visible is whole
+    manifest = embed(root, str(out), tiny_clip, batch_size=4, resume=True, log=lambda _: None)
+    assert manifest["counts"] == reference["counts"]
+    same_embeddings(str(out), str(tmp_path / "ref"))
+    assert not [f for _, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
+
+
+def _bad_and_good_images() -> tuple[dict[str, bytes], dict[str, bytes]]:
+    jpeg = encode(picture("chelsea.jpg"), "JPEG", quality=90)
+    png = encode(picture("coffee.jpg").resize((80, 60)), "PNG")
+    gif = io.BytesIO()
+    frames = [picture("coins.jpg").convert("P").resize((40, 30)), picture("brick.jpg").convert("P").resize((40, 30))]
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:])
+    bad = {"corrupt-jpeg": jpeg[:200] + os.urandom(2000), "truncated-png": png[: len(png) // 2], "zero-bytes": b"",
+           "text-file": b"not an image, a text file\n", "bomb-30000x30000": png_claiming(30000, 30000)}
+    good = {"1x1": encode(Image.new("RGB", (1, 1), "red"), "PNG"), "16-bit-png": i16_png(),
+            "cmyk-jpeg": encode(picture("flower.jpg").convert("CMYK"), "JPEG"), "palette-transparent": palette_png(),
+            "animated-gif": gif.getvalue(), "exif-rotated": with_orientation(picture("rocket.jpg"), "JPEG", 6),
+            "plain-jpeg": jpeg}
+    return bad, good
+
+
+def test_every_bad_image_is_an_error_row_and_nothing_else_is_lost(ray_local, tiny_clip, tmp_path):
+    bad, good = _bad_and_good_images()
+    images = {**good, **bad}
+    pq.write_table(pa.table({"key": list(images), "image": pa.array(list(images.values()), pa.binary())}),
+                   tmp_path / "in.parquet")
+    manifest = embed(str(tmp_path / "in.parquet"), str(tmp_path / "out"), tiny_clip, max_error_rate=0.5,
+                     log=lambda _: None)
+    assert manifest["counts"] == {"total": len(good), "errors": len(bad)}
+    table = embeddings.open_shard(str(tmp_path / "out" / manifest["shards"][0]["path"]))
+    assert set(table["key"].to_pylist()) == set(good)
+    assert np.isfinite(embeddings.matrix(table)).all()
+    errors = pa.ipc.open_file(str(tmp_path / "out" / manifest["error_files"][0])).read_all().to_pylist()
+    reasons = {e["key"]: e["error"] for e in errors}
+    assert set(reasons) == set(bad)
+    assert reasons["zero-bytes"] == "empty image" and reasons["text-file"] == "not an image"
+    assert reasons["truncated-png"] == "truncated image" and reasons["bomb-30000x30000"].startswith("image too large")
+
+
+def test_texts_that_are_not_utf8_or_empty_are_error_rows(ray_local, tiny_clip, tmp_path):
+    import webdataset as wds
+
+    with wds.TarWriter(str(tmp_path / "texts.tar"), encoder=False) as sink:
+        for key, text in [("a", "a photo of a crab.".encode()), ("b", b"caf\xe9 \xff"), ("c", b"   "),
+                          ("d", "a photo of an airplane.".encode())]:
+            sink.write({"__key__": key, "txt": text})
+    manifest = embed(str(tmp_path / "texts.tar"), str(tmp_path / "out"), tiny_clip, modality="text",
+                     max_error_rate=0.6, log=lambda _: None)
+    assert manifest["counts"] == {"total": 2, "errors": 2}
+    errors = pa.ipc.open_file(str(tmp_path / "out" / manifest["error_files"][0])).read_all().to_pylist()
+    assert {e["key"]: e["error"] for e in errors} == {"b": "text is not valid UTF-8", "c": "empty text"}
+
+
+def test_an_embedding_output_with_two_dimensions_is_refused(tmp_path):
+    for n, dim in enumerate((16, 32)):
+        schema = embeddings.schema(dim, "float32", None, {"model": {}})
+        embeddings.write_ipc(str(tmp_path / f"{n}.arrow"), embeddings.shard_table(
+            schema, [f"k{n}"], np.ones((1, dim), np.float32), {}))
+    storage.write_manifest(str(tmp_path), {"shards": [{"path": "0.arrow"}, {"path": "1.arrow"}]})
+    with pytest.raises(UserError, match=r"mixes embedding dimensions \[16, 32\]"):
+        embeddings.read_all(str(tmp_path))
