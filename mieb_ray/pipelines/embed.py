@@ -1,8 +1,8 @@
 """The embed job: images (or texts) of any table -> CLIP embedding shards, one per input file.
 
-read (Ray tasks, one per input file, chunks of 1,000 rows) -> decode + resize to uint8 at the model's
-size (CPU tasks) -> encode (actor pool, one model per actor, a GPU each on a cluster) -> the driver puts
-each input file's embeddings back in row order and commits `<input name>.arrow` -> `_manifest.json`.
+read + decode (a CPU task per input file: its rows in chunks, images decoded and resized to uint8 at the
+model's size) -> encode (actor pool, one model per actor, a GPU each on a cluster) -> the driver puts each
+input file's embeddings back in row order and commits `<input name>.arrow` -> `_manifest.json`.
 
 Shard names come from the input files, so a shard that exists is complete (commits are atomic) and
 `--resume` skips its input file: nothing is encoded twice and no key appears twice.
@@ -28,7 +28,7 @@ from mieb_ray.io import embeddings, tables
 FORMAT = "mieb-embeddings"
 FORMAT_VERSION = 1
 MODALITIES = ("image", "text")
-DECODE_MEMORY = 512 << 20  # per read/decode task: a chunk of source images plus the decoded batch
+DECODE_MEMORY = 512 << 20  # per read+decode task: a chunk of source images plus the decoded block
 
 
 def shard_name(rel: str) -> str:
