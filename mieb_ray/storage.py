@@ -181,8 +181,11 @@ def commit(local: str, dest: str) -> None:
 @functools.lru_cache(maxsize=None)
 def _boto3_s3():
     import boto3  # reads AWS_ENDPOINT_URL, region and credentials from the environment itself
+    from botocore.config import Config
 
-    return boto3.session.Session().client("s3")  # not boto3's default session, which keeps old credentials
+    # not boto3's default session, which keeps old credentials; retries as the pyarrow filesystem's (10,
+    # standard backoff up to 20 s), so that an S3 hiccup of a few seconds does not fail the job
+    return boto3.session.Session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 10}))
 
 
 def write_bytes(dest: str, data: bytes) -> None:

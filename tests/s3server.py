@@ -52,8 +52,10 @@ class S3Server:
                   aws_secret_access_key=self.secret_key)
         return boto3.client("s3", **{**kw, **overrides})
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
         if self.process.poll() is None:
+            if kill:
+                self.process.kill()
             self.process.terminate()
             try:
                 self.process.wait(15)

@@ -79,6 +79,10 @@ def test_outputs_and_report(ray_local, data, tmp_path):
     html = (out / "report.html").read_text()
     assert html.count('class="card"') == 8 and "<svg" in html and "data:image/jpeg;base64," in html
     assert result["mieb_ray"]["image_embeddings"]["model"] is not None
+    again = evaluate(root, images, texts, str(out), gallery=2, log=lambda _: None)  # a rerun replaces them whole
+    assert again["mieb_ray"]["task_score"] == result["mieb_ray"]["task_score"]
+    assert (out / "report.html").read_text().count('class="card"') == 4
+    assert sorted(os.listdir(out)) == sorted([RESULTS_FILE, "_manifest.json", "ranks.parquet", "report.html"])
 
 
 def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, tmp_path):

@@ -98,36 +98,67 @@ def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path
     same_embeddings(str(out), str(tmp_path / "ref"))
 
 
-def test_s3_outage_mid_write_then_rerun_gives_the_same_output(ray_local, s3, mirror, tmp_path):
-    root, _ = mirror
-    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
-    client, prefix = s3.client(), "outage/train"
+def outage_when(s3, prefix: str, objects: int, done: threading.Event) -> threading.Thread:
+    """In the background: once `objects` objects are under `prefix`, stop the S3 server for 4 s, mid-write
+    (`thread.mid_job` says whether the job was still running then)."""
+    client = s3.client()
 
-    def started() -> bool:
-        return client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("KeyCount", 0) >= 3
-
-    def outage():
-        while not started():
+    def run():
+        while client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("KeyCount", 0) < objects:
             time.sleep(0.05)
-        s3.stop()  # mid-write: units are committing shards
+        thread.mid_job = not done.is_set()
+        s3.stop(kill=True)  # at once: a graceful shutdown would go on serving the job for a while
         time.sleep(4)
         s3.restart()
 
-    thread = threading.Thread(target=outage, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread
+
+
+def run_through_outage(s3, prefix: str, objects: int, job, rerun):
+    """`job()` while S3 goes down: it completes (retries), or fails with a clear one-line error leaving no
+    manifest, and then `rerun()` completes. The manifest of the run that completed."""
+    done = threading.Event()
+    thread = outage_when(s3, prefix, objects, done)
     out = f"s3://{s3.bucket}/{prefix}"
     try:
-        manifest = build(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
-                         log=lambda _: None)
+        manifest = job(out)
     except UserError as exc:  # retries ran out: a clear one-line failure, and the output is not complete
+        done.set()
         assert "\n" not in str(exc) and s3.secret_key not in str(exc)
         thread.join()
         assert storage.read_manifest(out) is None
-        manifest = build(root, out, datasets=DATASETS, rows_per_shard=1, log=lambda _: None)  # run it again
+        manifest = rerun(out)
+    done.set()
     thread.join()
+    assert thread.mid_job, "the job ended before the outage: the test did not test anything"
+    return manifest
+
+
+def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mirror, tmp_path):
+    root, _ = mirror
+    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
+    prefix = "outage/train"
+    manifest = run_through_outage(
+        s3, prefix, 3,
+        lambda out: build(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
+                          log=lambda _: None),
+        lambda out: build(root, out, datasets=DATASETS, rows_per_shard=1, log=lambda _: None))  # run it again
     assert shards(manifest) == shards(reference)  # same keys, same bytes as an uninterrupted run
-    listed = {o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
+    listed = {o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
     assert {f"{prefix}/{p}" for p, _, _ in shards(manifest)} <= listed
+
+
+def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3, mieb_train, tiny_clip, tmp_path):
+    root, _ = mieb_train
+    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, log=lambda _: None)
+    manifest = run_through_outage(
+        s3, "outage/embeddings", 2,
+        lambda out: embed(root, out, tiny_clip, batch_size=4, log=lambda _: None),
+        lambda out: embed(root, out, tiny_clip, batch_size=4, resume=True, log=lambda _: None))
+    assert manifest["counts"] == reference["counts"]
+    same_embeddings(f"s3://{s3.bucket}/outage/embeddings", str(tmp_path / "ref"))
 
 
 def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_local, mieb_train, tiny_clip,

@@ -180,6 +180,7 @@ def evaluate(data: str, image_embeddings: str, text_embeddings: str, out: str, s
         "text_embeddings": {"uri": storage.display(text_embeddings), "model": text.manifest.get("model")},
         "queries": {n: len(s.query_ids) for n, s in loaded.items()},
     }
+    storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none is complete until it ends
     storage.write_bytes(storage.join(out, RESULTS_FILE), (json.dumps(result, indent=2) + "\n").encode())
     _write_ranks(out, per_query)
     _write_report(out, data, loaded, prepared, tops, scores, result, gallery)
