@@ -20,6 +20,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows-per-shard", type=int, default=10_000,
                    help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: skip the units it built (same settings)")
     p.add_argument("--check-counts", dest="verify_counts", action=argparse.BooleanOptionalAction, default=None,
                    help="fail unless each dataset has its catalog row count (default: on for --sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
@@ -52,7 +54,7 @@ def run_build(args: argparse.Namespace) -> None:
     select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
     build(args.sources, args.out, datasets=args.datasets, fmt=args.format, rows_per_shard=args.rows_per_shard,
-          overwrite=args.overwrite, verify_counts=args.verify_counts, max_error_rate=args.max_error_rate,
+          overwrite=args.overwrite, resume=args.resume, verify_counts=args.verify_counts, max_error_rate=args.max_error_rate,
           workers=args.workers, cpus_per_worker=args.cpus_per_worker)
 
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.run(args)
     except KeyboardInterrupt:
-        print("mieb-ray: interrupted; committed shards are complete, run again (embed: with --resume) to finish",
+        print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",
               file=sys.stderr)
         return 130
     except Exception as exc:  # a user's mistake is one line; anything else keeps its traceback

@@ -4,7 +4,8 @@ ShardBuilder is the callable class the build pipeline runs in a Ray actor pool: 
 the class tables once and streams units through, so image bytes go from the source file to the
 output shard without crossing the object store. Shard names depend only on the row index
 (`<slug>/<index // rows_per_shard:06d>`), so a retried or repeated unit rewrites the same shards
-with the same bytes.
+with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`:
+the unit, the settings and its result) is committed too: what `--resume` skips.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import storage
+from mieb_ray import __version__, storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.errors import UserError
 from mieb_ray.io.readers import SourceError, Unit, read_unit
@@ -34,9 +35,22 @@ def error_path(slug: str, unit_lo: int) -> str:
     return f"_errors/{slug}/{unit_lo:012d}.parquet"
 
 
+PROGRESS = "_progress"
+
+
+def progress_path(slug: str, unit_lo: int) -> str:
+    return f"{PROGRESS}/{slug}/{unit_lo:012d}.json"
+
+
+def unit_record(unit: Unit, fmt: str, rows_per_shard: int, result: dict | None = None) -> dict:
+    """What a unit's progress record holds; a resumed run reuses a result only if all but it are equal."""
+    return {"unit": unit.to_json(), "format": fmt, "rows_per_shard": rows_per_shard, "version": __version__,
+            "result": result}
+
+
 class ShardBuilder:
     def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int):
-        self.tables, self.out, self.rows_per_shard = tables, out, rows_per_shard
+        self.tables, self.out, self.fmt, self.rows_per_shard = tables, out, fmt, rows_per_shard
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -45,9 +59,12 @@ class ShardBuilder:
     def _try_build(self, unit: Unit) -> dict:
         # a bad source is the user's to fix: hand the driver its one-line message, not a worker traceback
         try:
-            return self.build(unit)
+            result = self.build(unit)
         except UserError as exc:
             return {"user_error": str(exc)}
+        record = unit_record(unit, self.fmt, self.rows_per_shard, result)
+        storage.write_bytes(storage.join(self.out, progress_path(unit.slug, unit.lo)), json.dumps(record).encode())
+        return result
 
     def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
         dest = storage.join(self.out, shard_path(slug, shard, self.writer_cls.suffix))

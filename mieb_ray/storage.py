@@ -203,6 +203,15 @@ def delete(uri: str) -> None:
         pass
 
 
+def delete_tree(uri: str) -> None:
+    """A folder and everything under it (on S3: every object under the prefix), if it exists."""
+    fs, path = filesystem(uri)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
 def write_manifest(root: str, manifest: dict) -> None:
     """The manifest is written last: an output without one is incomplete."""
     write_bytes(join(root, MANIFEST), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())

@@ -126,6 +126,7 @@ def test_shards_manifest_and_layout(parquet_build):
         assert all(i // ROWS_PER_SHARD == number for i in index)  # shard k holds rows [k*N, (k+1)*N)
         assert set(t["dataset_name"].to_pylist()) == {shard["dataset"]} == {shard["path"].split("/")[0]}
     assert not glob.glob(f"{out}/**/*.tmp", recursive=True) and not glob.glob(f"{out}/**/.*", recursive=True)
+    assert not os.path.exists(os.path.join(out, "_progress"))  # resume records go once the manifest is written
 
 
 def test_datasets_reads_the_parquet_output(parquet_build):
@@ -159,6 +160,7 @@ def test_webdataset_build_from_an_s3_mirror_to_s3(ray_local, s3, mirror, tmp_pat
     out = f"s3://{s3.bucket}/train-wds"
     manifest = build(f"s3://{s3.bucket}/mirror", out, datasets=slugs, fmt="webdataset", rows_per_shard=8)
     assert manifest["counts"]["datasets"] == {s: n for s, n in expected_rows(written).items() if s in slugs}
+    assert client.list_objects_v2(Bucket=s3.bucket, Prefix="train-wds/_progress")["KeyCount"] == 0
 
     local = tmp_path / "wds"
     pafs.copy_files(f"{s3.bucket}/train-wds", str(local), source_filesystem=storage.filesystem(out)[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,23 +162,43 @@ def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3
     same_embeddings(f"s3://{s3.bucket}/outage/embeddings", str(tmp_path / "ref"))
 
 
+def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> None:
+    """Run `mieb-ray ARGS` and SIGTERM it (what `ray job stop` does) once `shards` shards are committed."""
+    address = ray_local.get_runtime_context().gcs_address
+    driver = subprocess.Popen([sys.executable, "-m", "mieb_ray", "--address", address, *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while committed(out, suffix) < shards and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert driver.poll() is None, "the run ended before it could be interrupted"
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "run again with --resume" in err.strip().splitlines()[-1]
+    assert not (out / "_manifest.json").exists()
+
+
+def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
+    root, _ = mirror
+    reference = build(root, str(tmp_path / "ref"), rows_per_shard=1, log=lambda _: None)
+    out = tmp_path / "out"
+    interrupt_cli(ray_local, ["build", "--sources", root, "--out", str(out), "--rows-per-shard", "1",
+                              "--workers", "1"], out, ".parquet", 20)
+    lines = []
+    manifest = build(root, str(out), rows_per_shard=1, resume=True, log=lines.append)
+    resumed = next(line for line in lines if "resuming" in line)
+    done, total = map(int, re.match(r"\[build\] resuming: (\d+) of (\d+) units", resumed).groups())
+    assert 0 < done < total, resumed
+    assert shards(manifest) == shards(reference) and manifest["counts"] == reference["counts"]
+    assert committed(out, ".parquet") == len(reference["shards"]) and not (out / "_progress").exists()
+
+
 def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_local, mieb_train, tiny_clip,
                                                                            tmp_path):
     root, train = mieb_train
     reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, log=lambda _: None)
     out = tmp_path / "out"
-    address = ray_local.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "mieb_ray", "--address", address, "embed", "--input", root, "--out", str(out),
-           "--model", tiny_clip, "--batch-size", "4"]
-    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while committed(out, ".arrow") < 2 and driver.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert driver.poll() is None, "the run ended before it could be interrupted"
-    driver.send_signal(signal.SIGTERM)  # what `ray job stop` does
-    _, err = driver.communicate(timeout=120)
-    assert driver.returncode == 130 and "interrupted" in err.strip().splitlines()[-1]
-    assert not (out / "_manifest.json").exists()
+    interrupt_cli(ray_local, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4"],
+                  out, ".arrow", 2)
     rows = {s["path"].replace(".parquet", ".arrow"): s["rows"] for s in train["shards"]}
     for name in [os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs
                  if f.endswith(".arrow") and not f.startswith(".")]:

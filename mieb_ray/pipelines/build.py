@@ -1,7 +1,8 @@
 """The build job: the 23 sources -> the mieb-train table, sharded as Parquet or WebDataset.
 
 plan (driver: file listings and footers only) -> ShardBuilder actor pool (Ray Data; one unit of
-rows per call: read, caption, write) -> manifest (driver, written last).
+rows per call: read, caption, write) -> manifest (driver, written last). `--resume` skips the units
+whose progress record an earlier run committed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mieb_ray.captions import class_table
 from mieb_ray.cluster import capacity
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
-from mieb_ray.shard_builder import ShardBuilder
+from mieb_ray.shard_builder import PROGRESS, ShardBuilder, progress_path, unit_record
 from mieb_ray.sources import TOTAL_ROWS, select
 
 FORMAT = "mieb-train"
@@ -62,6 +63,21 @@ def _replace_old(out: str, overwrite: bool) -> None:
         storage.delete(storage.join(out, path))
 
 
+def _built_units(out: str, units, fmt: str, rows_per_shard: int) -> dict[str, dict]:
+    """{unit json: result} for the planned units whose record, with the same settings, an earlier run committed."""
+    wanted = {storage.join(out, progress_path(u.slug, u.lo)): u for u in units}
+    found = [uri for slug in sorted({u.slug for u in units})
+             for uri in storage.list_files(storage.join(out, PROGRESS, slug)) if uri in wanted]
+    with ThreadPoolExecutor(16) as pool:
+        records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
+    built = {}
+    for uri, record in zip(found, records):
+        unit = wanted[uri]
+        if record == unit_record(unit, fmt, rows_per_shard, record.get("result")):
+            built[unit.to_json()] = record["result"]
+    return built
+
+
 def _remove_stale(out: str, slugs: list[str], keep: set[str]) -> None:
     """Shards an interrupted earlier run left (e.g. with another --rows-per-shard) are not ours now."""
     for slug in slugs:
@@ -86,8 +102,37 @@ def dataset_card(slugs: list[str], fmt: str) -> str:
     return "\n".join(lines)
 
 
+def _run_units(todo, results: list[dict], rows: int, total: int, tables, out: str, fmt: str, rows_per_shard: int,
+               workers: int | None, cpus_per_worker: float, log) -> int:
+    """Build `todo` in a ShardBuilder actor pool, appending each unit's result to `results`; the rows in all."""
+    if workers is None:
+        workers = max(1, int(capacity()["CPU"] // cpus_per_worker))
+    workers = max(1, min(workers, len(todo)))
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # our own progress lines below
+    ds = ray.data.from_items([{"unit": u.to_json()} for u in todo], override_num_blocks=len(todo))
+    ds = ds.map_batches(
+        ShardBuilder,
+        fn_constructor_kwargs=dict(tables=tables, out=out, fmt=fmt, rows_per_shard=rows_per_shard),
+        batch_size=1, batch_format="numpy", num_cpus=cpus_per_worker,
+        compute=ray.data.ActorPoolStrategy(size=workers),  # all at once: a pool that grows one by one idles
+    )
+    t_run, t_log, new_rows = time.time(), 0.0, 0
+    for row in ds.iter_rows():
+        result = json.loads(row["result"])
+        if "user_error" in result:
+            raise UserError(result["user_error"])
+        results.append(result)
+        new_rows += result["rows"]
+        if time.time() - t_log > 5 or len(results) == total:
+            t_log, elapsed = time.time(), time.time() - t_run
+            log(f"[build] {len(results)}/{total} units, {rows + new_rows:,} rows, "
+                f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
+    return rows + new_rows
+
+
 def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: str = "parquet",
-          rows_per_shard: int = 10_000, overwrite: bool = False, verify_counts: bool | None = None,
+          rows_per_shard: int = 10_000, overwrite: bool = False, resume: bool = False, verify_counts: bool | None = None,
           max_error_rate: float = 0.001, workers: int | None = None, cpus_per_worker: float = 1.0,
           log=print) -> dict:
     """Run the build on the connected Ray cluster; return the manifest."""
@@ -105,29 +150,15 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     t0 = time.time()
     units, tables = _plan(selected, sources, rows_per_shard)
     log(f"[build] planned {len(units)} units over {len(selected)} datasets in {time.time() - t0:.1f}s")
-
-    if workers is None:
-        workers = max(1, int(capacity()["CPU"] // cpus_per_worker))
-    workers = max(1, min(workers, len(units)))
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # our own progress lines below
-    ds = ray.data.from_items([{"unit": u.to_json()} for u in units], override_num_blocks=len(units))
-    ds = ds.map_batches(
-        ShardBuilder,
-        fn_constructor_kwargs=dict(tables=tables, out=out, fmt=fmt, rows_per_shard=rows_per_shard),
-        batch_size=1, batch_format="numpy", num_cpus=cpus_per_worker,
-        compute=ray.data.ActorPoolStrategy(size=workers),  # all at once: a pool that grows one by one idles
-    )
-    results, rows, t_run, t_log = [], 0, time.time(), 0.0
-    for row in ds.iter_rows():
-        result = json.loads(row["result"])
-        if "user_error" in result:
-            raise UserError(result["user_error"])
-        results.append(result)
-        rows += result["rows"]
-        if time.time() - t_log > 5 or len(results) == len(units):
-            t_log, elapsed = time.time(), time.time() - t_run
-            log(f"[build] {len(results)}/{len(units)} units, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s")
+    built = _built_units(out, units, fmt, rows_per_shard) if resume else {}
+    if resume:
+        log(f"[build] resuming: {len(built)} of {len(units)} units already built")
+    results = list(built.values())
+    todo = [u for u in units if u.to_json() not in built]
+    rows = sum(r["rows"] for r in results)
+    if todo:
+        rows = _run_units(todo, results, rows, len(units), tables, out, fmt, rows_per_shard, workers,
+                          cpus_per_worker, log)
 
     counts = {s.slug: 0 for s in selected}
     errors = {s.slug: 0 for s in selected}
@@ -160,6 +191,7 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
     }
     storage.write_bytes(storage.join(out, "README.md"), dataset_card([s.slug for s in selected], fmt).encode())
     storage.write_manifest(out, manifest)
+    storage.delete_tree(storage.join(out, PROGRESS))  # the manifest now says what the records said
     log(f"[build] done: {rows:,} rows in {len(shards)} shards, {n_errors:,} errors, "
         f"{time.time() - t0:.1f}s -> {storage.display(out)}")
     return manifest
