@@ -54,8 +54,8 @@ def run_build(args: argparse.Namespace) -> None:
     select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
     build(args.sources, args.out, datasets=args.datasets, fmt=args.format, rows_per_shard=args.rows_per_shard,
-          overwrite=args.overwrite, resume=args.resume, verify_counts=args.verify_counts, max_error_rate=args.max_error_rate,
-          workers=args.workers, cpus_per_worker=args.cpus_per_worker)
+          overwrite=args.overwrite, resume=args.resume, verify_counts=args.verify_counts,
+          max_error_rate=args.max_error_rate, workers=args.workers, cpus_per_worker=args.cpus_per_worker)
 
 
 def add_embed_flags(p: argparse.ArgumentParser) -> None:

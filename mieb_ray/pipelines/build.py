@@ -66,8 +66,7 @@ def _replace_old(out: str, overwrite: bool) -> None:
 def _built_units(out: str, units, fmt: str, rows_per_shard: int) -> dict[str, dict]:
     """{unit json: result} for the planned units whose record, with the same settings, an earlier run committed."""
     wanted = {storage.join(out, progress_path(u.slug, u.lo)): u for u in units}
-    found = [uri for slug in sorted({u.slug for u in units})
-             for uri in storage.list_files(storage.join(out, PROGRESS, slug)) if uri in wanted]
+    found = [uri for uri in storage.list_files(storage.join(out, PROGRESS)) if uri in wanted]
     with ThreadPoolExecutor(16) as pool:
         records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
     built = {}
@@ -102,14 +101,15 @@ def dataset_card(slugs: list[str], fmt: str) -> str:
     return "\n".join(lines)
 
 
-def _run_units(todo, results: list[dict], rows: int, total: int, tables, out: str, fmt: str, rows_per_shard: int,
-               workers: int | None, cpus_per_worker: float, log) -> int:
-    """Build `todo` in a ShardBuilder actor pool, appending each unit's result to `results`; the rows in all."""
+def _run_units(todo, tables, out: str, fmt: str, rows_per_shard: int, workers: int | None, cpus_per_worker: float):
+    """Build `todo` in a ShardBuilder actor pool; yield each unit's result as it comes."""
+    if not todo:
+        return
     if workers is None:
         workers = max(1, int(capacity()["CPU"] // cpus_per_worker))
     workers = max(1, min(workers, len(todo)))
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # our own progress lines below
+    ctx.enable_progress_bars = False  # our own progress lines
     ds = ray.data.from_items([{"unit": u.to_json()} for u in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         ShardBuilder,
@@ -117,24 +117,17 @@ def _run_units(todo, results: list[dict], rows: int, total: int, tables, out: st
         batch_size=1, batch_format="numpy", num_cpus=cpus_per_worker,
         compute=ray.data.ActorPoolStrategy(size=workers),  # all at once: a pool that grows one by one idles
     )
-    t_run, t_log, new_rows = time.time(), 0.0, 0
     for row in ds.iter_rows():
         result = json.loads(row["result"])
         if "user_error" in result:
             raise UserError(result["user_error"])
-        results.append(result)
-        new_rows += result["rows"]
-        if time.time() - t_log > 5 or len(results) == total:
-            t_log, elapsed = time.time(), time.time() - t_run
-            log(f"[build] {len(results)}/{total} units, {rows + new_rows:,} rows, "
-                f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
-    return rows + new_rows
+        yield result
 
 
 def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: str = "parquet",
-          rows_per_shard: int = 10_000, overwrite: bool = False, resume: bool = False, verify_counts: bool | None = None,
-          max_error_rate: float = 0.001, workers: int | None = None, cpus_per_worker: float = 1.0,
-          log=print) -> dict:
+          rows_per_shard: int = 10_000, overwrite: bool = False, resume: bool = False,
+          verify_counts: bool | None = None, max_error_rate: float = 0.001, workers: int | None = None,
+          cpus_per_worker: float = 1.0, log=print) -> dict:
     """Run the build on the connected Ray cluster; return the manifest."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -155,10 +148,15 @@ def build(sources: str, out: str, datasets: str | list[str] | None = None, fmt: 
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
     results = list(built.values())
     todo = [u for u in units if u.to_json() not in built]
-    rows = sum(r["rows"] for r in results)
-    if todo:
-        rows = _run_units(todo, results, rows, len(units), tables, out, fmt, rows_per_shard, workers,
-                          cpus_per_worker, log)
+    rows, new_rows, t_run, t_log = sum(r["rows"] for r in results), 0, time.time(), 0.0
+    for result in _run_units(todo, tables, out, fmt, rows_per_shard, workers, cpus_per_worker):
+        results.append(result)
+        rows += result["rows"]
+        new_rows += result["rows"]
+        if time.time() - t_log > 5 or len(results) == len(units):
+            t_log, elapsed = time.time(), time.time() - t_run
+            log(f"[build] {len(results)}/{len(units)} units, {rows:,} rows, "
+                f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
 
     counts = {s.slug: 0 for s in selected}
     errors = {s.slug: 0 for s in selected}
