@@ -3,7 +3,7 @@
 The two baselines the build is compared with:
   copy_floor(files, out)        one process, no Ray: pq.read_table + pq.write_table of each file, unchanged;
   minimal_pipeline(files, out)  ray.data.read_parquet -> map_batches(CaptionTake, 1 actor, pyarrow) -> write_parquet.
-and start_ray(), MemorySampler, train_files(), parquet_rows(), machine_facts(), markdown_table().
+and start_ray(), MemorySampler, train_files(), parquet_rows(), machine_facts(), footer(), markdown_table().
 
 Ray's workers import CaptionTake by its module name, `_baselines`: start_ray() puts bench/ on their PYTHONPATH.
 """
@@ -184,6 +184,13 @@ def machine_facts() -> list[str]:
 
 def command_line() -> str:
     return " ".join([".venv/bin/python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def footer(*notes: str) -> None:
+    """The end of a result block: the command, the notes, the machine (markdown line breaks), a rule."""
+    for line in [f"Command: `{command_line()}`", *notes, *machine_facts()]:
+        print(line + "  ")
+    print("=" * 100)
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -135,12 +135,8 @@ def main() -> None:
     print(f"Row counts: all three outputs hold the {in_rows:,} input rows.\n" if same else
           f"Row counts: MISMATCH, {sorted(row_counts)} vs {in_rows:,} input rows.\n")
     print(f"**build / copy = {build_ratio:.2f} (target <= 1.5); minimal Ray Data pipeline / copy = {minimal_ratio:.2f}**\n")
-    print(f"Command: `{b.command_line()}`  ")
-    print("Ray start-up excluded from all timings; each contender's own actor start-up included; "
-          "outputs to local disk, page cache not dropped.  ")
-    for line in b.machine_facts():
-        print(f"{line}  ")
-    print("=" * 100)
+    b.footer("Ray start-up excluded from all timings; each contender's own actor start-up included; "
+             "outputs to local disk, page cache not dropped.")
     if not same:
         raise SystemExit("row counts differ")
 

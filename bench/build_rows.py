@@ -132,11 +132,7 @@ def main() -> None:
           f"**system used rise {used_ratio}, Ray workers RSS {hi['rss'] / max(lo['rss'], 1):.2f}x**")
     print(f"- rows out: {'as expected in every run (footers of the output files)' if not bad else 'MISMATCH: ' + '; '.join(bad)}")
     print(f"- {b.MemorySampler.METHOD}\n")
-    print(f"Command: `{b.command_line()}`  ")
-    print("Ray start-up excluded from all timings; each run's own actor start-up included; outputs to local disk.  ")
-    for line in b.machine_facts():
-        print(f"{line}  ")
-    print("=" * 100)
+    b.footer("Ray start-up excluded from all timings; each run's own actor start-up included; outputs to local disk.")
     if bad:
         raise SystemExit("row counts differ")
 

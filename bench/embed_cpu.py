@@ -134,12 +134,8 @@ def main() -> None:
     print(b.markdown_table(["contender", "seconds", "images/s", "speed vs loop"], rows))
     print(f"\nSame embeddings: {manifest['counts']['total']} rows; centred cosine of ours vs the loop's: "
           f"min {cos.min():.4f}, mean {cos.mean():.4f} (JPEG draft decoding is the only difference).\n")
-    print(f"Command: `{b.command_line()}`  ")
-    print("Ray start-up excluded; model load and worker start-up included in both.  ")
-    for line in b.machine_facts():
-        print(line + "  ")
-    print(f"torch {torch.__version__}, threads: 2 for the model in both contenders")
-    print("=" * 100)
+    b.footer("Ray start-up excluded; model load and worker start-up included in both.",
+             f"torch {torch.__version__}, threads: 2 for the model in both contenders")
 
 
 if __name__ == "__main__":

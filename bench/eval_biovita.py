@@ -86,13 +86,10 @@ def main() -> None:
     scores = ", ".join(f"{s}: " + "/".join(f"{entries[s][k]:.4f}" for k in KEYS) for s in biovita.SUBSETS)
     print(f"\n**scoring {t_mteb / t_score:.0f}x faster than mteb (target >= 10x)**; scores identical to mteb's: "
           f"{'yes' if same else 'NO'} (top-1/5/10 {scores}; task score {got['mieb_ray']['task_score']:.6f})\n")
-    print(f"Command: `{b.command_line()}`  ")
-    print(f"All runs: mteb {', '.join(f'{t:.3f}' for t in mteb_times)} s; scoring "
-          f"{', '.join(f'{t:.3f}' for t in ours_scoring)} s; whole call {', '.join(f'{t:.3f}' for t in ours_total)} s  ")
-    print("Ray start-up excluded.  ")
-    for line in b.machine_facts():
-        print(line + "  ")
-    print("=" * 100)
+    b.footer(f"All runs: mteb {', '.join(f'{t:.3f}' for t in mteb_times)} s; scoring "
+             f"{', '.join(f'{t:.3f}' for t in ours_scoring)} s; "
+             f"whole call {', '.join(f'{t:.3f}' for t in ours_total)} s",
+             "Ray start-up excluded.")
 
 
 if __name__ == "__main__":

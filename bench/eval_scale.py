@@ -112,15 +112,10 @@ def main() -> None:
                            rows))
     print(f"\n**mieb-ray / faiss = {t_ours / t_faiss:.2f} (target <= 1.5)**; queries whose top-{args.k} groups "
           f"agree exactly: {same:.1%}\n")
-    print(f"Command: `{b.command_line()}`  ")
-    print("Corpus shards written before timing (not timed); Ray start-up excluded.  ")
-    print(b.MemorySampler.METHOD + "  ")
     import faiss
 
-    for line in b.machine_facts():
-        print(line + "  ")
-    print(f"faiss {faiss.__version__}")
-    print("=" * 100)
+    b.footer("Corpus shards written before timing (not timed); Ray start-up excluded.", b.MemorySampler.METHOD,
+             f"faiss {faiss.__version__}")
 
 
 if __name__ == "__main__":
