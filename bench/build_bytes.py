@@ -7,7 +7,7 @@ writing to a fresh output folder (deleted after it is measured), in this order:
   1. copy floor        one process, no Ray: pq.read_table + pq.write_table of each file, unchanged;
   2. minimal pipeline  ray.data.read_parquet -> map_batches(1-actor pyarrow take of a caption) -> write_parquet
                        (the baseline named in the issue);
-  3. mieb-ray build    build(mirror, out, datasets=..., rows_per_shard=10_000), parquet output.
+  3. mieb-ray build    build(BuildConfig(mirror, out, datasets=..., rows_per_shard=10_000)), parquet output.
 Ray starts once before any timing (its start-up is excluded); each contender's own actor start-up is included.
 Prints seconds, GB/s (input bytes / s), rows and the ratio to the copy floor, checks that the three outputs hold
 the same rows, and ends with a Markdown block for bench/RESULTS.md. The mirror is cached in --work.
@@ -31,7 +31,7 @@ import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 
 from mieb_ray.fixtures.mirror import hub_rows, make_mirror
-from mieb_ray.pipelines.build import build
+from mieb_ray.pipelines.build import BuildConfig, build
 
 SLUGS = ["ucf101", "sun397", "food101", "birdsnap"]
 IMAGE_MIN, IMAGE_MAX = 10_000, 70_000  # bytes; mean 40 KB
@@ -93,7 +93,7 @@ def main() -> None:
     b.start_ray(work)
 
     def run_build(files: list[str], out: Path) -> int:  # the build finds the same train files itself
-        manifest = build(str(mirror), str(out), datasets=SLUGS, rows_per_shard=10_000, workers=b.CORES,
+        manifest = build(BuildConfig(str(mirror), str(out), datasets=SLUGS, rows_per_shard=10_000, workers=b.CORES),
                          log=lambda line: print("   ", line, flush=True))
         return manifest["counts"]["total"]
 

@@ -5,8 +5,8 @@ rows after the build's drops, at scale 1.0; at scale s each source gets max(1, i
 (one fixed 80-byte payload), so that per-row costs dominate. For each scale in --scales (default 0.1,1.0):
   1. minimal pipeline        ray.data.read_parquet -> map_batches(1-actor pyarrow take) -> write_parquet, on the
                              train files of the 15 parquet sources (read_parquet reads only parquet);
-  2. build, parquet sources  build(mirror, out, datasets=<the same 15>): the like-for-like comparison;
-  3. build, all 23 sources   build(mirror, out).
+  2. build, parquet sources  build(BuildConfig(mirror, out, datasets=<the same 15>)): the like-for-like comparison;
+  3. build, all 23 sources   build(BuildConfig(mirror, out)).
 Each reports seconds, rows/s (input rows / s) and peak memory, sampled every 0.25 s in a thread: the rise of
 system-wide used memory (psutil total - available) over its value just before the run, and the peak RSS sum
 of Ray's worker processes (the raylet's children). Memory must not grow with rows: the script prints the ratio
@@ -29,7 +29,7 @@ from pathlib import Path
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
-from mieb_ray.pipelines.build import build
+from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, SOURCES
 
 TAR_ROWS = 10_000  # samples per tar, as in the hub's WebDataset repos (CLIP_benchmark --max-count)
@@ -92,7 +92,7 @@ def main() -> None:
         pq_expected = sum(expected_rows({s: written[s] for s in PARQUET_SLUGS}).values())
 
         def run_build(out, datasets=None):
-            build(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard, workers=b.CORES,
+            build(BuildConfig(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard, workers=b.CORES),
                   log=lambda line: print("   ", line, flush=True))
 
         out = work / "out"

@@ -8,7 +8,7 @@ Parquet table of mieb-train's shape (key, image struct), split over 4 files.
   1. plain PyTorch loop   torch DataLoader (2 workers, batch --batch) whose dataset decodes the bytes with PIL
                           and runs CLIPProcessor; the main process calls get_image_features (float32) and
                           L2-normalises; embeddings kept in memory (nothing written).
-  2. mieb-ray embed       embed(table, out, model): Ray tasks decode and resize, one encoder actor with 2 torch
+  2. mieb-ray embed       embed(EmbedConfig(table, out, model)): Ray tasks decode and resize, one encoder actor with 2 torch
                           threads (float32), Arrow IPC shards written with their sha256 and a manifest.
 
 Ray starts before timing (its start-up excluded); each contender's own model load and worker start-up are
@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from mieb_ray.fixtures.models import make_clip_b32
-from mieb_ray.pipelines.embed import embed
+from mieb_ray.pipelines.embed import EmbedConfig, embed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
 
@@ -114,8 +114,8 @@ def main() -> None:
     print(f"[run] plain PyTorch loop: {t_loop:.1f}s, {len(blobs) / t_loop:.1f} img/s", flush=True)
 
     t0 = time.perf_counter()
-    manifest = embed(str(work / "table"), str(work / "out"), model_dir, batch_size=args.batch, workers=1,
-                     cpus_per_worker=2, log=lambda line: print("   ", line, flush=True))
+    manifest = embed(EmbedConfig(str(work / "table"), str(work / "out"), model_dir, batch_size=args.batch, workers=1,
+                     cpus_per_worker=2), log=lambda line: print("   ", line, flush=True))
     t_ours = time.perf_counter() - t0
     print(f"[run] mieb-ray embed: {t_ours:.1f}s, {len(blobs) / t_ours:.1f} img/s", flush=True)
 

@@ -48,14 +48,17 @@ def init_ray(address: str | None = None) -> None:
 
 
 def run_build(args: argparse.Namespace) -> None:
-    from mieb_ray.pipelines.build import build
+    from mieb_ray.pipelines.build import BuildConfig, build
     from mieb_ray.sources import select
 
+    config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
+                         rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
+                         verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
+                         cpus_per_worker=args.cpus_per_worker)
+    config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
-    build(args.sources, args.out, datasets=args.datasets, fmt=args.format, rows_per_shard=args.rows_per_shard,
-          overwrite=args.overwrite, resume=args.resume, verify_counts=args.verify_counts,
-          max_error_rate=args.max_error_rate, workers=args.workers, cpus_per_worker=args.cpus_per_worker)
+    build(config)
 
 
 def add_embed_flags(p: argparse.ArgumentParser) -> None:
@@ -71,27 +74,36 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-column", default="key")
     p.add_argument("--carry-columns", default="", help="comma-separated input columns to copy beside each embedding")
     p.add_argument("--batch-size", type=int, default=256, help="rows per model call (default: 256)")
+    p.add_argument("--rows-per-shard", type=int, default=10_000,
+                   help="most rows per output shard; an input file with more is cut into row ranges (default: "
+                        "10000; image shards hold at most 256 MB of decoded pixels)")
     p.add_argument("--dtype", default="float32", choices=["float16", "float32"], help="stored embedding type")
     p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the shards it committed")
     p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
     p.add_argument("--workers", type=int, default=None,
-                   help="encoder actors (default: one per GPU the cluster has or can grow to; on CPUs, CPUs // 4)")
+                   help="encoder actors, a fixed number (default: a pool from one per GPU up now to one per GPU the "
+                        "cluster can grow to; on CPUs, one per 4 CPUs)")
     p.add_argument("--gpus-per-worker", type=float, default=None,
-                   help="GPUs per encoder actor (default: 1 when the cluster has GPUs, else 0)")
+                   help="GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can add "
+                        "GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs (and torch threads) per encoder actor")
 
 
 def run_embed(args: argparse.Namespace) -> None:
-    from mieb_ray.pipelines.embed import embed
+    from mieb_ray.pipelines.embed import EmbedConfig, embed
 
+    config = EmbedConfig(args.input, args.out, args.model, revision=args.revision, modality=args.modality,
+                         image_column=args.image_column, text_column=args.text_column, key_column=args.key_column,
+                         carry_columns=tuple(c for c in args.carry_columns.split(",") if c),
+                         batch_size=args.batch_size, rows_per_shard=args.rows_per_shard, dtype=args.dtype,
+                         resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
+                         workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+                         cpus_per_worker=args.cpus_per_worker)
+    config.check()
     init_ray(args.address)
-    embed(args.input, args.out, args.model, revision=args.revision, modality=args.modality,
-          image_column=args.image_column, text_column=args.text_column, key_column=args.key_column,
-          carry_columns=[c for c in args.carry_columns.split(",") if c], batch_size=args.batch_size,
-          dtype=args.dtype, resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
-          workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    embed(config)
 
 
 def add_eval_flags(p: argparse.ArgumentParser) -> None:

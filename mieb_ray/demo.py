@@ -9,8 +9,8 @@ from mieb_ray import storage
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
-from mieb_ray.pipelines.build import build
-from mieb_ray.pipelines.embed import embed
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.pipelines.embed import EmbedConfig, embed
 from mieb_ray.pipelines.eval_biovita import embed_biovita, evaluate
 
 
@@ -21,14 +21,14 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
     written = make_mirror(mirror, rows=rows)
     log(f"[demo] fixture mirror of {len(written)} sources ({sum(written.values()):,} rows, the hub's layout) "
         f"in {time.time() - t0:.1f}s: {mirror}")
-    built = build(mirror, train, rows_per_shard=rows // 2, overwrite=True, log=log)
+    built = build(BuildConfig(mirror, train, rows_per_shard=rows // 2, overwrite=True), log=log)
     make_tiny_clip(model)
     log(f"[demo] a tiny random CLIP saved with save_pretrained: {model}")
     outputs = {"mieb-train": built}
     for modality in ("image", "text"):
         target = os.path.join(out, f"embeddings-{modality}")
-        outputs[target] = embed(train, target, model, modality=modality, carry_columns=["dataset_name"],
-                                overwrite=True, log=log)
+        outputs[target] = embed(EmbedConfig(train, target, model, modality=modality, carry_columns=("dataset_name",),
+                                            overwrite=True), log=log)
     biovita, scored = os.path.join(out, "biovita"), os.path.join(out, "biovita-eval")
     make_biovita_mirror(biovita)
     log(f"[demo] a BioVITA-shaped benchmark (hub layout, real pictures): {biovita}")

@@ -10,7 +10,10 @@ def find_user_error(exc: BaseException) -> UserError | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, UserError):  # Ray's wrapper is a UserError too, but its text is a worker traceback
+            return cause
         if isinstance(exc, UserError):
             return exc
-        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+        exc = cause or exc.__cause__ or exc.__context__
     return None

@@ -11,15 +11,15 @@ the unit, the settings and its result) is committed too: what `--resume` skips.
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, storage
+from mieb_ray import storage
 from mieb_ray.captions import ClassTable
+from mieb_ray.commit import Progress, commit_file, commit_staged
 from mieb_ray.errors import UserError
 from mieb_ray.io.readers import SourceError, Unit, read_unit
 from mieb_ray.io.writers import WRITERS
@@ -35,22 +35,15 @@ def error_path(slug: str, unit_lo: int) -> str:
     return f"_errors/{slug}/{unit_lo:012d}.parquet"
 
 
-PROGRESS = "_progress"
-
-
-def progress_path(slug: str, unit_lo: int) -> str:
-    return f"{PROGRESS}/{slug}/{unit_lo:012d}.json"
-
-
-def unit_record(unit: Unit, fmt: str, rows_per_shard: int, result: dict | None = None) -> dict:
-    """What a unit's progress record holds; a resumed run reuses a result only if all but it are equal."""
-    return {"unit": unit.to_json(), "format": fmt, "rows_per_shard": rows_per_shard, "version": __version__,
-            "result": result}
+def unit_name(unit: Unit) -> str:
+    """The unit's progress record name."""
+    return f"{unit.slug}/{unit.lo:012d}"
 
 
 class ShardBuilder:
-    def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int):
-        self.tables, self.out, self.fmt, self.rows_per_shard = tables, out, fmt, rows_per_shard
+    def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int,
+                 progress: Progress | None = None):
+        self.tables, self.out, self.rows_per_shard, self.progress = tables, out, rows_per_shard, progress
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -62,8 +55,8 @@ class ShardBuilder:
             result = self.build(unit)
         except UserError as exc:
             return {"user_error": str(exc)}
-        record = unit_record(unit, self.fmt, self.rows_per_shard, result)
-        storage.write_bytes(storage.join(self.out, progress_path(unit.slug, unit.lo)), json.dumps(record).encode())
+        if self.progress is not None:
+            self.progress.record(unit_name(unit), asdict(unit), result)
         return result
 
     def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
@@ -73,10 +66,8 @@ class ShardBuilder:
 
     def _commit(self, slug: str, shard: _OpenShard) -> dict:
         rows = shard.writer.close()
-        stats = storage.file_stats(shard.local)
-        storage.commit(shard.local, shard.dest)
         return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows,
-                **stats}
+                **commit_staged(shard.local, shard.dest)}
 
     def build(self, unit: Unit) -> dict:
         source, table = by_slug(unit.slug), self.tables[unit.slug]
@@ -110,15 +101,12 @@ class ShardBuilder:
                 shards.append(self._commit(unit.slug, current))
                 current = None
         finally:
-            if current is not None and os.path.exists(current.local):  # failed mid-shard: never committed
-                os.unlink(current.local)
+            if current is not None:  # failed mid-shard: never committed
+                storage.discard(current.local)
         error_file = None
         if errors:
             error_file = error_path(unit.slug, unit.lo)
-            dest = storage.join(self.out, error_file)
-            local = storage.staging_path(dest)
-            pq.write_table(pa.concat_tables(errors), local)
-            storage.commit(local, dest)
+            commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(pa.concat_tables(errors), local))
         return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
                 "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped}
 

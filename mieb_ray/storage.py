@@ -174,8 +174,7 @@ def commit(local: str, dest: str) -> None:
         else:
             os.replace(local, os.path.abspath(dest))
     finally:
-        if os.path.exists(local):
-            os.unlink(local)
+        discard(local)
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,6 +185,12 @@ def _boto3_s3():
     # not boto3's default session, which keeps old credentials; retries as the pyarrow filesystem's (10,
     # standard backoff up to 20 s), so that an S3 hiccup of a few seconds does not fail the job
     return boto3.session.Session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 10}))
+
+
+def discard(local: str) -> None:
+    """Remove a staging file, if it is still there."""
+    if os.path.exists(local):
+        os.unlink(local)
 
 
 def write_bytes(dest: str, data: bytes) -> None:

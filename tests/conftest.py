@@ -65,8 +65,8 @@ def tiny_clip(tmp_path_factory):
 @pytest.fixture(scope="session")
 def mieb_train(ray_local, mirror, tmp_path_factory):
     """A small mieb-train (Parquet, 5 rows per shard) of a few sources with varied images: (root, manifest)."""
-    from mieb_ray.pipelines.build import build
+    from mieb_ray.pipelines.build import BuildConfig, build
 
     out = str(tmp_path_factory.mktemp("mieb-train"))
-    return out, build(mirror[0], out, datasets=["imagenet1k", "cifar100", "mnist", "fer2013", "scimmir"],
-                      rows_per_shard=5)
+    return out, build(BuildConfig(mirror[0], out, datasets=["imagenet1k", "cifar100", "mnist", "fer2013", "scimmir"],
+                      rows_per_shard=5))

@@ -24,7 +24,7 @@ from mieb_ray.captions import class_table, clean_caption
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import expected_rows, hub_names, make_mirror
-from mieb_ray.pipelines.build import build
+from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, by_slug
 
 pytestmark = pytest.mark.timeout(600)
@@ -68,7 +68,7 @@ def caption_of(slug: str, label, own_text):
 def parquet_build(ray_local, mirror, tmp_path_factory):
     root, written = mirror
     out = str(tmp_path_factory.mktemp("train-parquet"))
-    manifest = build(root, out, rows_per_shard=ROWS_PER_SHARD)
+    manifest = build(BuildConfig(root, out, rows_per_shard=ROWS_PER_SHARD))
     return out, manifest
 
 
@@ -143,8 +143,8 @@ def test_rebuild_refuses_then_overwrite_is_byte_identical(parquet_build, mirror)
     out, manifest = parquet_build
     root, _ = mirror
     with pytest.raises(UserError, match="already holds a complete build.*--overwrite"):
-        build(root, out, rows_per_shard=ROWS_PER_SHARD)
-    again = build(root, out, rows_per_shard=ROWS_PER_SHARD, overwrite=True)
+        build(BuildConfig(root, out, rows_per_shard=ROWS_PER_SHARD))
+    again = build(BuildConfig(root, out, rows_per_shard=ROWS_PER_SHARD, overwrite=True))
     assert again == manifest  # same shards, same checksums: the build is reproducible
 
 
@@ -158,7 +158,7 @@ def test_webdataset_build_from_an_s3_mirror_to_s3(ray_local, s3, mirror, tmp_pat
             if os.path.isfile(path):
                 client.upload_file(path, s3.bucket, "mirror/" + os.path.relpath(path, root))
     out = f"s3://{s3.bucket}/train-wds"
-    manifest = build(f"s3://{s3.bucket}/mirror", out, datasets=slugs, fmt="webdataset", rows_per_shard=8)
+    manifest = build(BuildConfig(f"s3://{s3.bucket}/mirror", out, datasets=slugs, fmt="webdataset", rows_per_shard=8))
     assert manifest["counts"]["datasets"] == {s: n for s, n in expected_rows(written).items() if s in slugs}
     assert client.list_objects_v2(Bucket=s3.bucket, Prefix="train-wds/_progress")["KeyCount"] == 0
 
@@ -232,10 +232,10 @@ def test_error_rows_are_counted_and_the_rate_is_enforced(ray_local, tmp_path):
             t.addfile(m, io.BytesIO(data))
 
     with pytest.raises(UserError, match=r"^2 rows could not be built \(gtsrb: 2\), more than --max-error-rate 0"):
-        build(root, str(tmp_path / "strict"), datasets=["gtsrb"], max_error_rate=0)
+        build(BuildConfig(root, str(tmp_path / "strict"), datasets=["gtsrb"], max_error_rate=0))
     assert not os.path.exists(tmp_path / "strict" / "_manifest.json")
 
-    manifest = build(root, str(tmp_path / "lenient"), datasets=["gtsrb"], max_error_rate=0.2)
+    manifest = build(BuildConfig(root, str(tmp_path / "lenient"), datasets=["gtsrb"], max_error_rate=0.2))
     assert manifest["counts"]["datasets"] == {"gtsrb": 18} and manifest["counts"]["errors"] == {"gtsrb": 2}
     errors = pq.read_table([os.path.join(tmp_path, "lenient", f) for f in manifest["error_files"]]).to_pylist()
     assert sorted(e["key"] for e in errors) == ["gtsrb/10", "gtsrb/11"]

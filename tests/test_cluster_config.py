@@ -7,7 +7,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from mieb_ray.cluster import autoscaler_capacity
+from mieb_ray.pools import launcher_capacity
 from mieb_ray.pipelines.embed import DECODE_MEMORY
 
 CONFIG = Path(__file__).resolve().parents[1] / "cluster.yaml"
@@ -42,7 +42,7 @@ def test_node_types_offer_what_the_jobs_ask_for(config):
 def test_default_pools_see_what_the_autoscaler_can_add(config):
     # on a cluster that starts with its head alone, the embed job still sizes its GPU pool to the GPUs
     # the autoscaler can bring up, instead of running on CPUs
-    assert autoscaler_capacity(config) == {"CPU": 16 * 32 + 8 * 4, "GPU": 8}
+    assert launcher_capacity(config) == {"CPU": 16 * 32 + 8 * 4, "GPU": 8}
 
 
 def test_the_nodes_install_this_checkout(config):

@@ -3,10 +3,12 @@ resume, error rows, S3, and the one-line errors before any work starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import json
 import os
+import re
 
 import datasets
 import numpy as np
@@ -22,7 +24,7 @@ from mieb_ray.encode.model import Encoder, load_info
 from mieb_ray.encode.preprocess import ImageSpec, load_image, normalize
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.embed import embed
+from mieb_ray.pipelines.embed import EmbedConfig, embed
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,7 +54,7 @@ def centred_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def image_run(mieb_train, tiny_clip, tmp_path_factory):
     root, _ = mieb_train
     out = str(tmp_path_factory.mktemp("emb-images"))
-    return out, embed(root, out, tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16)
+    return out, embed(EmbedConfig(root, out, tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16))
 
 
 def test_image_embeddings_of_mieb_train(image_run, mieb_train, tiny_clip):
@@ -98,32 +100,50 @@ def test_shards_open_every_way(image_run, ray_local):
 
 
 def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb_train, tiny_clip, tmp_path):
+    """A run interrupted once its first shard is in leaves whole shards and their progress records; --resume
+    encodes only the units without a record, and the output equals an uninterrupted run's."""
     out, manifest = image_run
     root, _ = mieb_train
-    copy = tmp_path / "out"
-    pa.fs.copy_files(out, str(copy))
-    os.unlink(copy / "_manifest.json")  # interrupted: two shards and the manifest never written
-    for shard in manifest["shards"][:2]:
-        os.unlink(copy / shard["path"])
+    config = EmbedConfig(root, str(tmp_path / "out"), tiny_clip, carry_columns=("dataset_name", "label"),
+                         batch_size=16)
+
+    def ctrl_c_after_the_first_shard(line: str) -> None:
+        if re.match(r"\[embed\] \d+/\d+ shards", line):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        embed(config, log=ctrl_c_after_the_first_shard)
+    assert not (tmp_path / "out" / "_manifest.json").exists()
+    records = list((tmp_path / "out" / "_progress").rglob("*.json"))
+    assert 0 < len(records) < len(manifest["shards"])
     with pytest.raises(UserError, match="holds .* shards of an unfinished run; pass --resume"):
-        embed(root, str(copy), tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16)
+        embed(config)
     lines = []
-    again = embed(root, str(copy), tiny_clip, carry_columns=["dataset_name", "label"], batch_size=16, resume=True,
-                  log=lines.append)
-    assert f"{len(manifest['shards']) - 2} already done" in lines[0]
-    # nothing encoded twice, nothing lost: the same shards, keys and vectors (to float32 rounding: the resumed
-    # files are batched differently, which may change the last bit of a matrix product)
+    again = embed(dataclasses.replace(config, resume=True), log=lines.append)
+    assert f"{len(records)} already done" in lines[0]
+    # nothing encoded twice, nothing lost: the same shards, keys and vectors
     assert [(s["path"], s["rows"]) for s in again["shards"]] == [(s["path"], s["rows"]) for s in manifest["shards"]]
-    keys, vectors = embeddings.read_all(str(copy))
+    keys, vectors = embeddings.read_all(str(tmp_path / "out"))
     ref_keys, ref_vectors = embeddings.read_all(out)
     assert keys == ref_keys and np.allclose(vectors, ref_vectors, atol=1e-6)
+    assert not (tmp_path / "out" / "_progress").exists()  # the manifest replaces the records
     with pytest.raises(UserError, match="already holds complete embeddings"):
-        embed(root, str(copy), tiny_clip, resume=True)
+        embed(dataclasses.replace(config, resume=True))
+
+
+def test_a_corrupt_input_file_is_one_line_from_the_worker_that_reads_it(mieb_train, tiny_clip, tmp_path):
+    root, train = mieb_train
+    table = tmp_path / "table"
+    pa.fs.copy_files(root, str(table))  # its manifest gives the row counts: no footer is read before the run
+    victim = table / train["shards"][-1]["path"]
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(UserError, match=r"^unreadable parquet file .*000002\.parquet: Parquet magic bytes"):
+        embed(EmbedConfig(str(table), str(tmp_path / "out"), tiny_clip), log=lambda _: None)
 
 
 def test_text_embeddings_equal_the_encoder(mieb_train, tiny_clip, tmp_path):
     root, _ = mieb_train
-    manifest = embed(root, str(tmp_path), tiny_clip, modality="text", batch_size=32)
+    manifest = embed(EmbedConfig(root, str(tmp_path), tiny_clip, modality="text", batch_size=32))
     got = output_rows(str(tmp_path))
     source = train_rows(root)
     assert set(got) == set(source) and manifest["config"]["modality"] == "text"
@@ -151,9 +171,9 @@ def test_bad_images_become_error_rows(ray_local, tiny_clip, tmp_path):
     pq.write_table(table, tmp_path / "table.parquet")
     out = str(tmp_path / "out")
     with pytest.raises(UserError, match=r"^4 of 9 rows could not be encoded, more than --max-error-rate 0.01"):
-        embed(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id")
-    manifest = embed(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id",
-                     max_error_rate=0.5, resume=True)
+        embed(EmbedConfig(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id"))
+    manifest = embed(EmbedConfig(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id",
+                     max_error_rate=0.5, resume=True))
     assert manifest["counts"] == {"total": 5, "errors": 4}
     assert set(output_rows(out)) == {f"good/{i}" for i in range(5)}
     errors = pa.ipc.open_file(os.path.join(out, manifest["error_files"][0])).read_all().to_pylist()
@@ -169,23 +189,23 @@ def test_s3_in_and_out_with_a_model_on_s3(ray_local, s3, mieb_train, tiny_clip):
             if os.path.isfile(path):
                 client.upload_file(path, s3.bucket, f"{prefix}/{os.path.relpath(path, base)}")
     out = f"s3://{s3.bucket}/emb-test/out"
-    manifest = embed(f"s3://{s3.bucket}/emb-test/train", out, f"s3://{s3.bucket}/emb-test/model",
-                     carry_columns=["dataset_name"])
+    manifest = embed(EmbedConfig(f"s3://{s3.bucket}/emb-test/train", out, f"s3://{s3.bucket}/emb-test/model",
+                     carry_columns=["dataset_name"]))
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix="emb-test/out/")["Contents"]}
     assert {f"emb-test/out/{s['path']}" for s in manifest["shards"]} | {"emb-test/out/_manifest.json"} <= listed
     assert json.loads(client.get_object(Bucket=s3.bucket, Key="emb-test/out/_manifest.json")["Body"].read()) \
         == manifest
     assert sum(embeddings.open_shard(u).num_rows for u in embeddings.shard_uris(out)) == len(train_rows(root))
     with pytest.raises(UserError, match="^bucket 'no-such-bucket' does not exist"):
-        embed(f"s3://{s3.bucket}/emb-test/train", "s3://no-such-bucket/out", tiny_clip)
+        embed(EmbedConfig(f"s3://{s3.bucket}/emb-test/train", "s3://no-such-bucket/out", tiny_clip))
 
 
 def test_webdataset_input_with_json_fields(ray_local, mirror, tiny_clip, tmp_path):
-    from mieb_ray.pipelines.build import build
+    from mieb_ray.pipelines.build import BuildConfig, build
 
     train = str(tmp_path / "wds")
-    build(mirror[0], train, datasets=["gtsrb", "stl10"], fmt="webdataset")
-    manifest = embed(train, str(tmp_path / "out"), tiny_clip, carry_columns=["dataset_name", "label"])
+    build(BuildConfig(mirror[0], train, datasets=["gtsrb", "stl10"], fmt="webdataset"))
+    manifest = embed(EmbedConfig(train, str(tmp_path / "out"), tiny_clip, carry_columns=["dataset_name", "label"]))
     got = output_rows(str(tmp_path / "out"))
     assert len(got) == manifest["counts"]["total"] == 24
     assert {row["dataset_name"] for _, row in got.values()} == {"gtsrb", "stl10"}

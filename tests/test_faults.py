@@ -23,8 +23,8 @@ from test_preprocess import encode, i16_png, palette_png, picture, png_claiming,
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.build import build
-from mieb_ray.pipelines.embed import embed
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.pipelines.embed import EmbedConfig, embed
 
 pytestmark = pytest.mark.timeout(900)
 DATASETS = ["cifar10", "mnist", "dtd", "gtsrb", "scimmir", "caltech101"]
@@ -68,11 +68,11 @@ def committed(folder, suffix: str) -> int:
 
 def test_build_finishes_when_a_worker_is_killed(ray_local, mirror, tmp_path):
     root, _ = mirror
-    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1), log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()
     killer = kill_worker_when("ShardBuilder", lambda: committed(out, ".parquet") >= 3, stop)
-    manifest = build(root, str(out), datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
+    manifest = build(BuildConfig(root, str(out), datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5),
                      log=lambda _: None)
     stop.set()
     assert killer.killed, "no worker was killed: the test did not test anything"
@@ -88,11 +88,11 @@ def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path
         pq.write_table(pa.table({"key": keys, "image": pa.array([photos[i % 3] for i in range(200)], pa.binary())}),
                        root / f"{f:03d}.parquet")
     root = str(root)
-    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=2, log=lambda _: None)
+    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=2), log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()
     killer = kill_worker_when("EncodeStage", lambda: committed(out, ".arrow") >= 1, stop)
-    manifest = embed(root, str(out), tiny_clip, batch_size=2, log=lambda _: None)
+    manifest = embed(EmbedConfig(root, str(out), tiny_clip, batch_size=2), log=lambda _: None)
     stop.set()
     assert killer.killed, "no encoder was killed: the test did not test anything"
     assert [s["rows"] for s in manifest["shards"]] == [s["rows"] for s in reference["shards"]]
@@ -139,13 +139,13 @@ def run_through_outage(s3, prefix: str, objects: int, job, rerun):
 
 def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mirror, tmp_path):
     root, _ = mirror
-    reference = build(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1), log=lambda _: None)
     prefix = "outage/train"
     manifest = run_through_outage(
         s3, prefix, 3,
-        lambda out: build(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5,
+        lambda out: build(BuildConfig(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5),
                           log=lambda _: None),
-        lambda out: build(root, out, datasets=DATASETS, rows_per_shard=1, log=lambda _: None))  # run it again
+        lambda out: build(BuildConfig(root, out, datasets=DATASETS, rows_per_shard=1), log=lambda _: None))  # run it again
     assert shards(manifest) == shards(reference)  # same keys, same bytes as an uninterrupted run
     listed = {o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
     assert {f"{prefix}/{p}" for p, _, _ in shards(manifest)} <= listed
@@ -153,11 +153,11 @@ def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mir
 
 def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3, mieb_train, tiny_clip, tmp_path):
     root, _ = mieb_train
-    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, log=lambda _: None)
+    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4), log=lambda _: None)
     manifest = run_through_outage(
         s3, "outage/embeddings", 2,
-        lambda out: embed(root, out, tiny_clip, batch_size=4, log=lambda _: None),
-        lambda out: embed(root, out, tiny_clip, batch_size=4, resume=True, log=lambda _: None))
+        lambda out: embed(EmbedConfig(root, out, tiny_clip, batch_size=4), log=lambda _: None),
+        lambda out: embed(EmbedConfig(root, out, tiny_clip, batch_size=4, resume=True), log=lambda _: None))
     assert manifest["counts"] == reference["counts"]
     same_embeddings(f"s3://{s3.bucket}/outage/embeddings", str(tmp_path / "ref"))
 
@@ -179,12 +179,12 @@ def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> 
 
 def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
     root, _ = mirror
-    reference = build(root, str(tmp_path / "ref"), rows_per_shard=1, log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), rows_per_shard=1), log=lambda _: None)
     out = tmp_path / "out"
     interrupt_cli(ray_local, ["build", "--sources", root, "--out", str(out), "--rows-per-shard", "1",
                               "--workers", "1"], out, ".parquet", 20)
     lines = []
-    manifest = build(root, str(out), rows_per_shard=1, resume=True, log=lines.append)
+    manifest = build(BuildConfig(root, str(out), rows_per_shard=1, resume=True), log=lines.append)
     resumed = next(line for line in lines if "resuming" in line)
     done, total = map(int, re.match(r"\[build\] resuming: (\d+) of (\d+) units", resumed).groups())
     assert 0 < done < total, resumed
@@ -195,7 +195,7 @@ def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mi
 def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_local, mieb_train, tiny_clip,
                                                                            tmp_path):
     root, train = mieb_train
-    reference = embed(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, log=lambda _: None)
+    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4), log=lambda _: None)
     out = tmp_path / "out"
     interrupt_cli(ray_local, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4"],
                   out, ".arrow", 2)
@@ -203,7 +203,7 @@ def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_
     for name in [os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs
                  if f.endswith(".arrow") and not f.startswith(".")]:
         assert embeddings.open_shard(str(out / name)).num_rows == rows[name]  # what is visible is whole
-    manifest = embed(root, str(out), tiny_clip, batch_size=4, resume=True, log=lambda _: None)
+    manifest = embed(EmbedConfig(root, str(out), tiny_clip, batch_size=4, resume=True), log=lambda _: None)
     assert manifest["counts"] == reference["counts"]
     same_embeddings(str(out), str(tmp_path / "ref"))
     assert not [f for _, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
@@ -229,7 +229,7 @@ def test_every_bad_image_is_an_error_row_and_nothing_else_is_lost(ray_local, tin
     images = {**good, **bad}
     pq.write_table(pa.table({"key": list(images), "image": pa.array(list(images.values()), pa.binary())}),
                    tmp_path / "in.parquet")
-    manifest = embed(str(tmp_path / "in.parquet"), str(tmp_path / "out"), tiny_clip, max_error_rate=0.5,
+    manifest = embed(EmbedConfig(str(tmp_path / "in.parquet"), str(tmp_path / "out"), tiny_clip, max_error_rate=0.5),
                      log=lambda _: None)
     assert manifest["counts"] == {"total": len(good), "errors": len(bad)}
     table = embeddings.open_shard(str(tmp_path / "out" / manifest["shards"][0]["path"]))
@@ -249,8 +249,8 @@ def test_texts_that_are_not_utf8_or_empty_are_error_rows(ray_local, tiny_clip, t
         for key, text in [("a", "a photo of a crab.".encode()), ("b", b"caf\xe9 \xff"), ("c", b"   "),
                           ("d", "a photo of an airplane.".encode())]:
             sink.write({"__key__": key, "txt": text})
-    manifest = embed(str(tmp_path / "texts.tar"), str(tmp_path / "out"), tiny_clip, modality="text",
-                     max_error_rate=0.6, log=lambda _: None)
+    manifest = embed(EmbedConfig(str(tmp_path / "texts.tar"), str(tmp_path / "out"), tiny_clip, modality="text",
+                     max_error_rate=0.6), log=lambda _: None)
     assert manifest["counts"] == {"total": 2, "errors": 2}
     errors = pa.ipc.open_file(str(tmp_path / "out" / manifest["error_files"][0])).read_all().to_pylist()
     assert {e["key"]: e["error"] for e in errors} == {"b": "text is not valid UTF-8", "c": "empty text"}

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from mieb_ray import storage
+from mieb_ray.commit import commit_file
 
 ERROR_SCHEMA = pa.schema([("key", pa.string()), ("error", pa.string())])
 DTYPES = {"float16": pa.float16(), "float32": pa.float32()}
@@ -35,6 +36,25 @@ def write_ipc(local: str, table: pa.Table) -> None:
     """One record batch: a reader can map the whole embedding column to one numpy array."""
     with pa.OSFile(local, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+
+
+def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, carry: tuple[str, ...]) -> dict:
+    """Commit one unit's shard `OUT/<name>` (its good rows) and, when some rows failed, `OUT/_errors/<name>`
+    (key, error) first. `rows`: numpy columns `key`, `embedding`, `__error` ("" when good) and the carried
+    ones. Returns the manifest entry: path, rows, bytes, sha256, errors, error_file."""
+    errors = rows.get("__error", np.zeros(0, dtype=object))
+    bad = errors != ""
+    result = {"path": name, "rows": int((~bad).sum()), "errors": int(bad.sum()), "error_file": None}
+    if bad.any():
+        result["error_file"] = f"_errors/{name}"
+        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in errors[bad]]},
+                         schema=ERROR_SCHEMA)
+        commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
+    dim = schema_.field("embedding").type.list_size
+    matrix = rows["embedding"][~bad] if len(errors) else np.zeros((0, dim), np.float32)
+    table = shard_table(schema_, [str(k) for k in rows[key][~bad]] if len(errors) else [], matrix,
+                        {c: list(rows[c][~bad]) if len(errors) else [] for c in carry})
+    return {**result, **commit_file(storage.join(out, name), lambda local: write_ipc(local, table))}
 
 
 def open_shard(path: str) -> pa.Table:

@@ -1,9 +1,9 @@
 """Read any table of images or texts for the embed job: Parquet files or WebDataset tars, local or S3.
 
 An input is a mieb-train output (its `_manifest.json` lists the shards and their rows), a folder of
-Parquet files or tars, or one file. Rows are read in chunks that carry, besides the chosen columns,
-`__file` (the input file's number) and `__row` (the row's position in that file), so that the
-embeddings of each input file can be put back together in order, whatever route they took.
+Parquet files or tars, or one file. The job cuts each file into units, row ranges [lo, hi) that become one
+embedding shard each: the planner needs each file's row count (parquet footers; a tar is counted, and
+indexed by the offset of each unit's first sample, by a worker) and a worker reads one unit's rows.
 """
 
 from __future__ import annotations
@@ -76,13 +76,75 @@ def _parquet_rows(uri: str) -> int:
         raise InputError(f"unreadable parquet file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
 
 
-def count_rows(fmt: str, files: list[InputFile]) -> None:
-    """Fill in each file's row count: parquet footers; tars must be read through (in parallel)."""
+def count_parquet_rows(files: list[InputFile]) -> None:
+    """Fill in each parquet file's row count from its footer (metadata only, in parallel)."""
     todo = [f for f in files if f.rows is None]
-    count = _parquet_rows if fmt == "parquet" else (lambda uri: sum(1 for _ in _samples(uri)))
     with ThreadPoolExecutor(16) as pool:
-        for f, n in zip(todo, pool.map(count, [f.uri for f in todo])):
+        for f, n in zip(todo, pool.map(_parquet_rows, [f.uri for f in todo])):
             f.rows = n
+
+
+def index_tar(uri: str, every: int) -> tuple[int, list[int]]:
+    """(samples in the tar, byte offset of the first member of sample 0, every, 2*every, ...): a unit of the
+    tar then starts reading at its own offset instead of at the top."""
+    import tarfile
+
+    samples, offsets, last_key = 0, [], None
+    try:
+        with storage.open_input(uri) as f, tarfile.open(fileobj=f, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key = _sample_key(member.name)
+                if key != last_key:
+                    if samples % every == 0:
+                        offsets.append(member.offset)
+                    samples, last_key = samples + 1, key
+    except (tarfile.TarError, OSError) as exc:
+        raise InputError(f"unreadable tar file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
+    return samples, offsets
+
+
+def _sample_key(name: str) -> str:
+    """webdataset's grouping: the path up to the first dot of the file name."""
+    folder, _, base = name.rpartition("/")
+    return f"{folder}/{base.split('.', 1)[0]}" if folder else base.split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Rows [lo, hi) of one input file: what one embedding shard holds."""
+
+    uri: str
+    rel: str
+    lo: int
+    hi: int
+    whole: bool  # the file is this one unit
+    offset: int = 0  # tar: where sample `lo` starts
+
+    @property
+    def name(self) -> str:
+        """The shard's name, from the input file and the row range: `<file>.arrow` when the file is one unit,
+        `<file>.<lo>-<hi>.arrow` when it is cut."""
+        stem = re.sub(r"\.(parquet|tar)$", "", self.rel)
+        return f"{stem}.arrow" if self.whole else f"{stem}.{self.lo:09d}-{self.hi:09d}.arrow"
+
+    @property
+    def identity(self) -> dict:
+        """What a progress record keeps of the unit, to be sure a resumed run would read the same rows."""
+        return {"uri": storage.display(self.uri), "lo": self.lo, "hi": self.hi}
+
+
+def plan_units(files: list[InputFile], rows_per_unit: int, offsets: dict[str, list[int]] | None = None) -> list[Unit]:
+    """Each file cut into units of `rows_per_unit` rows (the last one shorter); an empty file is one empty unit,
+    so that it too has its (empty) shard."""
+    units = []
+    for f in files:
+        starts = range(0, max(f.rows, 1), rows_per_unit)
+        at = (offsets or {}).get(f.uri) or [0] * len(starts)
+        units += [Unit(f.uri, f.rel, lo, min(lo + rows_per_unit, f.rows), len(starts) == 1, at[i])
+                  for i, lo in enumerate(starts)]
+    return units
 
 
 def check_columns(fmt: str, first: InputFile, columns: Columns) -> pa.Schema:
@@ -111,10 +173,11 @@ def check_columns(fmt: str, first: InputFile, columns: Columns) -> pa.Schema:
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _samples(uri: str):
+def _samples(uri: str, offset: int = 0):
     from webdataset.tariterators import group_by_keys, tar_file_iterator  # slow to import: only here
 
     with storage.open_input(uri) as f:
+        f.seek(offset)  # a sample's first member header: a tar read from there is a tar
         yield from group_by_keys({**m, "__url__": uri} for m in tar_file_iterator(f))
 
 
@@ -157,36 +220,37 @@ def _image_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column
 
 
-def read_file(file_no: int, uri: str, columns: Columns, modality: str):
-    """Chunks of one input file: dicts of numpy arrays with the columns, `__file` and `__row`."""
-    import numpy as np
-
-    def chunk(rows: dict[str, list], start: int) -> dict:
-        n = len(rows[columns.key])
-        return {**{k: np.array(v, dtype=object) for k, v in rows.items()},
-                "__file": np.full(n, file_no), "__row": np.arange(start, start + n)}
-
-    if uri.endswith(".parquet"):
+def read_unit(unit: Unit, columns: Columns, modality: str):
+    """The unit's rows in order, as chunks of at most CHUNK_ROWS: dicts of lists, one per column."""
+    names = [columns.key, columns.data, *columns.carry]
+    if unit.uri.endswith(".parquet"):
         try:
-            pf = pq.ParquetFile(storage.open_input(uri))
-            start = 0
-            for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=[columns.key, columns.data, *columns.carry]):
-                table = pa.Table.from_batches([batch])
-                data = _image_bytes(table[columns.data]) if modality == "image" else table[columns.data]
-                rows = {columns.key: table[columns.key].to_pylist(), columns.data: data.to_pylist(),
-                        **{c: table[c].to_pylist() for c in columns.carry}}
-                yield chunk(rows, start)
-                start += batch.num_rows
+            pf = pq.ParquetFile(storage.open_input(unit.uri))
+            first = 0
+            for group in range(pf.metadata.num_row_groups):  # only the row groups that hold [lo, hi)
+                n = pf.metadata.row_group(group).num_rows
+                lo, hi = max(unit.lo - first, 0), min(unit.hi - first, n)
+                first += n
+                if hi <= lo:
+                    continue
+                table = pf.read_row_group(group, columns=names).slice(lo, hi - lo)
+                for start in range(0, table.num_rows, CHUNK_ROWS):
+                    part = table.slice(start, CHUNK_ROWS)
+                    data = _image_bytes(part[columns.data]) if modality == "image" else part[columns.data]
+                    yield {**{c: part[c].to_pylist() for c in names}, columns.data: data.to_pylist()}
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"unreadable parquet file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
+            raise InputError(f"unreadable parquet file {storage.display(unit.uri)}: {str(exc).splitlines()[0]}") \
+                from exc
         return
-    rows, start = {c: [] for c in (columns.key, columns.data, *columns.carry)}, 0
-    for sample in _samples(uri):
+    rows, left = {c: [] for c in names}, unit.hi - unit.lo
+    for sample in _samples(unit.uri, unit.offset):
+        if left == 0:
+            break
         for name, value in _wds_row(sample, columns).items():
             rows[name].append(value)
+        left -= 1
         if len(rows[columns.key]) == CHUNK_ROWS:
-            yield chunk(rows, start)
-            start += CHUNK_ROWS
-            rows = {c: [] for c in rows}
+            yield rows
+            rows = {c: [] for c in names}
     if rows[columns.key]:
-        yield chunk(rows, start)
+        yield rows

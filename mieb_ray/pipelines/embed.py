@@ -1,263 +1,134 @@
-"""The embed job: images (or texts) of any table -> CLIP embedding shards, one per input file.
+"""The embed job: the images (or texts) of any table -> CLIP embedding shards, committed by the workers.
 
-read + decode (a CPU task per input file: its rows in chunks, images decoded and resized to uint8 at the
-model's size) -> encode (actor pool, one model per actor, a GPU each on a cluster) -> the driver puts each
-input file's embeddings back in row order and commits `<input name>.arrow` -> `_manifest.json`.
+plan       driver: the input files and their row counts (parquet footers; tars are counted and indexed by
+           worker tasks), cut into units, rows [lo, hi) of one file; the model resolved once; the pools sized
+read       a CPU task per unit: its rows, images decoded and resized to uint8      (encode/stages.py)
+transform  the encoder actor pool, one model per actor (a GPU each on a cluster)
+commit     a CPU task per unit: its shard and error rows, then its progress record  (commit.py)
+manifest   driver, last: built from the records (path, rows, bytes, sha256, errors)
 
-Shard names come from the input files, so a shard that exists is complete (commits are atomic) and
-`--resume` skips its input file: nothing is encoded twice and no key appears twice.
+The driver handles units and records, never an image or an embedding, so its memory does not grow with the
+rows or the embedding size. A shard is named after its input file and row range (`<file>.arrow`, or
+`<file>.<lo>-<hi>.arrow` when the file is cut), so a retried unit rewrites the same names, and `--resume`
+skips the units whose record an earlier run committed with the same settings: nothing is encoded twice and
+no key appears twice.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import re
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
-import numpy as np
-import pyarrow as pa
 import ray
 
-from mieb_ray import __version__, storage
-from mieb_ray.cluster import capacity
-from mieb_ray.encode.model import Encoder, load_info, resolve
-from mieb_ray.errors import UserError
+from mieb_ray import __version__, commit, storage
+from mieb_ray.encode.model import load_info, resolve
+from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings, tables
+from mieb_ray.pools import encoder_pool, read_cluster
 
 FORMAT = "mieb-embeddings"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MODALITIES = ("image", "text")
-DECODE_MEMORY = 512 << 20  # per read+decode task: a chunk of source images plus the decoded block
+UNIT_BYTES = 256 << 20  # a unit's decoded pixels: one block in the object store
+DECODE_MEMORY = 768 << 20  # a read task's memory hint: a unit's pixels, one chunk of source bytes, headroom
+_OURS = re.compile(r"^(?!_progress/).*\.arrow$")  # shards and error files; stale ones are removed at the end
 
 
-def shard_name(rel: str) -> str:
-    return re.sub(r"\.(parquet|tar)$", "", rel) + ".arrow"
+@dataclass(frozen=True)
+class EmbedConfig:
+    input: str
+    out: str
+    model: str
+    revision: str | None = None
+    modality: str = "image"
+    image_column: str = "image"
+    text_column: str = "text"
+    key_column: str = "key"
+    carry_columns: tuple[str, ...] = ()
+    batch_size: int = 256  # rows per model call
+    rows_per_shard: int = 10_000  # at most; image shards hold at most UNIT_BYTES of decoded pixels
+    dtype: str = "float32"
+    resume: bool = False
+    overwrite: bool = False
+    max_error_rate: float = 0.01
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+    cpus_per_worker: float = 1.0
+    device: str | None = None
+
+    @property
+    def columns(self) -> tables.Columns:
+        data = self.image_column if self.modality == "image" else self.text_column
+        return tables.Columns(self.key_column, data, tuple(self.carry_columns))
+
+    def check(self) -> None:
+        if self.modality not in MODALITIES:
+            raise UserError(f"unknown modality {self.modality!r}; valid: {', '.join(MODALITIES)}")
+        if self.dtype not in embeddings.DTYPES:
+            raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(embeddings.DTYPES)}")
+        if self.batch_size < 1 or self.rows_per_shard < 1:
+            raise UserError("--batch-size and --rows-per-shard must be at least 1")
 
 
-# ---------------------------------------------------------------------------------------------- stages
+@dataclass(frozen=True)
+class Plan:
+    """What the workers need, decided once by the driver."""
+
+    fmt: str
+    units: list[tables.Unit]
+    info: object  # ModelInfo
+    spec: dict | None
+    schema: object  # the shards' Arrow schema, with its metadata
+    settings: dict  # what a progress record must match to be reused
 
 
-def read_stage(batch: dict, columns: tables.Columns, modality: str, spec: dict | None, decode_rows: int):
-    """One input file per task; yields its rows in chunks, images already decoded (so raw image bytes never
-    enter the object store, and a task's blocks stream out as it goes)."""
-    for file_no, uri in zip(batch["file"], batch["uri"]):
-        for chunk in tables.read_file(int(file_no), str(uri), columns, modality):
-            if modality != "image":
-                yield chunk
-                continue
-            for lo in range(0, len(chunk["__row"]), decode_rows):
-                yield decode({k: v[lo:lo + decode_rows] for k, v in chunk.items()}, columns.data, spec)
-
-
-def decode(batch: dict, data_column: str, spec: dict) -> dict:
-    """Image bytes -> uint8 pixels at the model's size; a bad image becomes an error, not an exception."""
-    from mieb_ray.encode.preprocess import ImageSpec, load_images
-
-    pixels, errors = load_images(list(batch.pop(data_column)), ImageSpec(**spec))
-    return {**batch, "pixels": pixels, "__error": np.array([e or "" for e in errors], dtype=object)}
-
-
-class EncodeStage:
-    """Holds one model. Rows already marked as errors pass through with a zero embedding.
-
-    `__error` is "" for a good row: a None would come back from Ray's numpy->Arrow->numpy trip as NaN.
-    """
-
-    def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
-                 device: str | None, threads: int):
-        import torch
-
-        torch.set_num_threads(max(1, threads))
-        path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
-        self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
-        self.modality, self.data_column, self.spec = modality, data_column, spec
-
-    def __call__(self, batch: dict) -> dict:
-        import torch
-
-        n = len(batch["__row"])
-        if self.modality == "image":
-            from mieb_ray.encode.preprocess import ImageSpec, normalize
-
-            errors = batch.pop("__error")
-            pixels = batch.pop("pixels")
-        else:
-            texts = batch.pop(self.data_column)
-            errors = np.array([_text_error(t) for t in texts], object)
-        ok = errors == ""
-        out = np.zeros((n, self.encoder.info.dim), dtype=np.float32)
-        if ok.any():
-            if self.modality == "image":
-                device_pixels = torch.from_numpy(np.ascontiguousarray(pixels[ok])).to(self.encoder.device)
-                values = normalize(device_pixels, ImageSpec(**self.spec), dtype=self.encoder.dtype)
-                out[ok] = self.encoder.encode_pixel_values(values)
-            else:
-                out[ok] = self.encoder.encode_texts([str(t) for t in texts[ok]])
-        return {**batch, "__error": errors, "embedding": out}
-
-
-def _text_error(text) -> str:
-    if isinstance(text, bytes):  # a tar member that did not decode
-        return "text is not valid UTF-8"
-    return "" if isinstance(text, str) and text.strip() else "empty text"
-
-
-# ---------------------------------------------------------------------------------------------- driver
-
-
-class _Assembly:
-    """The rows of one input file as they come back, in any order, until all have."""
-
-    def __init__(self, rows: int):
-        self.seen = np.zeros(rows, dtype=bool)
-        self.parts: list[dict] = []
-
-    def add(self, part: dict) -> bool:
-        rows = part["__row"]
-        if self.seen[rows].any():
-            raise RuntimeError(f"rows {rows[self.seen[rows]][:5].tolist()} came back twice")
-        self.seen[rows] = True
-        self.parts.append(part)
-        return bool(self.seen.all())
-
-    def rows(self) -> dict:
-        if not self.parts:
-            return {}
-        merged = {k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}
-        order = np.argsort(merged["__row"], kind="stable")
-        return {k: v[order] for k, v in merged.items()}
-
-
-class _ShardWriter:
-    def __init__(self, out: str, schema, columns: tables.Columns):
-        self.out, self.schema, self.columns = out, schema, columns
-
-    def write(self, rel: str, rows: dict) -> dict:
-        errors = rows.get("__error", np.array([], dtype=object))
-        bad = errors != ""
-        good = ~bad
-        name = shard_name(rel)
-        result = {"path": name, "input": rel, "errors": int(bad.sum()), "error_file": None}
-        if bad.any():  # errors first: the shard's existence says the input file is done
-            result["error_file"] = f"_errors/{name}"
-            table = pa.table({"key": [str(k) for k in rows[self.columns.key][bad]],
-                                         "error": [str(e) for e in errors[bad]]}, schema=embeddings.ERROR_SCHEMA)
-            self._commit(result["error_file"], table)
-        keys = [str(k) for k in rows[self.columns.key][good]] if rows else []
-        dim = self.schema.field("embedding").type.list_size
-        matrix = rows["embedding"][good] if rows else np.zeros((0, dim), np.float32)
-        carry = {c: list(rows[c][good]) if rows else [] for c in self.columns.carry}
-        table = embeddings.shard_table(self.schema, keys, matrix, carry)
-        return {**result, "rows": table.num_rows, **self._commit(name, table)}
-
-    def _commit(self, name: str, table) -> dict:
-        dest = storage.join(self.out, name)
-        local = storage.staging_path(dest)
-        embeddings.write_ipc(local, table)
-        stats = storage.file_stats(local)
-        storage.commit(local, dest)
-        return stats
-
-
-def _committed(out: str) -> dict[str, str]:
-    """Shards an earlier, unfinished run committed: name -> uri."""
-    files = storage.list_files(out)
-    root = out.rstrip("/") + "/"
-    return {u[len(root):]: u for u in files if u.endswith(".arrow") and not u[len(root):].startswith("_")}
-
-
-def _shard_stats(out: str, name: str) -> dict:
-    """The manifest entry of a shard an earlier run committed."""
-    uri, err = storage.join(out, name), storage.join(out, f"_errors/{name}")
-    errors = embeddings.open_shard(err).num_rows if storage.exists(err) else 0
-    return {"path": name, "rows": embeddings.open_shard(uri).num_rows, **storage.file_stats(uri),
-            "errors": errors, "error_file": f"_errors/{name}" if errors else None}
-
-
-def _prepare_output(out: str, overwrite: bool, resume: bool) -> dict[str, str]:
-    storage.check_output(out)
-    storage.remove_staging(out)
-    old = storage.read_manifest(out)
-    if old is not None and not overwrite:
-        raise UserError(f"{storage.display(out)} already holds complete embeddings ({storage.MANIFEST}); "
-                        "pass --overwrite to replace them")
-    committed = _committed(out)
-    if overwrite:
-        storage.delete(storage.join(out, storage.MANIFEST))
-        for uri in storage.list_files(out):
-            if uri.endswith(".arrow"):
-                storage.delete(uri)
-        return {}
-    if committed and not resume:
-        raise UserError(f"{storage.display(out)} holds {len(committed)} shards of an unfinished run; "
-                        "pass --resume to continue it or --overwrite to start again")
-    return committed
-
-
-def embed(input: str, out: str, model: str, revision: str | None = None, modality: str = "image",
-          image_column: str = "image", text_column: str = "text", key_column: str = "key",
-          carry_columns: list[str] | None = None, batch_size: int = 256, dtype: str = "float32",
-          resume: bool = False, overwrite: bool = False, max_error_rate: float = 0.01,
-          workers: int | None = None, gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
-          decode_batch_size: int = 256, device: str | None = None, log=print) -> dict:
+def embed(config: EmbedConfig, log=print) -> dict:
     """Run the embed job on the connected Ray cluster; return the manifest."""
-    if modality not in MODALITIES:
-        raise UserError(f"unknown modality {modality!r}; valid: {', '.join(MODALITIES)}")
-    if dtype not in embeddings.DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(embeddings.DTYPES)}")
     t0 = time.time()
-    columns = tables.Columns(key_column, image_column if modality == "image" else text_column,
-                             tuple(carry_columns or ()))
-    fmt, files = tables.input_files(input)
-    carry_schema = tables.check_columns(fmt, files[0], columns)
-    model_path = resolve(model, revision)
-    info = load_info(model_path, model, revision, modality=modality)
-    spec = _image_spec(info) if modality == "image" else None
-    committed = _prepare_output(out, overwrite, resume)
+    plan = _plan(config)
+    progress = commit.Progress(config.out, plan.settings)
+    results = _earlier(config, progress, {u.name: u.identity for u in plan.units})
+    todo = [i for i, u in enumerate(plan.units) if u.name not in results]
+    log(f"[embed] {len(plan.units)} shards from {len({u.uri for u in plan.units})} input files ({plan.fmt}), "
+        f"{len(results)} already done, {sum(plan.units[i].hi - plan.units[i].lo for i in todo):,} rows to encode "
+        f"with {config.model} ({plan.info.architecture}, dim {plan.info.dim})")
+    for i in [i for i in todo if plan.units[i].hi == plan.units[i].lo]:  # an empty file: an empty shard
+        results[plan.units[i].name] = embeddings.commit_shard(config.out, plan.units[i].name, plan.schema, {},
+                                                              config.key_column, config.columns.carry)
+    todo = [i for i in todo if plan.units[i].hi > plan.units[i].lo]
+    if todo:
+        results.update(_run(config, plan, todo, progress, log))
+    return _manifest(config, plan, [results[n] for n in sorted(results)], progress, t0, log)
 
-    todo = [(i, f) for i, f in enumerate(files) if shard_name(f.rel) not in committed]
-    tables.count_rows(fmt, [f for _, f in todo])
-    meta = {"model": info.to_dict(), "modality": modality, "dtype": dtype, "normalized": True,
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def _plan(config: EmbedConfig) -> Plan:
+    config.check()
+    fmt, files = tables.input_files(config.input)
+    carry_schema = tables.check_columns(fmt, files[0], config.columns)
+    info = load_info(resolve(config.model, config.revision), config.model, config.revision,
+                     modality=config.modality)
+    spec = _image_spec(info) if config.modality == "image" else None
+    commit.prepare(config.out, config.overwrite, "complete embeddings")
+    rows = config.rows_per_shard
+    if spec is not None:  # a unit's pixels are one block: bound its bytes
+        rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
+    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+    offsets = _index_tars([f for f in files if f.uri.endswith(".tar")], rows)
+    meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
-    schema = embeddings.schema(info.dim, dtype, carry_schema, meta)
-    writer = _ShardWriter(out, schema, columns)
-    log(f"[embed] {len(files)} input files ({fmt}), {len(files) - len(todo)} already done, "
-        f"{sum(f.rows for _, f in todo):,} rows to encode with {model} ({info.architecture}, dim {info.dim})")
-
-    results = [_shard_stats(out, name) for name in sorted(committed)] if committed else []
-    pending = {i: _Assembly(f.rows) for i, f in todo}
-    for i, f in todo:
-        if f.rows == 0:
-            results.append(writer.write(f.rel, {}))
-            del pending[i]
-    if pending:
-        # the actors load the commit the driver resolved, even when the user named none
-        results += _run(pending, {i: f for i, f in todo}, columns, modality, spec, model, info.revision, info, writer,
-                        batch_size, decode_batch_size, workers, gpus_per_worker, cpus_per_worker, device, log)
-
-    rows = sum(r["rows"] for r in results)
-    n_errors = sum(r["errors"] for r in results)
-    if n_errors > max_error_rate * (rows + n_errors):
-        raise UserError(f"{n_errors:,} of {rows + n_errors:,} rows could not be encoded, more than "
-                        f"--max-error-rate {max_error_rate}; see {storage.display(storage.join(out, '_errors'))}")
-    results.sort(key=lambda r: r["path"])
-    manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
-        "config": {"input": storage.display(input), "input_format": fmt, "modality": modality,
-                   "key_column": key_column, "data_column": columns.data, "carry_columns": list(columns.carry),
-                   "dtype": dtype, "batch_size": batch_size},
-        "model": info.to_dict(), "dim": info.dim, "preprocessing": spec,
-        "counts": {"total": rows, "errors": n_errors},
-        "shards": [{k: r[k] for k in ("path", "rows", "bytes", "sha256")} for r in results],
-        "error_files": [r["error_file"] for r in results if r["error_file"]],
-    }
-    manifest = json.loads(json.dumps(manifest))  # as a reader will see it (tuples become lists)
-    storage.write_manifest(out, manifest)
-    elapsed = time.time() - t0
-    log(f"[embed] done: {rows:,} embeddings in {len(results)} shards, {n_errors:,} errors, {elapsed:.1f}s "
-        f"-> {storage.display(out)}")
-    return manifest
+    settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
+                "modality": config.modality, "dtype": config.dtype, "preprocessing": spec, "rows_per_unit": rows,
+                "columns": [config.key_column, config.columns.data, *config.columns.carry]}
+    return Plan(fmt, tables.plan_units(files, rows, offsets), info, spec,
+                embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
 
 
 def _image_spec(info) -> dict:
@@ -268,44 +139,127 @@ def _image_spec(info) -> dict:
     return ImageSpec.from_processor_config(info.image_config).to_dict()
 
 
-def _run(pending, files, columns, modality, spec, model, revision, info, writer, batch_size, decode_batch_size,
-         workers, gpus_per_worker, cpus_per_worker, device, log) -> list[dict]:
-    resources = capacity()  # an autoscaling cluster's GPUs count before their nodes are up
-    if gpus_per_worker is None:
-        gpus_per_worker = 1.0 if resources["GPU"] > 0 else 0.0
-    if workers is None:
-        workers = int(resources["GPU"] // gpus_per_worker) if gpus_per_worker else max(1, int(resources["CPU"]) // 4)
+def _index_tars(files: list[tables.InputFile], every: int) -> dict[str, list[int]]:
+    """Count each tar's samples and find where each unit starts: a read of every tar, by worker tasks."""
+    if not files:
+        return {}
+    index = ray.remote(num_cpus=0.5)(tables.index_tar)
+    counted = ray.get([index.remote(f.uri, every) for f in files])
+    for f, (rows, _) in zip(files, counted):
+        f.rows = rows
+    return {f.uri: offsets for f, (_, offsets) in zip(files, counted)}
+
+
+def _earlier(config: EmbedConfig, progress: commit.Progress, units: dict[str, dict]) -> dict[str, dict]:
+    """The results of the units an unfinished earlier run committed, when resuming; refuse to start over
+    without --resume or --overwrite (hours of encoding could be lost by mistake)."""
+    if config.resume:
+        return progress.done(units)
+    shards = [u for u in storage.list_files(config.out) if _OURS.match(u[len(config.out.rstrip("/")) + 1:])]
+    if shards and not config.overwrite:
+        raise UserError(f"{storage.display(config.out)} holds {len(shards)} shards of an unfinished run; "
+                        "pass --resume to continue it or --overwrite to start again")
+    for uri in shards:
+        storage.delete(uri)
+    progress.clear()
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+@contextmanager
+def _data_context():
+    """Ray Data settings for this job, restored after it."""
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
+    ours = {"target_max_block_size": None,  # never sliced: a unit reaches its commit task whole
+            "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
+            "enable_progress_bars": False}  # our own progress lines
+    saved = {k: getattr(ctx, k) for k in ours}
+    for k, v in ours.items():
+        setattr(ctx, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(ctx, k, v)
+
+
+def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Progress, log) -> dict[str, dict]:
+    import json
+
+    from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
+
+    pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
+                        cap=len(todo))
+    log(f"[embed] {pool.why}")
     # a local model path must mean the same directory to every worker
-    model = os.path.abspath(model) if os.path.isdir(model) else model
-
-    ds = ray.data.from_items([{"file": i, "uri": files[i].uri} for i in pending], override_num_blocks=len(pending))
-    # one CPU task per input file (batch_size=1: a fused stage with a larger batch would bundle every file into
-    # one task); the memory hint also keeps it apart from the encoder actors on a CPU-only run
-    ds = ds.map_batches(read_stage, fn_kwargs={"columns": columns, "modality": modality, "spec": spec,
-                                               "decode_rows": decode_batch_size},
-                        batch_size=1, batch_format="numpy", num_cpus=1, memory=DECODE_MEMORY)
-    ds = ds.map_batches(
-        EncodeStage, fn_constructor_kwargs=dict(model=model, revision=revision, modality=modality,
-                                                data_column=columns.data, spec=spec, device=device,
-                                                threads=int(cpus_per_worker)),
-        batch_size=batch_size, batch_format="numpy", num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
-        compute=ray.data.ActorPoolStrategy(size=workers))
-
-    results, total = [], len(pending)
-    done_rows, t_run, t_log = 0, time.time(), 0.0
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):  # each block as it comes
-        for file_no in np.unique(batch["__file"]):
-            mask = batch["__file"] == file_no
-            part = {k: v[mask] for k, v in batch.items()}
-            done_rows += int(mask.sum())
-            if pending[int(file_no)].add(part):
-                results.append(writer.write(files[int(file_no)].rel, pending.pop(int(file_no)).rows()))
-        if time.time() - t_log > 5 or not pending:
-            t_log, elapsed = time.time(), time.time() - t_run
-            log(f"[embed] {total - len(pending)}/{total} files, {done_rows:,} rows, "
-                f"{done_rows / max(elapsed, 1e-9):,.0f} rows/s")
-    if pending:
-        raise RuntimeError(f"{len(pending)} input files did not come back whole")
+    model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
+    columns = config.columns
+    results, rows, t_run, t_log = {}, 0, time.time(), 0.0
+    with _data_context():
+        ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
+        # one task per unit; the memory hint also keeps it from being fused into the encoder actors
+        ds = ds.map_batches(read_stage, fn_kwargs=dict(units=plan.units, columns=columns, modality=config.modality,
+                                                       spec=plan.spec),
+                            batch_size=1, batch_format="numpy", num_cpus=1, memory=DECODE_MEMORY)
+        ds = ds.map_batches(  # batch_size=None: a whole block, that is a whole unit, per call
+            EncodeStage, fn_constructor_kwargs=dict(
+                model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
+                spec=plan.spec, batch_size=config.batch_size, device=config.device,
+                threads=int(max(1, pool.num_cpus))),
+            batch_size=None, batch_format="numpy", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+            compute=pool.strategy())
+        ds = ds.map_batches(commit_stage, fn_kwargs=dict(units=plan.units, out=config.out, schema=plan.schema,
+                                                         columns=columns, progress=progress),
+                            batch_size=None, batch_format="numpy", num_cpus=0.25)
+        for row in _user_errors(ds.iter_rows()):
+            result = json.loads(row["result"])
+            results[result["path"]] = result  # a unit redone after a lost block: same name, same rows
+            rows += result["rows"] + result["errors"]
+            if time.time() - t_log > 5 or len(results) == len(todo):
+                t_log, elapsed = time.time(), time.time() - t_run
+                log(f"[embed] {len(results)}/{len(todo)} shards, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} "
+                    "rows/s")
+    missing = [plan.units[i].name for i in todo if plan.units[i].name not in results]
+    if missing:
+        raise RuntimeError(f"{len(missing)} units did not come back (e.g. {missing[0]})")
     return results
+
+
+def _user_errors(rows):
+    """A worker's UserError (a corrupt input file, an unreachable bucket) as itself, not in Ray's wrappers."""
+    try:
+        yield from rows
+    except Exception as exc:
+        user = find_user_error(exc)
+        if user is None:
+            raise
+        raise user from None
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], progress: commit.Progress, t0: float,
+              log) -> dict:
+    rows = sum(r["rows"] for r in results)
+    n_errors = sum(r["errors"] for r in results)
+    if n_errors > config.max_error_rate * (rows + n_errors):
+        raise UserError(f"{n_errors:,} of {rows + n_errors:,} rows could not be encoded, more than --max-error-rate "
+                        f"{config.max_error_rate}; see {storage.display(storage.join(config.out, '_errors'))}")
+    error_files = [r["error_file"] for r in results if r["error_file"]]
+    commit.remove_stale(config.out, {r["path"] for r in results} | set(error_files), _OURS)
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "resume", "overwrite")}
+    manifest = commit.finish(config.out, {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
+        "config": {**settings, "input": storage.display(config.input), "input_format": plan.fmt,
+                   "data_column": config.columns.data, "rows_per_unit": plan.settings["rows_per_unit"]},
+        "model": plan.info.to_dict(), "dim": plan.info.dim, "preprocessing": plan.spec,
+        "counts": {"total": rows, "errors": n_errors},
+        "shards": [{k: r[k] for k in ("path", "rows", "bytes", "sha256")} for r in results],
+        "error_files": error_files,
+    }, progress)
+    log(f"[embed] done: {rows:,} embeddings in {len(results)} shards, {n_errors:,} errors, "
+        f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
+    return manifest

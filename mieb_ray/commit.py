@@ -1,0 +1,108 @@
+"""How a job's outputs become visible, shared by build and embed: files committed whole by the workers that
+make them, a progress record per finished unit, and the manifest last.
+
+A worker writes each file to a local staging file and commits it (storage.commit: rename on local disk, one
+upload on S3) under a name that depends only on what it holds, so a retried or repeated unit rewrites the
+same names. Once all of a unit's files are committed, the worker commits the unit's progress record
+(`_progress/<name>.json`: the unit, the settings that made it, and its result: paths, rows, bytes, sha256,
+errors). `--resume` reads those small records rather than the shards. The driver writes `_manifest.json` last,
+then drops the records: an output without a manifest is unfinished, and every file in it is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+
+PROGRESS = "_progress"
+
+
+def commit_staged(local: str, dest: str) -> dict:
+    """Make the finished staging file `local` visible at `dest` whole: {"bytes", "sha256"}."""
+    stats = storage.file_stats(local)
+    storage.commit(local, dest)
+    return stats
+
+
+def commit_file(dest: str, write: Callable[[str], object]) -> dict:
+    """`write(local_path)` into a staging file, then commit it to `dest`: {"bytes", "sha256"}."""
+    local = storage.staging_path(dest)
+    try:
+        write(local)
+        return commit_staged(local, dest)
+    finally:
+        storage.discard(local)  # a failed write leaves nothing behind
+
+
+class Progress:
+    """The progress records of one output: `_progress/<name>.json`, each {"unit", "settings", "result"}.
+
+    A record counts on resume only if its unit (what was read) and settings equal this run's: a unit made
+    from other files, with another model, format or shard size is made again."""
+
+    def __init__(self, out: str, settings: dict):
+        self.out = out
+        self.settings = json.loads(json.dumps(settings))  # as a record will read back (tuples become lists)
+
+    def path(self, name: str) -> str:
+        return storage.join(self.out, PROGRESS, f"{name}.json")
+
+    def record(self, name: str, unit, result: dict) -> None:
+        """Called by the worker once every file of the unit is committed. `unit`: JSON-able, what was read."""
+        record = {"unit": unit, "settings": self.settings, "result": result}
+        storage.write_bytes(self.path(name), json.dumps(record).encode())
+
+    def done(self, units: dict[str, object]) -> dict[str, dict]:
+        """{name: result} of the wanted units ({name: unit}) an earlier run finished, with these settings."""
+        wanted = {self.path(n): n for n in units}
+        found = [uri for uri in storage.list_files(storage.join(self.out, PROGRESS)) if uri in wanted]
+        with ThreadPoolExecutor(16) as pool:
+            records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
+        same = json.loads(json.dumps(units))
+        return {wanted[uri]: r["result"] for uri, r in zip(found, records)
+                if r.get("settings") == self.settings and r.get("unit") == same[wanted[uri]]}
+
+    def clear(self) -> None:
+        storage.delete_tree(storage.join(self.out, PROGRESS))
+
+
+def prepare(out: str, overwrite: bool, what: str) -> dict | None:
+    """Before any work: the output is writable (one line if not), a killed run's staging files are gone, and
+    a complete output is refused, or with --overwrite made incomplete and its files removed. Returns nothing
+    of the old run but its manifest, already deleted."""
+    storage.check_output(out)
+    storage.remove_staging(out)
+    old = storage.read_manifest(out)
+    if old is None:
+        return None
+    if not overwrite:
+        raise UserError(f"{storage.display(out)} already holds {what} ({storage.MANIFEST}); "
+                        "pass --overwrite to replace it")
+    storage.delete(storage.join(out, storage.MANIFEST))  # from here on the output reads as incomplete
+    for path in [s["path"] for s in old.get("shards", [])] + old.get("error_files", []):
+        storage.delete(storage.join(out, path))
+    return old
+
+
+def remove_stale(out: str, keep: set[str], pattern: re.Pattern) -> None:
+    """Delete the files matching `pattern` (relative paths) that this run did not make: an interrupted run's
+    shards of other names (another shard size, another input)."""
+    root = out.rstrip("/") + "/"
+    for uri in storage.list_files(out):
+        rel = uri[len(root):]
+        if pattern.match(rel) and rel not in keep:
+            storage.delete(uri)
+
+
+def finish(out: str, manifest: dict, progress: Progress) -> dict:
+    """The manifest, last; then the progress records, which it now replaces. Returns the manifest as a
+    reader will see it."""
+    manifest = json.loads(json.dumps(manifest))
+    storage.write_manifest(out, manifest)
+    progress.clear()
+    return manifest

@@ -1,0 +1,109 @@
+"""The embed job's three stages, as Ray Data runs them. Each block is one unit (rows [lo, hi) of one input
+file) from the read to the commit, so the worker that commits it has all of its rows:
+
+read_stage    a CPU task per unit: its rows read, images decoded and resized to uint8 at the model's size
+              (raw image bytes never enter the object store)
+EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's embeddings, model call by call
+commit_stage  a CPU task: the unit's shard and error rows committed, then its progress record; what comes back
+              to the driver is that record's result (path, rows, bytes, sha256, errors), never an embedding
+
+`__error` is "" for a good row (a None would come back from Ray's numpy -> Arrow -> numpy trip as NaN).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from mieb_ray.commit import Progress
+from mieb_ray.io import embeddings, tables
+
+
+def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, modality: str,
+               spec: dict | None) -> dict:
+    """One unit in (its number in `units`), all its rows out as one block."""
+    (number,) = batch["unit"]
+    unit = units[int(number)]
+    n = unit.hi - unit.lo
+    out = {name: np.empty(n, dtype=object) for name in (columns.key, *columns.carry)}
+    errors = np.full(n, "", dtype=object)
+    if modality == "image":
+        from mieb_ray.encode.preprocess import ImageSpec, load_images
+
+        spec_ = ImageSpec(**spec)
+        pixels = np.zeros((n, spec_.height, spec_.width, 3), np.uint8)  # filled in place: no concatenation
+    else:
+        texts = np.empty(n, dtype=object)
+    at = 0
+    for chunk in tables.read_unit(unit, columns, modality):
+        size = len(chunk[columns.key])
+        for name in out:
+            out[name][at:at + size] = chunk[name]
+        if modality == "image":
+            pixels[at:at + size], bad = load_images(chunk[columns.data], spec_)
+            errors[at:at + size] = [e or "" for e in bad]
+        else:
+            errors[at:at + size] = [_text_error(t) for t in chunk[columns.data]]
+            texts[at:at + size] = [t if isinstance(t, str) else "" for t in chunk[columns.data]]
+        at += size
+    if at != n:
+        raise tables.InputError(f"{unit.uri} has {unit.lo + at:,} rows, fewer than the {unit.hi:,} it had when "
+                                "the job was planned; was it changed during the run?")
+    data = {"pixels": pixels} if modality == "image" else {columns.data: texts}
+    return {**out, **data, "__error": errors, "__unit": np.full(n, int(number))}
+
+
+def _text_error(text) -> str:
+    if isinstance(text, bytes):  # a tar member that did not decode
+        return "text is not valid UTF-8"
+    return "" if isinstance(text, str) and text.strip() else "empty text"
+
+
+class EncodeStage:
+    """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros."""
+
+    def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
+                 batch_size: int, device: str | None, threads: int):
+        import torch
+
+        from mieb_ray.encode.model import Encoder, load_info, resolve
+
+        torch.set_num_threads(max(1, threads))
+        path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
+        self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
+        self.modality, self.data_column, self.spec, self.batch_size = modality, data_column, spec, batch_size
+
+    def __call__(self, batch: dict) -> dict:
+        data = batch.pop("pixels" if self.modality == "image" else self.data_column)
+        good = np.flatnonzero(batch["__error"] == "")
+        out = np.zeros((len(data), self.encoder.info.dim), dtype=np.float32)
+        for lo in range(0, len(good), self.batch_size):
+            rows = good[lo:lo + self.batch_size]
+            out[rows] = self._encode(data[rows])
+        return {**batch, "embedding": out}
+
+    def _encode(self, data: np.ndarray) -> np.ndarray:
+        if self.modality == "text":
+            return self.encoder.encode_texts([str(t) for t in data])
+        import torch
+
+        from mieb_ray.encode.preprocess import ImageSpec, normalize
+
+        pixels = torch.from_numpy(np.ascontiguousarray(data)).to(self.encoder.device)
+        return self.encoder.encode_pixel_values(normalize(pixels, ImageSpec(**self.spec), dtype=self.encoder.dtype))
+
+
+def commit_stage(batch: dict, units: list[tables.Unit], out: str, schema, columns: tables.Columns,
+                 progress: Progress) -> dict:
+    """Commit the shard of each unit in the block, then its progress record; return the records' results."""
+    results = []
+    for number in np.unique(batch["__unit"]):
+        unit, mine = units[int(number)], batch["__unit"] == number
+        if mine.sum() != unit.hi - unit.lo:  # a unit travels as one block: anything else would lose rows
+            raise RuntimeError(f"unit {unit.name} arrived with {int(mine.sum())} of its {unit.hi - unit.lo} rows")
+        rows = {k: v[mine] for k, v in batch.items()}
+        result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry)
+        progress.record(unit.name, unit.identity, result)
+        results.append(result)
+    return {"result": np.array([json.dumps(r) for r in results], dtype=object)}

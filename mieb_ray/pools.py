@@ -1,0 +1,154 @@
+"""Actor pool sizes from what Ray reports: the resources up now, and what the cluster's autoscaler can add.
+
+An autoscaling cluster starts with its head alone, so sizing from what is up would give one actor and, for
+the encoders, CPUs (NeMo Curator's bug: GPU requests computed on a CPU-only head). What the cluster can grow
+to comes from Ray itself: the cluster config its autoscaler reports to the GCS (autoscaler v2, KubeRay,
+...), or, on the head of a cluster started by `ray up` (whose v1 autoscaler reports none), the launcher's
+config. Without either there is no autoscaler we know of, and the maximum is what is up now.
+
+Pools then autoscale between a minimum (what fits now, at least one) and that maximum. The rules are pure
+functions of a `Cluster`, tested without Ray; a pool carries one line that says what it uses and why.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import yaml
+
+from mieb_ray.errors import UserError
+
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
+CPUS_PER_CPU_ENCODER = 4  # on CPUs, one encoder per 4 CPUs: the rest decode images for it
+
+
+@dataclass(frozen=True)
+class Cluster:
+    cpus: float  # up now
+    gpus: float
+    max_cpus: float  # what the cluster can grow to (= up now without an autoscaler)
+    max_gpus: float
+    nodes: int
+    autoscaler: str | None  # where the maximum came from; None: no autoscaler we know of
+
+    def describe(self, resource: str) -> str:
+        now, most = (self.gpus, self.max_gpus) if resource == "GPU" else (self.cpus, self.max_cpus)
+        text = f"{_n(now)} {resource}s up now"
+        if self.autoscaler:
+            text += f", up to {_n(most)} as its autoscaler adds nodes ({self.autoscaler})"
+        return text
+
+
+def _n(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    min_size: int
+    max_size: int
+    num_cpus: float
+    num_gpus: float
+    why: str  # one line: what the pool uses and why
+
+    def strategy(self):
+        import ray
+
+        return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size)
+
+    @property
+    def sizes(self) -> str:
+        return str(self.min_size) if self.min_size == self.max_size else f"{self.min_size}-{self.max_size}"
+
+
+def launcher_capacity(config: dict) -> dict[str, float]:
+    """CPUs and GPUs of every node type at its max_workers (the head once), per a cluster launcher config."""
+    total = {"CPU": 0.0, "GPU": 0.0}
+    for name, node_type in config.get("available_node_types", {}).items():
+        count = node_type.get("max_workers", 0) if name != config.get("head_node_type") else 1
+        for resource in total:
+            total[resource] += float(node_type.get("resources", {}).get(resource, 0)) * count
+    return total
+
+
+def read_cluster() -> Cluster:
+    """What the connected Ray cluster has now and can grow to."""
+    import ray
+
+    now = ray.cluster_resources()
+    cpus, gpus = float(now.get("CPU", 0)), float(now.get("GPU", 0))
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    grown, source = None, None
+    try:
+        reported = ray._private.state.state.get_max_resources_from_cluster_config()
+    except Exception:  # a private API: its absence must not stop a job
+        reported = None
+    if reported:
+        grown, source = {"CPU": float(reported.get("CPU", 0)), "GPU": float(reported.get("GPU", 0))}, \
+            "Ray's cluster config"
+    elif os.path.exists(path := os.path.expanduser(BOOTSTRAP_CONFIG)):
+        with open(path) as f:
+            grown, source = launcher_capacity(yaml.safe_load(f) or {}), "the cluster launcher's config"
+    if grown is None:
+        return Cluster(cpus, gpus, cpus, gpus, nodes, None)
+    return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source)
+
+
+def _sized(now: int, most: int, workers: int | None, cap: int | None) -> tuple[int, int]:
+    if workers is not None:
+        now = most = workers
+    most = max(1, most if cap is None else min(most, cap))
+    return max(1, min(now, most)), most
+
+
+def cpu_pool(cluster: Cluster, cpus_per_worker: float, workers: int | None = None, cap: int | None = None,
+             what: str = "actors") -> Pool:
+    """A pool of CPU actors: as many as fit now, growing to what the cluster can add (`cap`: no more than
+    there is work for)."""
+    lo, hi = _sized(int(cluster.cpus // cpus_per_worker), int(cluster.max_cpus // cpus_per_worker), workers, cap)
+    why = "--workers" if workers is not None else cluster.describe("CPU")
+    return Pool(lo, hi, cpus_per_worker, 0.0, f"{what}: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
+
+
+def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worker: float,
+                 workers: int | None = None, cap: int | None = None) -> Pool:
+    """The encoders: on GPUs when the cluster has or can add them; on CPUs when asked (--gpus-per-worker 0),
+    or on a single machine with no GPU and no autoscaler (a laptop). Anything else fails now, in one line,
+    rather than encode silently on CPUs or wait for GPUs that cannot come."""
+    if gpus_per_worker is None:
+        if cluster.max_gpus > 0:
+            gpus_per_worker = 1.0
+        elif cluster.nodes <= 1 and cluster.autoscaler is None:
+            pool = _cpu_encoders(cluster, cpus_per_worker, workers, cap)
+            return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0,
+                        pool.why + ": no GPU on this machine and no autoscaler to add one")
+        else:
+            where = (f"its autoscaler can add none ({cluster.autoscaler})" if cluster.autoscaler
+                     else "Ray reports no autoscaler that could add one")
+            raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and {where}; pass "
+                            "--gpus-per-worker 0 to encode on CPUs, or --gpus-per-worker 1 to wait for GPU nodes")
+    if gpus_per_worker == 0:
+        pool = _cpu_encoders(cluster, cpus_per_worker, workers, cap)
+        return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0, pool.why + ": --gpus-per-worker 0")
+    if cluster.max_gpus == 0 and workers is None and cluster.autoscaler is not None:
+        raise UserError(f"--gpus-per-worker {_n(gpus_per_worker)} asks for GPUs, but the Ray cluster has none and "
+                        f"its autoscaler can add none ({cluster.autoscaler}); pass --gpus-per-worker 0 to encode "
+                        "on CPUs")
+    # without a known autoscaler, a GPU the user asked for may come from a node not started yet: wait for one
+    lo, hi = _sized(int(cluster.gpus // gpus_per_worker), int(cluster.max_gpus // gpus_per_worker), workers, cap)
+    why = "--workers" if workers is not None else cluster.describe("GPU")
+    return Pool(lo, hi, cpus_per_worker, gpus_per_worker,
+                f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus_per_worker)} CPU ({why})")
+
+
+def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:
+    lo, hi = _sized(int(cluster.cpus // CPUS_PER_CPU_ENCODER), int(cluster.max_cpus // CPUS_PER_CPU_ENCODER),
+                    workers, cap)
+    why = "--workers" if workers is not None else f"one per {CPUS_PER_CPU_ENCODER} of {cluster.describe('CPU')}"
+    return Pool(lo, hi, cpus_per_worker, 0.0,
+                f"encoders on CPUs: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
+
+
+def _sizes(lo: int, hi: int) -> str:
+    return f"{lo} actor{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} actors"
