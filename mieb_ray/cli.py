@@ -116,12 +116,14 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", default=None, help="hub commit of --model")
     p.add_argument("--out", required=True, help="output folder: results JSON, per-query ranks, report.html")
     p.add_argument("--query-block", type=int, default=256, help="queries per scoring task (default: 256)")
-    p.add_argument("--corpus-blocks", type=int, default=4, help="taxon-aligned corpus blocks (default: 4)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="taxon-aligned corpus partitions, each scored by its own tasks (default: one per 256 MB "
+                        "of image embeddings)")
 
 
 def run_eval(args: argparse.Namespace) -> None:
     from mieb_ray.errors import UserError
-    from mieb_ray.pipelines.eval_biovita import embed_biovita, evaluate
+    from mieb_ray.pipelines.eval_biovita import EvalConfig, embed_biovita, evaluate
 
     if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
         raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
@@ -130,7 +132,8 @@ def run_eval(args: argparse.Namespace) -> None:
     init_ray(args.address)
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out) if args.model
                      else (args.image_embeddings, args.text_embeddings))
-    evaluate(args.data, images, texts, args.out, query_block=args.query_block, corpus_blocks=args.corpus_blocks)
+    evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
+                        partitions=args.partitions))
 
 
 def run_demo(args: argparse.Namespace) -> None:

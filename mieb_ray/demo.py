@@ -11,7 +11,7 @@ from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
-from mieb_ray.pipelines.eval_biovita import embed_biovita, evaluate
+from mieb_ray.pipelines.eval_biovita import EvalConfig, embed_biovita, evaluate
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:
@@ -33,7 +33,7 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
     make_biovita_mirror(biovita)
     log(f"[demo] a BioVITA-shaped benchmark (hub layout, real pictures): {biovita}")
     images, texts = embed_biovita(biovita, model, None, scored, log=log)
-    outputs[scored] = evaluate(biovita, images, texts, scored, log=log)
+    outputs[scored] = evaluate(EvalConfig(biovita, images, texts, scored), log=log)
     log("[demo] outputs:")
     log(f"  {train}: {built['counts']['total']:,} rows in {len(built['shards'])} Parquet shards "
         f"(datasets.load_dataset({train!r}, 'cifar100'))")

@@ -16,7 +16,8 @@ from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.eval_biovita import RESULTS_FILE, evaluate
+from mieb_ray.pipelines.eval_biovita import RESULTS_FILE, EvalConfig
+from mieb_ray.pipelines.eval_biovita import evaluate as evaluate_config
 from mieb_ray.retrieval import biovita
 
 pytestmark = pytest.mark.timeout(600)
@@ -33,12 +34,16 @@ def lookup(uri: str) -> dict[str, np.ndarray]:
     return dict(zip(*embeddings.read_all(uri)))
 
 
+def evaluate(data, images, texts, out, log=print, **settings):
+    return evaluate_config(EvalConfig(data, images, texts, out, **settings), log=log)
+
+
 @pytest.mark.parametrize("grid", [256, None], ids=["exact-grid-vectors", "plain-float-vectors"])
 def test_scores_equal_mteb(ray_local, data, tmp_path, grid):
     root, _ = data
     images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
     make_biovita_embeddings(root, images, texts, grid=grid)
-    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=7, corpus_blocks=3, log=lambda _: None)
+    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=7, partitions=3, log=lambda _: None)
     subsets = {name: biovita.load_subset(root, name) for name in biovita.SUBSETS}
     want = mteb_scores(subsets, lookup(texts), lookup(images))
     got = {e["hf_subset"]: e for e in result["scores"]["test"]}
@@ -52,6 +57,28 @@ def test_scores_equal_mteb(ray_local, data, tmp_path, grid):
     assert set(want["task_result"]) <= set(ours)
     assert {k for k in ours["scores"]["test"][0]} <= set(mteb_entry)
     assert ours["task_name"] == "BioVITAT2IReranking" and ours["dataset_revision"] == biovita.REVISION
+
+
+def test_the_driver_never_opens_an_image_embedding(ray_local, data, tmp_path, monkeypatch):
+    """Corpus, pools and embeddings are read by Ray workers (other processes): in this process every shard
+    reader raises, and the scores are still mteb's."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts, grid=None, image_shards=3)
+    subsets = {name: biovita.load_subset(root, name) for name in biovita.SUBSETS}
+    want = mteb_scores(subsets, lookup(texts), lookup(images))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the driver opened an embedding shard")
+
+    monkeypatch.setattr(embeddings, "open_shard", forbidden)
+    monkeypatch.setattr(embeddings, "read_all", forbidden)
+    monkeypatch.setattr(embeddings, "matrix", forbidden)
+    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=50, partitions=2, log=lambda _: None)
+    got = {e["hf_subset"]: e for e in result["scores"]["test"]}
+    for name in biovita.SUBSETS:
+        for key in TAXON_KEYS:
+            assert got[name][key] == round(want[name][key], 6), (name, key)
 
 
 def test_ties_and_repeated_genus_queries_rank_as_designed(ray_local, data, tmp_path):

@@ -1,9 +1,13 @@
 """The eval job: BioVITA text-to-image taxon retrieval scored from embedding shards, equal to mteb's
 `BioVITAT2IReranking`.
 
-Per subset: query blocks x corpus blocks are Ray tasks (the corpus cut at taxon boundaries); each returns
-its partial maxima of every query's 100 candidate taxa, which combine by `max`; ranks and top-k accuracy
-follow. Outputs: the results JSON in the layout of mteb's TaskResult, per-query ranks, an HTML report.
+Per subset, on the top-k engine (mieb_ray/topk): a task reads the corpus' id and taxon columns into a key lookup
+(corpus id -> doc, taxon); the image embeddings are laid out once in taxon-aligned partitions through it; a task
+reads top_ranked into each query block's sparse pools and candidate taxon ids, another the query texts'
+embeddings; score tasks (query block x partition) give every query's max over each candidate taxon's photos in
+its pool (CandidateMax), merged in a tree. The driver holds the query side and the final (Q x 100) maxima:
+ranks, top-k accuracy, and the outputs (results JSON in the layout of mteb's TaskResult, per-query ranks, an
+HTML report). It never reads an image embedding.
 """
 
 from __future__ import annotations
@@ -18,117 +22,42 @@ import pyarrow.parquet as pq
 import ray
 
 from mieb_ray import __version__, storage
-from mieb_ray.errors import UserError
+from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval import biovita
-from mieb_ray.retrieval.groupmax import NEG, candidate_maxima, cosines, normalize, rank_of, ranked
+from mieb_ray.retrieval.groupmax import NEG, rank_of, ranked
+from mieb_ray.topk import engine
+from mieb_ray.topk.kernels import CandidateMax, Candidates
 
 K_VALUES = (1, 5, 10)
 MTEB_VERSION = "2.26.24"  # the scorer we equal
 RESULTS_FILE = f"{biovita.TASK}.json"
 
 
-@dataclass
-class Lookup:
-    """Embeddings by key, from one embedding output."""
+@dataclass(frozen=True)
+class EvalConfig:
+    """One eval-biovita job's settings."""
 
-    index: dict[str, int]
-    matrix: np.ndarray
-    manifest: dict
-    uri: str
-
-    def take(self, keys: list[str], what: str) -> np.ndarray:
-        missing = [k for k in dict.fromkeys(keys) if k not in self.index]
-        if missing:
-            shown = ", ".join(repr(k) for k in missing[:5])
-            raise UserError(f"{len(missing)} {what} have no embedding in {storage.display(self.uri)} "
-                            f"(e.g. {shown})")
-        return self.matrix[[self.index[k] for k in keys]]
+    data: str  # "hf" or a mirror root
+    image_embeddings: str  # embed output of the corpus photos, keyed by corpus id
+    text_embeddings: str  # embed output of the query texts, keyed by the text
+    out: str
+    subsets: tuple[str, ...] = biovita.SUBSETS
+    query_block: int = 256  # queries per score task
+    partitions: int | None = None  # taxon-aligned corpus partitions (None: the engine's default)
+    gallery: int = 12  # query cards per subset in the report
 
 
-def load_lookup(uri: str) -> Lookup:
-    keys, matrix = embeddings.read_all(uri)
-    index = {k: i for i, k in enumerate(keys)}
-    if len(index) != len(keys):
-        raise UserError(f"{storage.display(uri)} holds {len(keys) - len(index)} duplicate keys")
-    return Lookup(index, matrix, storage.read_manifest(uri) or {}, uri)
-
-
-@dataclass
-class Prepared:
-    """One subset as arrays: queries, the corpus cut into taxon-aligned blocks, candidates and pools."""
-
-    queries: np.ndarray  # (q, d) normalised
-    docs: np.ndarray  # (n, d) normalised, corpus order
-    doc_taxon: np.ndarray  # (n,) taxon id per doc
-    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (docs (n, d) normalised, taxon id (n,), doc index (n,))
-    n_taxa: int
-    candidates: np.ndarray  # (q, 100) taxon ids, -1 for a taxon without photos
-    correct: np.ndarray  # (q,) position of the correct taxon among the candidates
-    pools: list[np.ndarray]  # per query: doc indices of its top_ranked pool
-    pool: np.ndarray  # (q, n) bool: the same pools as a matrix
-
-
-def scored_queries(subset: biovita.Subset) -> biovita.Subset:
+def scored_queries(q: biovita.Queries) -> biovita.Queries:
     """The queries mteb counts: those with qrels (`_filter_queries_without_positives`)."""
-    keep = [i for i, q in enumerate(subset.query_ids) if q in subset.qrels]
+    keep = [i for i, qid in enumerate(q.query_ids) if qid in q.qrels]
     if not keep:
-        raise UserError(f"BioVITA subset {subset.name}: no query has relevant images (qrels)")
-    if len(keep) == len(subset.query_ids):
-        return subset
+        raise UserError(f"BioVITA subset {q.name}: no query has relevant images (qrels)")
+    if len(keep) == len(q.query_ids):
+        return q
     pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
-    return biovita.Subset(subset.name, subset.corpus_ids, subset.corpus_taxa, pick(subset.query_ids),
-                          pick(subset.query_texts), pick(subset.correct_taxa), pick(subset.candidate_taxa),
-                          pick(subset.top_ranked), subset.qrels)
-
-
-def prepare(subset: biovita.Subset, text: Lookup, image: Lookup, corpus_blocks: int) -> Prepared:
-    queries = normalize(text.take(subset.query_texts, f"{subset.name} query texts"))
-    docs = normalize(image.take(subset.corpus_ids, f"{subset.name} corpus ids"))
-    if queries.shape[1] != docs.shape[1]:
-        raise UserError(f"text embeddings have dim {queries.shape[1]} but image embeddings dim {docs.shape[1]} "
-                        f"({storage.display(text.uri)} vs {storage.display(image.uri)})")
-    taxa = sorted(set(subset.corpus_taxa))
-    taxon_id = {t: i for i, t in enumerate(taxa)}
-    doc_taxon = np.array([taxon_id[t] for t in subset.corpus_taxa])
-    candidates = np.array([[taxon_id.get(t, -1) for t in c] for c in subset.candidate_taxa])
-    correct = np.array([c.index(t) for c, t in zip(subset.candidate_taxa, subset.correct_taxa)])
-    doc_index = {d: i for i, d in enumerate(subset.corpus_ids)}
-    pools = [np.array([doc_index[d] for d in pool], dtype=np.int64) for pool in subset.top_ranked]
-    pool = np.zeros((len(pools), len(subset.corpus_ids)), dtype=bool)
-    pool[np.repeat(np.arange(len(pools)), [len(p) for p in pools]), np.concatenate(pools or [np.zeros(0, int)])] = True
-    # corpus blocks end on taxon boundaries, so no taxon's photos span two blocks
-    order = np.argsort(doc_taxon, kind="stable")
-    cuts = [i for i in np.linspace(0, len(order), corpus_blocks + 1).astype(int)[1:-1]]
-    cuts = sorted({_next_boundary(doc_taxon[order], c) for c in cuts} - {0, len(order)})
-    blocks = [(docs[idx], doc_taxon[idx], idx) for idx in np.split(order, cuts) if len(idx)]
-    return Prepared(queries, docs, doc_taxon, blocks, len(taxa), candidates, correct, pools, pool)
-
-
-def _next_boundary(sorted_taxa: np.ndarray, i: int) -> int:
-    while 0 < i < len(sorted_taxa) and sorted_taxa[i] == sorted_taxa[i - 1]:
-        i += 1
-    return i
-
-
-@ray.remote(num_cpus=1)
-def _block_maxima(queries, docs, doc_taxon, n_taxa, candidates, pool):
-    # a query scores only the docs of its pool (BioVITA's top_ranked list): `pool` is this block's columns
-    return candidate_maxima(queries, docs, doc_taxon, n_taxa, candidates, pool)
-
-
-def best_of_candidates(p: Prepared, query_block: int) -> np.ndarray:
-    """(q, 100) max score of each candidate taxon over the query's pool: Ray tasks per query block x corpus
-    block, combined by max."""
-    blocks = [(ray.put(docs), ray.put(taxon), index) for docs, taxon, index in p.blocks]
-    futures = []
-    for lo in range(0, len(p.queries), query_block):
-        sl = slice(lo, lo + query_block)
-        queries, candidates = ray.put(p.queries[sl]), ray.put(p.candidates[sl])
-        futures.append([_block_maxima.remote(queries, docs, taxon, p.n_taxa, candidates, p.pool[sl][:, index])
-                        for docs, taxon, index in blocks])
-    best = [np.maximum.reduce(ray.get(parts)) if len(parts) > 1 else ray.get(parts[0]) for parts in futures]
-    return np.concatenate(best) if best else np.zeros((0, p.candidates.shape[1]), np.float32)
+    return biovita.Queries(q.name, pick(q.query_ids), pick(q.query_texts), pick(q.correct_taxa),
+                           pick(q.candidate_taxa), q.qrels)
 
 
 def subset_scores(best: np.ndarray, correct: np.ndarray) -> tuple[dict, np.ndarray]:
@@ -148,54 +77,172 @@ def task_result(scores: dict[str, dict], seconds: float, phases: list[dict]) -> 
             "date": time.time(), "evaluation_phases": phases}
 
 
-def evaluate(data: str, image_embeddings: str, text_embeddings: str, out: str, subsets=biovita.SUBSETS,
-             query_block: int = 256, corpus_blocks: int = 4, gallery: int = 12, log=print) -> dict:
-    """Score the embeddings on both subsets; write results JSON, per-query ranks and the HTML report."""
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+@ray.remote(num_cpus=1, num_returns=3)
+def _corpus(data: str, name: str):
+    """The key lookup (corpus id -> doc = row, group = taxon id), the taxon vocabulary, the photo count."""
+    ids, taxa = biovita.read_corpus(data, name)
+    vocabulary, groups = biovita.taxon_ids(taxa)
+    return engine.KeyLookup(pa.array(ids, pa.string()), np.arange(len(ids), dtype=np.int64), groups), \
+        vocabulary, len(ids)
+
+
+@ray.remote(num_cpus=1)
+def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
+                blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str]):
+    """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs."""
+    doc_of = dict(zip(lookup.keys.to_pylist(), lookup.docs.tolist()))
+    pools = biovita.read_pools(data, name, query_ids, doc_of)
+    groups = biovita.candidate_groups(candidate_taxa, vocabulary)
+    out = [Candidates(groups[a:b], *biovita.pool_csr(pools[a:b], doc_of)) for a, b in blocks]
+    return out if len(out) > 1 else out[0]
+
+
+@ray.remote(num_cpus=1)
+def _query_vectors(uri: str, blocks: list[list[str]], what: str):
+    """The dim, then per block the (q, d) float32 embeddings of its texts (text embeddings keyed by text)."""
+    tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
+    dims = sorted({t["embedding"].type.list_size for t in tables})
+    if len(dims) > 1:
+        raise storage.StorageError(f"{storage.display(uri)} mixes embedding dimensions {dims}")
+    where = {}
+    for n, table in enumerate(tables):
+        where.update({k: (n, r) for r, k in enumerate(table["key"].to_pylist())})
+    duplicates = sum(t.num_rows for t in tables) - len(where)
+    if duplicates:
+        raise UserError(f"{storage.display(uri)} holds {duplicates} duplicate keys")
+    missing = [k for k in dict.fromkeys(t for b in blocks for t in b) if k not in where]
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:5])
+        raise UserError(f"{len(missing)} {what} have no embedding in {storage.display(uri)} (e.g. {shown})")
+    matrices = [embeddings.matrix(t) for t in tables]
+    return [dims[0] if dims else 0,
+            *(np.stack([matrices[where[k][0]][where[k][1]] for k in b]).astype(np.float32) for b in blocks)]
+
+
+@ray.remote(num_cpus=1)
+def _photos(data: str, name: str, docs: list[int]) -> dict[int, tuple[str, bytes | None]]:
+    """Corpus id and image bytes of a few docs (rows of the corpus), for the report."""
+    ids, _ = biovita.read_corpus(data, name)
+    wanted = {d: ids[d] for d in docs}
+    images = biovita.read_images(data, name, set(wanted.values()))
+    return {d: (i, images.get(i)) for d, i in wanted.items()}
+
+
+def _get(refs):
+    """ray.get, a UserError raised in a task re-raised as itself (one line, no task traceback)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        user = find_user_error(exc.cause) if exc.cause is not None else None
+        if user is None:
+            raise
+        raise user from None
+
+
+# ---------------------------------------------------------------------------------------------- the job
+
+
+@dataclass
+class _Run:
+    """One subset in flight: refs and the query side."""
+
+    queries: biovita.Queries
+    layout: engine.Layout
+    dim: object  # ref: the text embeddings' dim
+    results: list  # refs: per query block, (scores, docs) (q, 100)
+    photos: object  # ref: the corpus size
+    start: float
+
+
+def _submit(config: EvalConfig, q: biovita.Queries, image_shards: list[str], t_score: float) -> _Run:
+    start = time.time() - t_score
+    lookup, vocabulary, n_photos = _corpus.remote(config.data, q.name)
+    lay = engine.layout(image_shards, lookup=lookup, partitions=config.partitions)
+    blocks = [(a, min(a + config.query_block, len(q.query_ids))) for a in range(0, len(q.query_ids), config.query_block)]
+    vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
+        config.text_embeddings, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
+    data = _candidates.options(num_returns=len(blocks)).remote(
+        config.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary)
+    data = data if len(blocks) > 1 else [data]
+    return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
+
+
+def _check(config: EvalConfig, run: _Run) -> None:
+    """The one-line errors, in order: query texts, corpus photos, dimensions."""
+    text_dim = _get(run.dim)
+    n, sample, duplicates = engine.missing_keys(run.layout)
+    where = storage.display(config.image_embeddings)
+    if n:
+        raise UserError(f"{n} {run.queries.name} corpus ids have no embedding in {where} "
+                        f"(e.g. {', '.join(repr(k) for k in sample)})")
+    if duplicates:
+        raise UserError(f"{where} holds {duplicates} duplicate keys")
+    image_dim = run.layout.stats()["dim"]
+    if isinstance(image_dim, list):
+        raise storage.StorageError(f"{where} mixes embedding dimensions {image_dim}")
+    if text_dim != image_dim:
+        raise UserError(f"text embeddings have dim {text_dim} but image embeddings dim {image_dim} "
+                        f"({storage.display(config.text_embeddings)} vs {where})")
+
+
+def evaluate(config: EvalConfig, log=print) -> dict:
+    """Score the embeddings on the subsets; write results JSON, per-query ranks and the HTML report."""
     t0 = time.time()
-    storage.check_output(out)
-    loaded = {name: biovita.load_subset(data, name) for name in subsets}
-    text, image = load_lookup(text_embeddings), load_lookup(image_embeddings)
-    log(f"[eval] {', '.join(f'{n}: {len(s.query_ids)} queries, {len(s.corpus_ids)} images' for n, s in loaded.items())}")
+    c = config
+    storage.check_output(c.out)
+    queries = {name: scored_queries(biovita.load_queries(c.data, name)) for name in c.subsets}
+    image_shards = embeddings.shard_uris(c.image_embeddings)  # the manifest's list: no shard is opened here
     t_score = time.time()
-    scores, per_query, tops, prepared, phases = {}, [], {}, {}, []
-    for name, subset in loaded.items():
-        start = time.time() - t_score
-        loaded[name] = subset = scored_queries(subset)
-        prepared[name] = prepare(subset, text, image, corpus_blocks)
-        best = best_of_candidates(prepared[name], query_block)
-        scores[name], ranks = subset_scores(best, prepared[name].correct)
-        tops[name] = (best, ranked(best, 5))
-        per_query += [{"subset": name, "query_id": q, "text": t, "correct_taxon": c, "rank": int(r)}
-                      for q, t, c, r in zip(subset.query_ids, subset.query_texts, subset.correct_taxa, ranks)]
-        phases.append({"name": "Scoring", "start": start, "end": time.time() - t_score, "split": biovita.SPLIT,
+    runs = {name: _submit(c, q, image_shards, t_score) for name, q in queries.items()}
+    scores, per_query, tops, phases = {}, [], {}, []
+    for name, run in runs.items():
+        _check(c, run)
+        q = run.queries
+        if name == next(iter(runs)):
+            log(f"[eval] {', '.join(f'{n}: {len(r.queries.query_ids)} queries, {_get(r.photos)} images' for n, r in runs.items())}")
+        merged = _get(run.results)
+        best, docs = np.concatenate([s for s, _ in merged]), np.concatenate([d for _, d in merged])
+        correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
+        scores[name], ranks = subset_scores(best, correct)
+        tops[name] = (best, docs, ranks)
+        per_query += [{"subset": name, "query_id": i, "text": t, "correct_taxon": ct, "rank": int(r)}
+                      for i, t, ct, r in zip(q.query_ids, q.query_texts, q.correct_taxa, ranks)]
+        phases.append({"name": "Scoring", "start": run.start, "end": time.time() - t_score, "split": biovita.SPLIT,
                        "subset": name})
-        log(f"[eval] {name}: " + ", ".join(f"top-{k} {scores[name][f'taxon_top_{k}_accuracy']:.4f}"
-                                           for k in K_VALUES))
+        stats = run.layout.stats()
+        log(f"[eval] {name}: " + ", ".join(f"top-{k} {scores[name][f'taxon_top_{k}_accuracy']:.4f}" for k in K_VALUES)
+            + f" ({stats['matched']:,} photos in {stats['partitions']} partitions; image shards read "
+              f"{stats['read_ratio']:.2f}x)")
     seconds = time.time() - t_score
     task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
     result = task_result(scores, seconds, phases)
+    models = {k: (storage.read_manifest(u) or {}).get("model")
+              for k, u in (("image", c.image_embeddings), ("text", c.text_embeddings))}
     result["mieb_ray"] = {
-        "version": __version__, "task_score": task_score, "data": storage.display(data),
-        "image_embeddings": {"uri": storage.display(image_embeddings), "model": image.manifest.get("model")},
-        "text_embeddings": {"uri": storage.display(text_embeddings), "model": text.manifest.get("model")},
-        "queries": {n: len(s.query_ids) for n, s in loaded.items()},
+        "version": __version__, "task_score": task_score, "data": storage.display(c.data),
+        "image_embeddings": {"uri": storage.display(c.image_embeddings), "model": models["image"]},
+        "text_embeddings": {"uri": storage.display(c.text_embeddings), "model": models["text"]},
+        "queries": {n: len(q.query_ids) for n, q in queries.items()},
     }
-    storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none is complete until it ends
-    storage.write_bytes(storage.join(out, RESULTS_FILE), (json.dumps(result, indent=2) + "\n").encode())
-    _write_ranks(out, per_query)
-    _write_report(out, data, loaded, prepared, tops, scores, result, gallery)
-    storage.write_manifest(out, {"format": "mieb-biovita-eval", "format_version": 1, "version": __version__,
-                                 "files": [RESULTS_FILE, "ranks.parquet", "report.html"],
-                                 "task_score": task_score})
+    storage.delete(storage.join(c.out, storage.MANIFEST))  # a rerun replaces the outputs: none is complete until it ends
+    storage.write_bytes(storage.join(c.out, RESULTS_FILE), (json.dumps(result, indent=2) + "\n").encode())
+    _write_ranks(c.out, per_query)
+    _write_report(c, queries, tops, scores, result)
+    storage.write_manifest(c.out, {"format": "mieb-biovita-eval", "format_version": 1, "version": __version__,
+                                   "files": [RESULTS_FILE, "ranks.parquet", "report.html"],
+                                   "task_score": task_score})
     log(f"[eval] task score (mean top-1) {task_score:.4f}; scoring {seconds:.2f}s; total {time.time() - t0:.1f}s "
-        f"-> {storage.display(out)}")
+        f"-> {storage.display(c.out)}")
     return result
 
 
 def embed_biovita(data: str, model: str, revision: str | None, out: str, log=print) -> tuple[str, str]:
     """Embed the corpus images (keyed by id) and the distinct query texts (keyed by the text) with the embed
     pipeline, into OUT/embeddings/; an output already complete there for this model is reused."""
-    from mieb_ray.pipelines.embed import embed
+    from mieb_ray.pipelines.embed import EmbedConfig, embed
 
     root = storage.join(out, "embeddings")
     subsets = {name: biovita.load_subset(data, name) for name in biovita.SUBSETS}
@@ -216,8 +263,8 @@ def embed_biovita(data: str, model: str, revision: str | None, out: str, log=pri
         if done and done.get("model", {}).get("name") == model:
             log(f"[eval] reusing {modality} embeddings at {storage.display(target)}")
             continue
-        embed(source, target, model, revision=revision, modality=modality, key_column="key" if modality == "text"
-              else "id", overwrite=True, log=log)
+        embed(EmbedConfig(source, target, model, revision=revision, modality=modality,
+                          key_column="key" if modality == "text" else "id", overwrite=True), log=log)
     return targets["image"][1], targets["text"][1]
 
 
@@ -228,37 +275,34 @@ def _write_ranks(out: str, rows: list[dict]) -> None:
     storage.commit(local, dest)
 
 
-def best_photo(p: Prepared, q: int, taxon: int) -> int | None:
-    """Index of the taxon's best-scoring photo in query q's pool, for the report (None: no photo)."""
-    pool = p.pools[q][p.doc_taxon[p.pools[q]] == taxon]
-    if taxon < 0 or not len(pool):
-        return None
-    return int(pool[np.argmax(cosines(p.queries[q:q + 1], p.docs[pool])[0])])
-
-
-def _write_report(out, data, loaded, prepared, tops, scores, result, n_gallery) -> None:
+def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
+    """The report's gallery: per subset the first queries' top-5 taxa, each with its best photo in the query's
+    pool (the doc CandidateMax found; smallest doc on ties), read by one small task per subset."""
     from mieb_ray.retrieval.report import render
 
-    gallery, wanted = [], {}
-    for name, subset in loaded.items():
-        p, (best, top) = prepared[name], tops[name]
-        ranks = rank_of(best, p.correct)
-        for q in range(min(n_gallery, len(subset.query_ids))):
-            items = []
-            for pos in top[q]:
-                photo = best_photo(p, q, int(p.candidates[q, pos]))
-                best_id = None if photo is None else subset.corpus_ids[photo]
-                items.append({"taxon": subset.candidate_taxa[q][pos],
-                              "score": None if best[q, pos] == NEG else float(best[q, pos]), "best_id": best_id})
-                if best_id is not None:
-                    wanted.setdefault(name, set()).add(best_id)
-            gallery.append({"subset": name, "query_id": subset.query_ids[q], "text": subset.query_texts[q],
-                            "correct_taxon": subset.correct_taxa[q], "rank_of_correct": int(ranks[q]),
-                            "top": items})
-    images = {}
-    for name, ids in wanted.items():
-        images.update(biovita.read_images(data, name, ids))
+    cards, photo_refs = [], {}
+    for name, q in queries.items():
+        best, docs, ranks = tops[name]
+        shown = min(config.gallery, len(q.query_ids))
+        top = ranked(best[:shown], 5)
+        wanted = sorted({int(docs[i, p]) for i in range(shown) for p in top[i] if docs[i, p] >= 0})
+        photo_refs[name] = _photos.remote(config.data, name, wanted) if wanted else None
+        cards += [(name, i, top[i]) for i in range(shown)]
+    photos = {name: _get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
+    gallery, images = [], {}
+    for name, i, top in cards:
+        q, (best, docs, ranks) = queries[name], tops[name]
+        items = []
+        for pos in top:
+            doc = int(docs[i, pos])
+            best_id, image = photos[name].get(doc, (None, None))
+            if image is not None:
+                images[best_id] = image
+            items.append({"taxon": q.candidate_taxa[i][pos],
+                          "score": None if best[i, pos] == NEG else float(best[i, pos]), "best_id": best_id})
+        gallery.append({"subset": name, "query_id": q.query_ids[i], "text": q.query_texts[i],
+                        "correct_taxon": q.correct_taxa[i], "rank_of_correct": int(ranks[i]), "top": items})
     summary = {"task_score": result["mieb_ray"]["task_score"], "evaluation_time": result["evaluation_time"],
                "model": result["mieb_ray"]["image_embeddings"]["model"] or {},
-               "subsets": {n: {**s, "queries": len(loaded[n].query_ids)} for n, s in scores.items()}}
-    storage.write_bytes(storage.join(out, "report.html"), render(summary, gallery, images).encode())
+               "subsets": {n: {**s, "queries": len(queries[n].query_ids)} for n, s in scores.items()}}
+    storage.write_bytes(storage.join(config.out, "report.html"), render(summary, gallery, images).encode())

@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -144,57 +145,89 @@ def _strings(table: pa.Table, column: str) -> list[str]:
     return [None if v is None else str(v) for v in table[column].to_pylist()]
 
 
-def load_subset(data: str, subset: str) -> Subset:
-    """One subset's queries, candidates, pools, qrels and the corpus id -> taxon map (no images)."""
+@dataclass
+class Queries:
+    """One subset's query side: what the eval driver holds (no corpus, no pools)."""
+
+    name: str
+    query_ids: list[str]
+    query_texts: list[str]
+    correct_taxa: list[str]
+    candidate_taxa: list[list[str]]  # 100 each, in the official order (the tie-break)
+    qrels: dict[str, dict[str, int]]  # as mteb loads them: only queries with qrels rows appear
+
+
+def _found(data: str, subset: str):
     _check_subset(subset)
     root = repo_root(data)
     found = _locate(root)
+    return lambda kind: _files(found, root, f"{subset}-{kind}")
+
+
+def _check_unique(ids: list[str], subset: str, kind: str) -> None:
+    if len(set(ids)) != len(ids):
+        dup = next(i for i, n in Counter(ids).items() if n > 1)
+        raise BioVITAError(f"BioVITA subset {subset}: id {dup!r} appears twice in config {subset}-{kind}")
+
+
+def read_corpus(data: str, subset: str) -> tuple[list[str], list[str]]:
+    """The corpus ids and their taxa, in file order (never the images)."""
+    corpus = _read(_found(data, subset)("corpus"), ["id", "taxon"])
+    ids = _strings(corpus, "id")
+    _check_unique(ids, subset, "corpus")
+    return ids, _strings(corpus, "taxon")
+
+
+def load_queries(data: str, subset: str) -> Queries:
+    """The queries, their candidate taxa and the qrels: the query side, without the corpus or the pools."""
+    files = _found(data, subset)
     where = f"BioVITA subset {subset}"
-
-    def files(kind: str) -> list[str]:
-        return _files(found, root, f"{subset}-{kind}")
-
-    corpus = _read(files("corpus"), ["id", "taxon"])
     queries = _read(files("queries"), ["id", "text", "correct_taxon", "candidate_taxa"])
     qrels_t = _read(files("qrels"), ["query-id", "corpus-id", "score"])
-    ranked = _read(files("top_ranked"), ["query-id", "corpus-ids"])
-
-    corpus_ids, query_ids = _strings(corpus, "id"), _strings(queries, "id")
+    query_ids = _strings(queries, "id")
     if not query_ids:
         raise BioVITAError(f"{where}: no queries in config {subset}-queries")
-    for ids, config in ((corpus_ids, "corpus"), (query_ids, "queries")):
-        if len(set(ids)) != len(ids):
-            dup = next(i for i, n in Counter(ids).items() if n > 1)
-            raise BioVITAError(f"{where}: id {dup!r} appears twice in config {subset}-{config}")
+    _check_unique(query_ids, subset, "queries")
     texts, correct = _strings(queries, "text"), _strings(queries, "correct_taxon")
     candidates = queries["candidate_taxa"].to_pylist()
     for qid, taxon, cands in zip(query_ids, correct, candidates):
         if taxon not in (cands or []):
             raise BioVITAError(f"{where}: query {qid!r}: correct taxon {taxon!r} is not among its "
                                f"{len(cands or [])} candidate taxa")
+    qrels: dict[str, dict[str, int]] = {}
+    for qid, doc, score in zip(_strings(qrels_t, "query-id"), _strings(qrels_t, "corpus-id"),
+                               qrels_t["score"].to_pylist()):
+        qrels.setdefault(qid, {})[doc] = int(score)
+    return Queries(subset, query_ids, texts, correct, [list(c) for c in candidates], qrels)
 
-    # top_ranked rows are aligned to the queries by id; a query without one has an empty pool (as in mteb)
+
+def read_pools(data: str, subset: str, query_ids: list[str], corpus_ids) -> list[list[str]]:
+    """Each query's top_ranked pool of corpus ids, aligned with query_ids (a query without one: an empty pool,
+    as in mteb). corpus_ids: the corpus' ids (any container with `in`)."""
+    where = f"BioVITA subset {subset}"
+    ranked = _read(_found(data, subset)("top_ranked"), ["query-id", "corpus-ids"])
     known, pools = set(query_ids), {}
     for qid, pool in zip(_strings(ranked, "query-id"), ranked["corpus-ids"].to_pylist()):
         if qid not in known:
             raise BioVITAError(f"{where}: top_ranked has an entry for query {qid!r}, "
                                f"which is not in config {subset}-queries")
         pools[qid] = [str(d) for d in pool or []]
-    in_corpus = set(corpus_ids)
     for qid, pool in pools.items():
-        missing = next((d for d in pool if d not in in_corpus), None)
+        missing = next((d for d in pool if d not in corpus_ids), None)
         if missing is not None:
             raise BioVITAError(f"{where}: the pool of query {qid!r} names corpus id {missing!r}, "
                                f"which is not in config {subset}-corpus")
+    return [pools.get(q, []) for q in query_ids]
 
-    qrels: dict[str, dict[str, int]] = {}
-    for qid, doc, score in zip(_strings(qrels_t, "query-id"), _strings(qrels_t, "corpus-id"),
-                               qrels_t["score"].to_pylist()):
-        qrels.setdefault(qid, {})[doc] = int(score)
 
-    return Subset(name=subset, corpus_ids=corpus_ids, corpus_taxa=_strings(corpus, "taxon"), query_ids=query_ids,
-                  query_texts=texts, correct_taxa=correct, candidate_taxa=[list(c) for c in candidates],
-                  top_ranked=[pools.get(q, []) for q in query_ids], qrels=qrels)
+def load_subset(data: str, subset: str) -> Subset:
+    """One subset's queries, candidates, pools, qrels and the corpus id -> taxon map (no images)."""
+    corpus_ids, corpus_taxa = read_corpus(data, subset)
+    q = load_queries(data, subset)
+    pools = read_pools(data, subset, q.query_ids, set(corpus_ids))
+    return Subset(name=subset, corpus_ids=corpus_ids, corpus_taxa=corpus_taxa, query_ids=q.query_ids,
+                  query_texts=q.query_texts, correct_taxa=q.correct_taxa, candidate_taxa=q.candidate_taxa,
+                  top_ranked=pools, qrels=q.qrels)
 
 
 def read_images(data: str, subset: str, ids: set[str]) -> dict[str, bytes]:
@@ -217,3 +250,27 @@ def read_images(data: str, subset: str, ids: set[str]) -> dict[str, bytes]:
                     if value is not None and value.get("bytes") is not None:
                         out[group_ids[i]] = value["bytes"]
     return out
+
+
+# ---------------------------------------------------------------------------------------------- scoring inputs
+
+
+def taxon_ids(taxa: list[str]) -> tuple[list[str], np.ndarray]:
+    """The sorted taxon vocabulary and each corpus photo's taxon id (its group)."""
+    vocabulary = sorted(set(taxa))
+    index = {t: i for i, t in enumerate(vocabulary)}
+    return vocabulary, np.array([index[t] for t in taxa], dtype=np.int64)
+
+
+def candidate_groups(candidate_taxa: list[list[str]], vocabulary: list[str]) -> np.ndarray:
+    """(q, 100) taxon ids of each query's candidates, in its order; -1 for a taxon without photos."""
+    index = {t: i for i, t in enumerate(vocabulary)}
+    return np.array([[index.get(t, -1) for t in c] for c in candidate_taxa], dtype=np.int64).reshape(
+        len(candidate_taxa), -1)
+
+
+def pool_csr(pools: list[list[str]], doc_of: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The pools as CSR: indptr (q + 1,) and each query's distinct doc ids, ascending."""
+    docs = [np.unique(np.array([doc_of[d] for d in pool], dtype=np.int64)) for pool in pools]
+    indptr = np.r_[0, np.cumsum([len(d) for d in docs])].astype(np.int64)
+    return indptr, np.concatenate(docs) if docs else np.zeros(0, np.int64)

@@ -1,0 +1,217 @@
+"""The top-k engine's rules as pure functions on numpy arrays (torch for the arithmetic; no Ray).
+
+A corpus row is (normalised float32 vector, int64 group id, int64 doc id). Rows split into P partitions by
+`group % P`, so a group lives in one partition whole; a partition is sorted by (group, doc), each group one
+contiguous run. Scoring a block of queries against a partition gives every group's max cosine, reduced to:
+
+  TopK(k)        each query's k best groups (ties by group id); partitions merge exactly by merge_topk.
+  CandidateMax   each query's max over its own C candidate groups, only over the docs of its pool, with the doc
+                 achieving it (ties: smallest doc); partitions merge by elementwise max.
+
+Cosines are float32 dot products of rows L2-normalised by groupmax.normalize (mteb's cos_sim), one torch.mm
+per chunk of whole groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from mieb_ray.retrieval.groupmax import NEG, merge_topk, topk_of
+
+CHUNK_ROWS = 8192  # corpus rows scored at once (cut at the next group boundary)
+
+
+class Rows(NamedTuple):
+    """Rows of the corpus: vectors (n, d) float32 normalised, group (n,) int64, doc (n,) int64."""
+
+    vectors: np.ndarray
+    group: np.ndarray
+    doc: np.ndarray
+
+
+class Partition(NamedTuple):
+    """Rows sorted by (group, doc); group run r is rows bounds[r]:bounds[r + 1] of group group_ids[r]."""
+
+    vectors: np.ndarray  # (n, d) float32
+    docs: np.ndarray  # (n,) int64
+    group_ids: np.ndarray  # (g,) int64, ascending
+    bounds: np.ndarray  # (g + 1,) int64
+
+
+def split(rows: Rows, partitions: int) -> list[Rows]:
+    """The rows of each partition p (group % P == p), in their original order."""
+    part = rows.group % partitions
+    order = np.argsort(part, kind="stable")
+    cuts = np.cumsum(np.bincount(part, minlength=partitions))[:-1]
+    return [Rows(*(a[i] for a in rows)) for i in np.split(order, cuts)] if len(order) else \
+        [rows] * partitions
+
+
+def concat(pieces: list[Rows]) -> Rows:
+    return Rows(*(np.concatenate(arrays) for arrays in zip(*pieces)))
+
+
+def build_partition(pieces: list[Rows]) -> Partition:
+    """One partition from its pieces, sorted by (group, doc). The vectors are written once, each piece
+    straight to its sorted place (pieces may be read-only views of Ray's object store)."""
+    group = np.concatenate([p.group for p in pieces])
+    doc = np.concatenate([p.doc for p in pieces])
+    order = np.lexsort((doc, group))
+    place = np.empty_like(order)
+    place[order] = np.arange(len(order))
+    vectors = np.empty((len(order), pieces[0].vectors.shape[1]), np.float32)
+    offset = 0
+    for p in pieces:
+        vectors[place[offset:offset + len(p.doc)]] = p.vectors
+        offset += len(p.doc)
+    group = group[order]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(0, np.int64)
+    return Partition(vectors, doc[order], group[starts], np.r_[starts, len(group)].astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+def _chunks(bounds: np.ndarray, chunk_rows: int):
+    """(first run, end run) of consecutive group runs holding about chunk_rows rows (at least one run)."""
+    g, n_runs = 0, len(bounds) - 1
+    while g < n_runs:
+        end = max(g + 1, int(np.searchsorted(bounds, bounds[g] + chunk_rows, side="right")) - 1)
+        yield g, end
+        g = end
+
+
+class PoolMask:
+    """The (row, query) pairs a query may score: its pool docs found in this partition."""
+
+    def __init__(self, part: Partition, indptr: np.ndarray, docs: np.ndarray):
+        by_doc = np.argsort(part.docs, kind="stable")
+        sorted_docs = part.docs[by_doc]
+        query = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        at = np.minimum(np.searchsorted(sorted_docs, docs), max(len(sorted_docs) - 1, 0))
+        found = sorted_docs[at] == docs if len(sorted_docs) else np.zeros(len(docs), bool)
+        rows = by_doc[at[found]]
+        order = np.argsort(rows, kind="stable")
+        self.rows, self.query, self.n_queries = rows[order], query[found][order], len(indptr) - 1
+
+    def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
+        """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
+        a, b = np.searchsorted(self.rows, [lo, hi])
+        if a == b:
+            return None
+        mask = torch.zeros((hi - lo, self.n_queries), dtype=torch.bool)
+        mask[torch.from_numpy(self.rows[a:b] - lo), torch.from_numpy(self.query[a:b])] = True
+        return mask
+
+
+def group_maxima(part: Partition, queries: np.ndarray, pool: PoolMask | None = None, argmax: bool = False,
+                 chunk_rows: int = CHUNK_ROWS) -> tuple[np.ndarray, np.ndarray | None]:
+    """(groups, q) max cosine of every group run for every query (-inf: no row may score), and with
+    `argmax` the row achieving it (the first, i.e. the smallest doc, on ties; -1 where -inf)."""
+    n_groups, q = len(part.group_ids), len(queries)
+    maxima = torch.full((n_groups, q), float("-inf"))  # group x query: a chunk's runs are rows of it
+    best_row = torch.full((n_groups, q), -1, dtype=torch.int64) if argmax else None
+    bounds = part.bounds
+    sizes = np.diff(bounds)
+    # one scores buffer for every chunk: a fresh 30 MB array per chunk costs page faults, not arithmetic
+    buffer = torch.empty((max(chunk_rows, int(sizes.max()) if len(sizes) else 0), q))
+    qt = torch.from_numpy(queries).T
+    run_of_row = torch.from_numpy(np.repeat(np.arange(n_groups), sizes))
+    for g, end in _chunks(bounds, chunk_rows):
+        lo, hi = int(bounds[g]), int(bounds[end])
+        allowed = pool.allowed(lo, hi) if pool is not None else None
+        if pool is not None and allowed is None:
+            continue  # no query's pool reaches these rows
+        scores = buffer[:hi - lo]
+        torch.mm(torch.from_numpy(part.vectors[lo:hi]), qt, out=scores)  # (rows, queries) cosines
+        if allowed is not None:
+            scores.masked_fill_(~allowed, float("-inf"))
+        # each run of rows (one group) into its row of maxima: scatter_reduce is ~10x numpy's reduceat here
+        index = (run_of_row[lo:hi] - g).unsqueeze(1).expand(-1, q)
+        maxima[g:end].scatter_reduce_(0, index, scores, "amax")
+        if argmax:  # the first row of its run equal to the run's max: runs are sorted by doc
+            hit = scores == maxima[g:end].gather(0, index)
+            rows = torch.arange(lo, hi).unsqueeze(1).expand(-1, q)
+            best = torch.full((end - g, q), hi, dtype=torch.int64)
+            best.scatter_reduce_(0, index, torch.where(hit, rows, hi), "amin")
+            best_row[g:end] = best
+    maxima = maxima.numpy()
+    if best_row is not None:
+        best_row = best_row.numpy()
+        best_row[maxima == NEG] = -1
+    return maxima, best_row
+
+
+# ---------------------------------------------------------------------------------------------- reducers
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Each query's k best groups: (q, k') scores and group ids, best first, ties by group id
+    (k' = min(k, groups seen))."""
+
+    k: int
+
+    def score(self, part: Partition, queries: np.ndarray, data=None) -> tuple[np.ndarray, np.ndarray]:
+        if not len(part.group_ids):
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        maxima, _ = group_maxima(part, queries)
+        top, local = topk_of(np.ascontiguousarray(maxima.T), self.k)
+        return top, part.group_ids[local]
+
+    def merge(self, parts: list) -> tuple[np.ndarray, np.ndarray]:
+        return merge_topk(parts, self.k)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A query block's CandidateMax data: candidates (q, C) group ids (-1: a group with no docs); an
+    optional pool per query as CSR (indptr (q + 1,), docs: each query's doc ids, ascending)."""
+
+    candidates: np.ndarray
+    indptr: np.ndarray | None = None
+    docs: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class CandidateMax:
+    """Per query, the max score over each of its candidate groups ((q, C) float32, -inf where no doc scores)
+    and the doc achieving it ((q, C) int64, smallest doc on ties, -1 where -inf)."""
+
+    def score(self, part: Partition, queries: np.ndarray, data: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        cand = data.candidates
+        scores, docs = np.full(cand.shape, NEG, np.float32), np.full(cand.shape, -1, np.int64)
+        if not len(part.group_ids):
+            return scores, docs
+        pool = PoolMask(part, data.indptr, data.docs) if data.indptr is not None else None
+        maxima, best_row = group_maxima(part, queries, pool, argmax=True)
+        run = np.minimum(np.searchsorted(part.group_ids, cand), len(part.group_ids) - 1)
+        here = (cand >= 0) & (part.group_ids[run] == cand)
+        query = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
+        scores[here] = maxima[run[here], query[here]]
+        rows = best_row[run[here], query[here]]
+        docs[here] = np.where(rows >= 0, part.docs[rows], -1)
+        return scores, docs
+
+    @staticmethod
+    def merge(parts: list) -> tuple[np.ndarray, np.ndarray]:
+        scores, docs = parts[0]
+        for s, d in parts[1:]:
+            take = (s > scores) | ((s == scores) & (d >= 0) & ((docs < 0) | (d < docs)))
+            scores, docs = np.where(take, s, scores), np.where(take, d, docs)
+        return scores, docs
+
+
+def batches(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive items of about `limit` total size each (at least one item each)."""
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > limit:
+            out.append((start, i))
+            start, total = i, 0
+        total += size
+    return out + [(start, len(sizes))] if start < len(sizes) else out
