@@ -13,8 +13,8 @@ import ray
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.topk import engine
-from mieb_ray.topk.kernels import (Candidates, CandidateMax, Rows, TopK, batches, build_partition, concat,
-                                   group_maxima, split)
+from mieb_ray.topk.kernels import (Candidates, CandidateMax, TopK, batches, build_partition, group_maxima, split,
+                                   top_rows)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,26 +102,38 @@ def write_shards(folder, docs, groups, per, dtype="float32", keys=None):
 
 def test_split_and_partition_keep_every_row_group_aligned(corpus):
     _, docs, groups = corpus
-    rows = Rows(normalize(docs), groups.astype(np.int64), np.arange(len(docs))[::-1].copy())
-    pieces = [split(Rows(*(a[i:i + 700] for a in rows)), 3) for i in range(0, len(docs), 700)]
-    parts = [build_partition(list(ps)) for ps in zip(*pieces)]
+    doc_ids = np.arange(len(docs))[::-1].copy()  # doc ids count down the rows
+    blocks = [(docs[i:i + 700], None, groups[i:i + 700], doc_ids[i:i + 700]) for i in range(0, len(docs), 700)]
+    parts = [build_partition([piece]) for piece in split(blocks, 3)]
     assert sum(len(p.docs) for p in parts) == len(docs)
+    normalised = normalize(docs)
     for p, part in enumerate(parts):
         assert (part.group_ids % 3 == p).all() and (np.diff(part.group_ids) > 0).all()
         for r, g in enumerate(part.group_ids):
             run = slice(part.bounds[r], part.bounds[r + 1])
             assert (np.diff(part.docs[run]) > 0).all()  # sorted by doc within a group
-            source = len(docs) - 1 - part.docs[run]  # doc ids count down the rows
-            assert np.array_equal(part.vectors[run], rows.vectors[source]) and (groups[source] == g).all()
-    assert concat(split(rows, 4)).doc.size == len(docs)
+            source = len(docs) - 1 - part.docs[run]
+            assert np.array_equal(part.vectors[run], normalised[source]) and (groups[source] == g).all()
+    # a block with a row selection (the key lookup's): only those rows, float16 cast then normalised
+    half = docs.astype(np.float16)
+    pieces = split([(half, np.array([5, 1, 7]), np.array([4, 4, 3]), np.array([50, 10, 70]))], 2)
+    assert [p.doc.tolist() for p in pieces] == [[50, 10], [70]]
+    assert np.array_equal(pieces[0].vectors, normalize(half[[5, 1]]))
     assert batches([5, 5, 5, 20, 1, 1], 10) == [(0, 2), (2, 3), (3, 4), (4, 6)] and batches([], 10) == []
+
+
+def test_top_rows_breaks_ties_by_row():
+    maxima = np.array([[0.5, 0.1], [0.7, 0.1], [0.7, 0.2], [0.2, 0.1], [0.7, 0.1]], np.float32)
+    values, rows = top_rows(maxima, 2)
+    assert rows.tolist() == [[1, 2], [2, 0]] and values.tolist() == [[np.float32(0.7)] * 2, [np.float32(0.2),
+                                                                                          np.float32(0.1)]]
+    assert top_rows(maxima, 9)[1].tolist() == [[1, 2, 4, 0, 3], [2, 0, 1, 3, 4]]
 
 
 def test_kernels_match_brute_force_with_ties(tied):
     queries, docs, groups, doc_ids, candidates, pools = tied
     q = normalize(queries)
-    rows = Rows(normalize(docs), groups.astype(np.int64), doc_ids.astype(np.int64))
-    halves = [build_partition([piece]) for piece in split(rows, 2)]
+    halves = [build_partition([piece]) for piece in split([(docs, None, groups, doc_ids)], 2)]
     # TopK: each half's top-k, merged, equals the whole corpus' (ties by group id)
     want_s, want_g = brute_topk(queries, docs, groups, 7)
     got = TopK(7).merge([TopK(7).score(h, q) for h in halves])
@@ -138,7 +150,7 @@ def test_kernels_match_brute_force_with_ties(tied):
     want_s, want_d = brute_candidates(queries, docs, groups, doc_ids, candidates, None)
     assert np.array_equal(got_s, want_s) and np.array_equal(got_d, want_d)
     # chunking does not change a bit: chunks of 1 row (every run its own chunk) vs one chunk
-    part = build_partition([rows])
+    part = build_partition(split([(docs, None, groups, doc_ids)], 1))
     assert all(np.array_equal(a, b) for a, b in zip(group_maxima(part, q, argmax=True, chunk_rows=1),
                                                     group_maxima(part, q, argmax=True, chunk_rows=10 ** 6)))
 

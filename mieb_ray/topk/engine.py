@@ -35,7 +35,7 @@ import ray
 from mieb_ray import storage
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
-from mieb_ray.topk.kernels import Rows, batches, build_partition, concat, split
+from mieb_ray.topk.kernels import batches, build_partition, split
 
 MAP_BYTES = 512 << 20  # shard bytes one map task reads
 PARTITION_BYTES = 256 << 20  # corpus bytes per partition: what one score task holds
@@ -157,28 +157,28 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
                                                        pa.string()), value_set=lookup.keys), -1).to_numpy()
         cuts = np.cumsum([t.num_rows for t in tables])[:-1]
         at = np.split(at.astype(np.int64), cuts)
-    pieces, matched = [], []
+    blocks, matched = [], []
     for n, table in enumerate(tables):
-        vectors = embeddings.matrix(table)
         if lookup is None:
             group = table[group_column].to_numpy().astype(np.int64)
-            doc = ((first + n) << 32) | np.arange(len(group), dtype=np.int64)
+            blocks.append((embeddings.matrix(table), None, group,
+                           ((first + n) << 32) | np.arange(len(group), dtype=np.int64)))
         else:
             keep = np.flatnonzero(at[n] >= 0)
             matched.append(at[n][keep])
-            vectors, group, doc = vectors[keep], lookup.groups[at[n][keep]], lookup.docs[at[n][keep]]
-        pieces.append(split(Rows(normalize(vectors), group, doc), partitions))
+            blocks.append((embeddings.matrix(table), keep, lookup.groups[at[n][keep]], lookup.docs[at[n][keep]]))
     dim = tables[0]["embedding"].type.list_size if tables else None
     matched = np.concatenate(matched) if matched else np.zeros(0, np.int64)
     stats = _stats(sum(t.num_rows for t in tables), len(uris), opened, dim, len(matched))
-    return [stats, matched if lookup is not None else None, *(concat(ps) for ps in zip(*pieces))]
+    return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
 @ray.remote(num_cpus=1)
 def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: int):
     vectors, groups = chunk
-    rows = Rows(normalize(vectors), np.asarray(groups, np.int64), (number << 32) | np.arange(len(groups)))
-    return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(rows, partitions)]
+    groups = np.asarray(groups, np.int64)
+    blocks = [(np.asarray(vectors), None, groups, (number << 32) | np.arange(len(groups), dtype=np.int64))]
+    return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
 @ray.remote(num_cpus=1)

@@ -42,17 +42,38 @@ class Partition(NamedTuple):
     bounds: np.ndarray  # (g + 1,) int64
 
 
-def split(rows: Rows, partitions: int) -> list[Rows]:
-    """The rows of each partition p (group % P == p), in their original order."""
-    part = rows.group % partitions
-    order = np.argsort(part, kind="stable")
-    cuts = np.cumsum(np.bincount(part, minlength=partitions))[:-1]
-    return [Rows(*(a[i] for a in rows)) for i in np.split(order, cuts)] if len(order) else \
-        [rows] * partitions
+def normalize_(vectors: np.ndarray) -> np.ndarray:
+    """L2-normalise float32 rows in place, bit-equal to groupmax.normalize (torch's F.normalize: the same norm,
+    clamped, then one division)."""
+    v = torch.from_numpy(vectors)
+    v.div_(v.norm(2, 1, keepdim=True).clamp_min(1e-12))
+    return vectors
 
 
-def concat(pieces: list[Rows]) -> Rows:
-    return Rows(*(np.concatenate(arrays) for arrays in zip(*pieces)))
+def split(blocks: list[tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]], partitions: int) -> list[Rows]:
+    """The rows of some blocks split into P pieces by group % P, normalised float32, in block then row order.
+
+    A block is (vectors (n, d) float16|float32, rows: the row of `vectors` of each labelled row or None for all
+    of them, group, doc). Each vector is written once, straight into its piece, then normalised in place."""
+    parts = [group % partitions for _, _, group, _ in blocks]
+    counts = sum((np.bincount(p, minlength=partitions) for p in parts), np.zeros(partitions, np.int64))
+    dim = blocks[0][0].shape[1] if blocks else 0
+    out = [Rows(np.empty((c, dim), np.float32), np.empty(c, np.int64), np.empty(c, np.int64)) for c in counts]
+    filled = np.zeros(partitions, np.int64)
+    for (vectors, rows, group, doc), part in zip(blocks, parts):
+        order = np.argsort(part, kind="stable")
+        for p, idx in enumerate(np.split(order, np.cumsum(np.bincount(part, minlength=partitions))[:-1])):
+            a, b = filled[p], filled[p] + len(idx)
+            source = idx if rows is None else rows[idx]
+            if vectors.dtype == np.float32:
+                np.take(vectors, source, axis=0, out=out[p].vectors[a:b])
+            else:
+                out[p].vectors[a:b] = vectors[source]
+            out[p].group[a:b], out[p].doc[a:b] = group[idx], doc[idx]
+            filled[p] = b
+    for piece in out:
+        normalize_(piece.vectors)
+    return out
 
 
 def build_partition(pieces: list[Rows]) -> Partition:
@@ -146,6 +167,22 @@ def group_maxima(part: Partition, queries: np.ndarray, pool: PoolMask | None = N
     return maxima, best_row
 
 
+def top_rows(maxima: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of (groups, q) maxima, the k best values and their row ids, ties by row id: (q, k) each.
+    torch.topk finds them; a column with a tie at its k-th value (where topk's choice is arbitrary) is
+    redone by groupmax.topk_of."""
+    k = min(k, maxima.shape[0])
+    m = torch.from_numpy(maxima)
+    values, rows = torch.topk(m, k, dim=0)
+    values, rows = values.T.numpy(), rows.T.numpy()
+    order = np.lexsort((rows, -values), axis=1)  # ties inside the top k: by row id
+    values, rows = np.take_along_axis(values, order, 1), np.take_along_axis(rows, order, 1)
+    tied = np.flatnonzero((m >= torch.from_numpy(values[:, -1])).sum(0).numpy() > k) if k else []
+    if len(tied):
+        values[tied], rows[tied] = topk_of(np.ascontiguousarray(maxima[:, tied].T), k)
+    return values, rows
+
+
 # ---------------------------------------------------------------------------------------------- reducers
 
 
@@ -160,7 +197,7 @@ class TopK:
         if not len(part.group_ids):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         maxima, _ = group_maxima(part, queries)
-        top, local = topk_of(np.ascontiguousarray(maxima.T), self.k)
+        top, local = top_rows(maxima, self.k)
         return top, part.group_ids[local]
 
     def merge(self, parts: list) -> tuple[np.ndarray, np.ndarray]:
