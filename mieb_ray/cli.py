@@ -82,13 +82,7 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="encoder actors, a fixed number (default: a pool from one per GPU up now to one per GPU the "
-                        "cluster can grow to; on CPUs, one per 4 CPUs)")
-    p.add_argument("--gpus-per-worker", type=float, default=None,
-                   help="GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can add "
-                        "GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
-    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs (and torch threads) per encoder actor")
+    add_pool_flags(p)
 
 
 def run_embed(args: argparse.Namespace) -> None:
@@ -119,6 +113,18 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help="taxon-aligned corpus partitions, each scored by its own tasks (default: one per 256 MB "
                         "of image embeddings)")
+    add_pool_flags(p, "with --model: ")
+
+
+def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"{prefix}encoder actors, a fixed number (default: a pool from one per GPU up now to one per "
+                        "GPU the cluster can grow to; on CPUs, one per 4 CPUs)")
+    p.add_argument("--gpus-per-worker", type=float, default=None,
+                   help=f"{prefix}GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can "
+                        "add GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help=f"{prefix}CPUs (and torch threads) per encoder actor")
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -130,7 +136,8 @@ def run_eval(args: argparse.Namespace) -> None:
     if not args.model and not (args.image_embeddings and args.text_embeddings):
         raise UserError("--image-embeddings and --text-embeddings go together")
     init_ray(args.address)
-    images, texts = (embed_biovita(args.data, args.model, args.revision, args.out) if args.model
+    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
                         partitions=args.partitions))

@@ -7,6 +7,8 @@ so that Ray's workers inherit it.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -70,3 +72,20 @@ def mieb_train(ray_local, mirror, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("mieb-train"))
     return out, build(BuildConfig(mirror[0], out, datasets=["imagenet1k", "cifar100", "mnist", "fer2013", "scimmir"],
                       rows_per_shard=5))
+
+
+@pytest.fixture(scope="session")
+def cluster(s3):
+    """A real multi-node Ray cluster on this machine (tests/raycluster.py): a head that takes no work and two
+    worker nodes of 2 CPUs, `node_a` and `node_b`, each with its own object store, joined with `ray start
+    --address`; the S3 settings in the nodes' environment, as on AWS. Stopped whatever happens."""
+    import raycluster
+
+    tmp = tempfile.mkdtemp(prefix="mieb-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    nodes = raycluster.start(tmp, s3.env, {"node_a": 2, "node_b": 2})
+    try:
+        nodes.wait_for_jobs()
+        yield nodes
+    finally:
+        nodes.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
-"""Users' path end to end: a real local Ray cluster (`ray start --head`), a real S3 server (SeaweedFS), and the
-three jobs through `ray job submit --working-dir .`, build -> embed (images and texts) -> eval; then the
-outputs on S3. The cluster is stopped whatever happens.
+"""Users' path end to end: a real Ray cluster of three nodes (a head and two workers, tests/raycluster.py), a real
+S3 server (SeaweedFS), and the three jobs through `ray job submit --working-dir .`, build -> embed (images and
+texts) -> eval, their work spread over both worker nodes; then the outputs on S3.
 
 Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
 runtime env, so they appear in no job metadata and no log (checked).
@@ -12,68 +12,16 @@ import glob
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-
-from s3server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def cluster(s3):
-    """`ray start --head` in its own session and temp dir: its own processes only are stopped at the end."""
-    tmp = tempfile.mkdtemp(prefix="mieb-e2e-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    dashboard = free_port()
-    env = {**os.environ, **s3.env, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=4",
-         f"--temp-dir={tmp}/r", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", "--disable-usage-stats",
-         # ports of their own: the test session's Ray may hold the defaults on this machine
-         *(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                   "metrics-export-port", "runtime-env-agent-port",
-                                                   "ray-client-server-port", "node-manager-port",
-                                                   "object-manager-port"))],
-        env=env, stdout=open(f"{tmp}/head.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard}"
-    try:
-        from ray.job_submission import JobSubmissionClient
-
-        deadline = time.time() + 180
-        while True:  # ready when it takes a job: the dashboard answers before its job agent does
-            try:
-                client = JobSubmissionClient(address)
-                probe = client.submit_job(entrypoint="python -c pass")
-                while client.get_job_status(probe).value not in ("SUCCEEDED", "FAILED", "STOPPED"):
-                    time.sleep(0.5)
-                break
-            except Exception:
-                if head.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"the Ray head did not come up: {open(f'{tmp}/head.log').read()[-2000:]}")
-                time.sleep(1)
-        yield address, tmp
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-        for proc in psutil.process_iter(["cmdline"]):  # anything of this cluster that outlived its session
-            if tmp in " ".join(proc.info["cmdline"] or []):
-                proc.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def submit(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -109,7 +57,7 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     from mieb_ray.fixtures.biovita import make_biovita_mirror
     from mieb_ray.fixtures.mirror import expected_rows, make_mirror
 
-    address, tmp = cluster
+    address, tmp = cluster.dashboard_url, cluster.tmp
     client, bucket = s3.client(), s3.bucket
     written = make_mirror(tmp_path / "mirror", rows=6)
     make_biovita_mirror(tmp_path / "biovita")
@@ -121,25 +69,42 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     build = submit(address, "jobs/build_train.py", "--sources", f"{s3uri}/mirror", "--out", f"{s3uri}/train",
                    "--rows-per-shard", "4")
     assert "[build] done:" in build.stdout
+    assert "[build] shard builders: 4 actors x 1 CPU (4 CPUs up now)" in build.stdout
     manifest = read_json(client, bucket, "e2e/train/_manifest.json")
     assert manifest["counts"]["datasets"] == expected_rows(written)
 
     model = f"{s3uri}/models/tiny-clip"
-    submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-images", "--model", model,
-           "--carry-columns", "dataset_name,label")
+    # a cluster with no GPU and no autoscaler: encoding on CPUs must be asked for, and without it the job
+    # fails at once, in one line, rather than encode on CPUs unasked or wait for GPUs that cannot come
+    t0 = time.time()
+    refused = submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-refused",
+                     "--model", model, check=False)
+    assert refused.status == "FAILED" and time.time() - t0 < 90
+    assert "mieb-ray: error: the Ray cluster has no GPU (3 nodes) and Ray reports no autoscaler that could add " \
+           "one; pass --gpus-per-worker 0" in refused.stdout + refused.stderr
+    cpus = ("--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
+    images = submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-images",
+                    "--model", model, "--carry-columns", "dataset_name,label", "--rows-per-shard", "3", *cpus)
+    assert "[embed] encoders on CPUs: 1 actor x 0.5 CPU (one per 4 of 4 CPUs up now): --gpus-per-worker 0" \
+        in images.stdout
     submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-texts", "--model", model,
-           "--modality", "text")
+           "--modality", "text", "--workers", "2", *cpus)
     for name in ("emb-images", "emb-texts"):
         emb = read_json(client, bucket, f"e2e/{name}/_manifest.json")
         assert emb["counts"] == {"total": manifest["counts"]["total"], "errors": 0}
-        assert len(emb["shards"]) == len(manifest["shards"])
+    assert len(read_json(client, bucket, "e2e/emb-texts/_manifest.json")["shards"]) == len(manifest["shards"])
+    assert len(read_json(client, bucket, "e2e/emb-images/_manifest.json")["shards"]) > len(manifest["shards"])
 
     evaluation = submit(address, "jobs/eval_biovita.py", "--data", f"{s3uri}/biovita", "--model", model,
-                        "--out", f"{s3uri}/eval")
+                        "--out", f"{s3uri}/eval", *cpus)
     assert "[eval] task score" in evaluation.stdout
     results = read_json(client, bucket, "e2e/eval/BioVITAT2IReranking.json")
     assert [e["hf_subset"] for e in results["scores"]["test"]] == ["unseen_species", "unseen_genus"]
     assert client.head_object(Bucket=bucket, Key="e2e/eval/report.html")["ContentLength"] > 10_000
+
+    # the work ran on both worker nodes (the head takes none)
+    workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
+    assert cluster.actor_nodes("ShardBuilder") == workers and cluster.actor_nodes("EncodeStage") == workers
 
     # a failing job is FAILED for `ray job submit`, with the one-line reason in its log
     failed = submit(address, "jobs/build_train.py", "--sources", f"{s3uri}/mirror", "--out", f"{s3uri}/x",
@@ -152,8 +117,9 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
 
     jobs = JobSubmissionClient(address)
     seen = [build.stdout + build.stderr, evaluation.stdout, failed.stdout + failed.stderr]
-    for job in jobs.list_jobs():
-        seen += [json.dumps(job.dict(), default=str), jobs.get_job_logs(job.submission_id)]
+    for job in jobs.list_jobs():  # drivers that joined without `ray job submit` (the tests' probes) have no logs
+        seen += [json.dumps(job.dict(), default=str)] + ([jobs.get_job_logs(job.submission_id)]
+                                                          if job.submission_id else [])
     seen += [open(p, errors="replace").read() for p in glob.glob(f"{tmp}/r/session_latest/logs/*.out")]
     for key in ("e2e/train/_manifest.json", "e2e/emb-images/_manifest.json", "e2e/eval/BioVITAT2IReranking.json"):
         seen.append(client.get_object(Bucket=bucket, Key=key)["Body"].read().decode())

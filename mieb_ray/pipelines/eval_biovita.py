@@ -197,12 +197,12 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     image_shards = embeddings.shard_uris(c.image_embeddings)  # the manifest's list: no shard is opened here
     t_score = time.time()
     runs = {name: _submit(c, q, image_shards, t_score) for name, q in queries.items()}
+    photos = dict(zip(runs, _get([r.photos for r in runs.values()])))
+    log(f"[eval] {', '.join(f'{n}: {len(r.queries.query_ids)} queries, {photos[n]} images' for n, r in runs.items())}")
     scores, per_query, tops, phases = {}, [], {}, []
     for name, run in runs.items():
         _check(c, run)
         q = run.queries
-        if name == next(iter(runs)):
-            log(f"[eval] {', '.join(f'{n}: {len(r.queries.query_ids)} queries, {_get(r.photos)} images' for n, r in runs.items())}")
         merged = _get(run.results)
         best, docs = np.concatenate([s for s, _ in merged]), np.concatenate([d for _, d in merged])
         correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
@@ -239,9 +239,10 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     return result
 
 
-def embed_biovita(data: str, model: str, revision: str | None, out: str, log=print) -> tuple[str, str]:
+def embed_biovita(data: str, model: str, revision: str | None, out: str, log=print, **pools) -> tuple[str, str]:
     """Embed the corpus images (keyed by id) and the distinct query texts (keyed by the text) with the embed
-    pipeline, into OUT/embeddings/; an output already complete there for this model is reused."""
+    pipeline, into OUT/embeddings/; an output already complete there for this model is reused. `pools`: the
+    embed job's workers, gpus_per_worker, cpus_per_worker."""
     from mieb_ray.pipelines.embed import EmbedConfig, embed
 
     root = storage.join(out, "embeddings")
@@ -264,7 +265,7 @@ def embed_biovita(data: str, model: str, revision: str | None, out: str, log=pri
             log(f"[eval] reusing {modality} embeddings at {storage.display(target)}")
             continue
         embed(EmbedConfig(source, target, model, revision=revision, modality=modality,
-                          key_column="key" if modality == "text" else "id", overwrite=True), log=log)
+                          key_column="key" if modality == "text" else "id", overwrite=True, **pools), log=log)
     return targets["image"][1], targets["text"][1]
 
 

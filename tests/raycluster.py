@@ -1,0 +1,175 @@
+"""A real multi-node Ray cluster on one machine: `ray start --head` plus worker nodes joined with
+`ray start --address`, each with its own CPUs, custom resource, object store and process tree, so that a test
+can kill a whole node (its raylet, object store and workers, with SIGKILL) and start it again.
+
+The head advertises no CPU, as on an autoscaling cluster: drivers run there, work runs on the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from s3server import free_port
+
+BIN = Path(sys.executable).parent
+OBJECT_STORE = 150 << 20  # small, so that spilling and transfers between nodes happen in tests too
+
+
+@dataclass
+class Node:
+    name: str
+    process: subprocess.Popen
+    args: list[str]
+
+    def kill(self) -> list[int]:
+        """SIGKILL the node's whole process tree (raylet, object store, workers, agents): a machine lost."""
+        try:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        pids = [p.pid for p in tree] + [self.process.pid]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=30)
+        return pids
+
+
+@dataclass
+class RayCluster:
+    tmp: str
+    env: dict
+    port: int
+    dashboard: int
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard}"
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
+        # ports of its own: the test session's local Ray, and the other nodes of this machine, hold others
+        first = 20_000 + 1000 * (list(self.nodes).index(name) if name in self.nodes else len(self.nodes))
+        ports = [f"--{p}={free_port()}" for p in ("node-manager-port", "object-manager-port", "metrics-export-port",
+                                                  "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                  "runtime-env-agent-port")]
+        ports += [f"--min-worker-port={first}", f"--max-worker-port={first + 999}"]
+        process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
+                                   env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.nodes[name] = Node(name, process, args)
+
+    def add_worker(self, name: str, cpus: int) -> None:
+        self._start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={{\"{name}\": 1}}",
+                           f"--object-store-memory={OBJECT_STORE}"])
+        self.wait_for(len(self.nodes))
+
+    def restart(self, name: str) -> None:
+        self._start(name, self.nodes[name].args)
+        self.wait_for(len(self.nodes))
+
+    def alive(self) -> int:
+        out = subprocess.run([str(BIN / "python"), "-c", (
+            "import ray; ray.init(address=%r, logging_level='ERROR'); "
+            "print(sum(1 for n in ray.nodes() if n['Alive']))") % self.address],
+            env=self.env, capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
+
+    def wait_for(self, nodes: int, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while self.alive() != nodes:
+            if time.time() > deadline:
+                raise TimeoutError(f"the Ray cluster did not reach {nodes} live nodes")
+            time.sleep(1)
+
+    def wait_for_jobs(self, timeout: float = 180) -> None:
+        """Until the head takes a job: its dashboard answers before its job agent does."""
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.time() + timeout
+        while True:
+            try:
+                client = JobSubmissionClient(self.dashboard_url)
+                probe = client.submit_job(entrypoint="python -c pass")
+                while client.get_job_status(probe).value not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    time.sleep(0.5)
+                return
+            except Exception:
+                if self.nodes["head"].process.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the Ray head does not take jobs: " +
+                                       open(os.path.join(self.tmp, "head.log"), errors="replace").read()[-2000:])
+                time.sleep(1)
+
+    def node_id(self, name: str) -> str:
+        """The Ray node id of the live node started as `name`."""
+        import json
+
+        out = subprocess.run([str(BIN / "ray"), "list", "nodes", "--address", self.dashboard_url, "--detail",
+                              "--format", "json", "--limit", "1000"], env=self.env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        (node,) = [n["node_id"] for n in json.loads(out.stdout)
+                   if n["state"] == "ALIVE" and name in (n.get("resources_total") or {})]
+        return node
+
+    def actor_nodes(self, class_part: str) -> set[str]:
+        """The nodes (ids) where actors whose class name contains `class_part` ran, per Ray's state API."""
+        import json
+
+        out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", self.dashboard_url, "--detail",
+                              "--format", "json", "--limit", "10000"], env=self.env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        return {a["node_id"] for a in json.loads(out.stdout) if class_part in (a.get("class_name") or "")}
+
+    def processes(self, name: str) -> list[str]:
+        """The command lines of a node's processes (its raylet's workers among them)."""
+        try:
+            tree = psutil.Process(self.nodes[name].process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        lines = []
+        for proc in tree:
+            try:
+                lines.append(" ".join(proc.cmdline()))
+            except psutil.Error:
+                pass
+        return lines
+
+    def stop(self) -> None:
+        for node in reversed(list(self.nodes.values())):
+            node.kill()
+        for proc in psutil.process_iter(["cmdline"]):  # anything of this cluster that outlived its nodes
+            if self.tmp in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+
+
+def start(tmp: str, extra_env: dict, workers: dict[str, int]) -> RayCluster:
+    """A head (no CPU) and one worker node per `workers` entry (name -> CPUs)."""
+    env = {**os.environ, **extra_env, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env.pop("RAY_ADDRESS", None)
+    cluster = RayCluster(tmp, env, free_port(), free_port())
+    cluster._start("head", ["--head", f"--port={cluster.port}", "--num-cpus=0", f"--temp-dir={tmp}/r",
+                            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                            f"--dashboard-port={cluster.dashboard}", f"--ray-client-server-port={free_port()}",
+                            f"--object-store-memory={OBJECT_STORE}"])
+    try:
+        cluster.wait_for(1)
+        for name, cpus in workers.items():
+            cluster.add_worker(name, cpus)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

@@ -1,0 +1,57 @@
+"""Pool sizes and the GPU decision, from what a Ray cluster has now and can grow to; and what Ray reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from mieb_ray.errors import UserError
+from mieb_ray.pools import Cluster, cpu_pool, encoder_pool, read_cluster
+
+LAPTOP = Cluster(cpus=8, gpus=0, max_cpus=8, max_gpus=0, nodes=1, autoscaler=None)
+GPU_BOX = Cluster(cpus=16, gpus=2, max_cpus=16, max_gpus=2, nodes=1, autoscaler=None)
+# an autoscaling cluster right after `ray up`: the head alone, which takes no work
+FRESH = Cluster(cpus=0, gpus=0, max_cpus=544, max_gpus=8, nodes=1, autoscaler="Ray's cluster config")
+CPU_CLUSTER = Cluster(cpus=12, gpus=0, max_cpus=12, max_gpus=0, nodes=3, autoscaler=None)
+CPU_AUTOSCALER = Cluster(cpus=0, gpus=0, max_cpus=512, max_gpus=0, nodes=1, autoscaler="Ray's cluster config")
+
+
+def test_gpus_that_are_not_up_yet_still_make_a_gpu_pool():
+    pool = encoder_pool(FRESH, None, 1.0)
+    assert (pool.min_size, pool.max_size, pool.num_gpus) == (1, 8, 1.0)
+    assert "0 GPUs up now, up to 8 as its autoscaler adds nodes (Ray's cluster config)" in pool.why
+    assert encoder_pool(GPU_BOX, None, 2.0).why == "encoders: 2 actors x 1 GPU + 2 CPU (2 GPUs up now)"
+    half = encoder_pool(GPU_BOX, 0.5, 1.0)
+    assert (half.min_size, half.max_size) == (4, 4)
+    assert encoder_pool(FRESH, None, 1.0, cap=3).max_size == 3  # no more actors than units
+
+
+def test_a_laptop_encodes_on_cpus_and_says_so():
+    pool = encoder_pool(LAPTOP, None, 1.0)
+    assert (pool.min_size, pool.max_size, pool.num_gpus, pool.num_cpus) == (2, 2, 0.0, 1.0)
+    assert pool.why.endswith("no GPU on this machine and no autoscaler to add one")
+    assert encoder_pool(Cluster(2, 0, 2, 0, 1, None), None, 1.0).max_size == 1  # at least one
+
+
+def test_a_cluster_encodes_on_cpus_only_when_asked():
+    for cluster in (CPU_CLUSTER, CPU_AUTOSCALER):
+        with pytest.raises(UserError, match=r"^the Ray cluster has no GPU .*pass --gpus-per-worker 0"):
+            encoder_pool(cluster, None, 1.0)
+    pool = encoder_pool(CPU_CLUSTER, 0, 1.0)
+    assert (pool.num_gpus, pool.max_size) == (0.0, 3) and pool.why.endswith("--gpus-per-worker 0")
+    with pytest.raises(UserError, match="asks for GPUs, but the Ray cluster has none and its autoscaler can add none"):
+        encoder_pool(CPU_AUTOSCALER, 1, 1.0)
+    assert encoder_pool(CPU_CLUSTER, 0, 1.0, workers=5).why.startswith("encoders on CPUs: 5 actors")
+
+
+def test_cpu_pools_grow_from_what_is_up_to_what_can_be_added():
+    pool = cpu_pool(FRESH, 1.0, what="shard builders")
+    assert (pool.min_size, pool.max_size) == (1, 544)
+    assert pool.why.startswith("shard builders: 1-544 actors x 1 CPU (0 CPUs up now, up to 544")
+    assert (cpu_pool(LAPTOP, 0.5, cap=5).min_size, cpu_pool(LAPTOP, 0.5, cap=5).max_size) == (5, 5)
+    assert cpu_pool(LAPTOP, 1.0, workers=3).why == "actors: 3 actors x 1 CPU (--workers)"
+
+
+def test_read_cluster_reports_the_local_ray(ray_local):
+    cluster = read_cluster()
+    assert (cluster.cpus, cluster.gpus, cluster.nodes, cluster.autoscaler) == (4, 0, 1, None)
+    assert encoder_pool(cluster, None, 1.0).num_gpus == 0  # the test session's Ray is a laptop
