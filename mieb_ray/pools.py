@@ -145,7 +145,8 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
 def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:
     lo, hi = _sized(int(cluster.cpus // CPUS_PER_CPU_ENCODER), int(cluster.max_cpus // CPUS_PER_CPU_ENCODER),
                     workers, cap)
-    why = "--workers" if workers is not None else f"one per {CPUS_PER_CPU_ENCODER} of {cluster.describe('CPU')}"
+    why = ("--workers" if workers is not None
+           else f"one per {CPUS_PER_CPU_ENCODER} CPUs, at least one; {cluster.describe('CPU')}")
     return Pool(lo, hi, cpus_per_worker, 0.0,
                 f"encoders on CPUs: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
 
