@@ -93,10 +93,10 @@ def _corpus(data: str, name: str):
 def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
                 blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str]):
     """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs."""
-    doc_of = dict(zip(lookup.keys.to_pylist(), lookup.docs.tolist()))
-    pools = biovita.read_pools(data, name, query_ids, doc_of)
+    indptr, positions = biovita.pool_positions(data, name, query_ids, lookup.keys)  # doc = corpus position
+    indptr, docs = biovita.pool_csr(indptr, positions, len(lookup.docs))
     groups = biovita.candidate_groups(candidate_taxa, vocabulary)
-    out = [Candidates(groups[a:b], *biovita.pool_csr(pools[a:b], doc_of)) for a, b in blocks]
+    out = [Candidates(groups[a:b], indptr[a:b + 1] - indptr[a], docs[indptr[a]:indptr[b]]) for a, b in blocks]
     return out if len(out) > 1 else out[0]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import torch
 
 NEG = np.float32(-np.inf)
 # memory-mapped shards and Ray objects are read-only; torch only reads them here
@@ -21,11 +20,15 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 def normalize(x: np.ndarray) -> np.ndarray:
     """float32 rows of unit length: torch.nn.functional.normalize(p=2, dim=1), as mteb's cos_sim."""
+    import torch  # here, not at the top: a Ray task that only reads metadata skips torch's 1.3 s import
+
     return torch.nn.functional.normalize(torch.as_tensor(np.asarray(x), dtype=torch.float32), p=2, dim=1).numpy()
 
 
 def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """(q, d) float32 cosines of already normalised rows."""
+    import torch
+
     return torch.mm(torch.from_numpy(queries), torch.from_numpy(docs).T).numpy()
 
 

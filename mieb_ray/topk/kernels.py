@@ -9,7 +9,8 @@ contiguous run. Scoring a block of queries against a partition gives every group
                  achieving it (ties: smallest doc); partitions merge by elementwise max.
 
 Cosines are float32 dot products of rows L2-normalised by groupmax.normalize (mteb's cos_sim), one torch.mm
-per chunk of whole groups.
+per chunk of whole groups. torch is imported by the functions that use it: a Ray task that only moves rows
+(a partition task, the eval's metadata tasks) skips its 1.3 s import.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from mieb_ray.retrieval.groupmax import NEG, merge_topk, topk_of
 
@@ -45,6 +45,8 @@ class Partition(NamedTuple):
 def normalize_(vectors: np.ndarray) -> np.ndarray:
     """L2-normalise float32 rows in place, bit-equal to groupmax.normalize (torch's F.normalize: the same norm,
     clamped, then one division)."""
+    import torch
+
     v = torch.from_numpy(vectors)
     v.div_(v.norm(2, 1, keepdim=True).clamp_min(1e-12))
     return vectors
@@ -119,8 +121,10 @@ class PoolMask:
         order = np.argsort(rows, kind="stable")
         self.rows, self.query, self.n_queries = rows[order], query[found][order], len(indptr) - 1
 
-    def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
+    def allowed(self, lo: int, hi: int) -> "torch.Tensor | None":  # noqa: F821
         """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
+        import torch
+
         a, b = np.searchsorted(self.rows, [lo, hi])
         if a == b:
             return None
@@ -133,6 +137,8 @@ def group_maxima(part: Partition, queries: np.ndarray, pool: PoolMask | None = N
                  chunk_rows: int = CHUNK_ROWS) -> tuple[np.ndarray, np.ndarray | None]:
     """(groups, q) max cosine of every group run for every query (-inf: no row may score), and with
     `argmax` the row achieving it (the first, i.e. the smallest doc, on ties; -1 where -inf)."""
+    import torch
+
     n_groups, q = len(part.group_ids), len(queries)
     maxima = torch.full((n_groups, q), float("-inf"))  # group x query: a chunk's runs are rows of it
     best_row = torch.full((n_groups, q), -1, dtype=torch.int64) if argmax else None
@@ -171,6 +177,8 @@ def top_rows(maxima: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per column of (groups, q) maxima, the k best values and their row ids, ties by row id: (q, k) each.
     torch.topk finds them; a column with a tie at its k-th value (where topk's choice is arbitrary) is
     redone by groupmax.topk_of."""
+    import torch
+
     k = min(k, maxima.shape[0])
     m = torch.from_numpy(maxima)
     values, rows = torch.topk(m, k, dim=0)
