@@ -38,13 +38,13 @@ LABEL_COLUMNS = ("label", "fine_label", "common", "class")
 CORES = os.cpu_count() or 1  # the build's pool gets one actor per real core, not per logical CPU below
 
 
-def start_ray(work: Path) -> None:
-    """Start local Ray once, before anything is timed."""
+def start_ray(work: Path, num_cpus: int = 4) -> None:
+    """Start local Ray once, before anything is timed (num_cpus logical CPUs; see below for the default)."""
     # 4 logical CPUs on this 2-core machine: an actor pool whose actors reserve every CPU leaves none for the
     # read tasks feeding it and Ray Data deadlocks (platform notes, section 2). 4 logical CPUs let the
     # 1-actor baseline run beside its read and write tasks; the build is given workers=CORES explicitly.
     pythonpath = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
              _temp_dir=str((work / "ray").resolve()),  # session files inside the work folder, not /tmp/ray
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})  # workers can import `_baselines`
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -120,40 +120,49 @@ def _used() -> int:
 
 
 class MemorySampler:
-    """Every `interval` s in a thread: system-wide used memory (total - available) and the RSS sum of the
-    raylet's child processes (Ray's workers and actors). `with MemorySampler() as m: ...` then m.used_delta
-    (peak used minus used just before the block) and m.ray_rss (peak RSS sum). RSS counts pages shared
-    between workers (the /dev/shm object store, libraries) once per process, so it overstates."""
+    """Every `interval` s in a thread: system-wide used memory (total - available) and the RSS of the raylet's
+    child processes (Ray's workers and actors). `with MemorySampler() as m: ...` then m.used_delta (peak used
+    minus used just before the block), m.ray_rss (peak RSS sum), m.task_rss (peak RSS of any one worker: a
+    task's memory) and, with uss=True, m.task_uss (the same for private memory, USS). RSS counts pages shared
+    between workers (the /dev/shm object store, libraries) once per process, so the sum overstates; a worker's
+    RSS keeps the object store pages it has touched in earlier tasks, its USS leaves out pages read zero-copy."""
 
     METHOD = ("memory: system used = psutil total - available, sampled every 0.25 s, peak minus the value "
               "just before the run (includes anything else running on the machine); Ray workers = peak over "
-              "samples of the summed RSS of the raylet's child processes (shared pages counted per process)")
+              "samples of the summed RSS of the raylet's child processes (shared pages counted per process); "
+              "per task = peak over samples of the largest single worker's RSS (object-store pages it maps "
+              "included) and of its USS (private pages only)")
 
-    def __init__(self, interval: float = 0.25):
-        self.interval, self._stop = interval, threading.Event()
+    def __init__(self, interval: float = 0.25, uss: bool = False):
+        self.interval, self.uss, self._stop = interval, uss, threading.Event()
         me = psutil.Process()
         self.raylet = next((p for p in me.children(recursive=True) if p.name() == "raylet"), None)
 
-    def _workers_rss(self) -> int:
+    def _workers_rss(self) -> tuple[int, int, int]:
+        """(sum, max) of the workers' RSS, and the max of their USS (0 unless asked: reading it costs more)."""
         if self.raylet is None:
-            return 0
-        total = 0
+            return 0, 0, 0
+        rss, uss = [], []
         for p in self.raylet.children(recursive=True):
             try:
-                total += p.memory_info().rss
+                info = p.memory_full_info() if self.uss else p.memory_info()
+                rss.append(info.rss)
+                uss.append(info.uss if self.uss else 0)
             except psutil.Error:  # a worker that just exited
                 pass
-        return total
+        return sum(rss), max(rss, default=0), max(uss, default=0)
 
     def _run(self):
         while not self._stop.is_set():
             self.peak_used = max(self.peak_used, _used())
-            self.ray_rss = max(self.ray_rss, self._workers_rss())
+            total, largest, private = self._workers_rss()
+            self.ray_rss, self.task_rss = max(self.ray_rss, total), max(self.task_rss, largest)
+            self.task_uss = max(self.task_uss, private)
             self._stop.wait(self.interval)
 
     def __enter__(self):
         self.before = _used()
-        self.peak_used, self.ray_rss = self.before, 0
+        self.peak_used, self.ray_rss, self.task_rss, self.task_uss = self.before, 0, 0, 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -162,6 +171,35 @@ class MemorySampler:
         self._stop.set()
         self._thread.join()
         self.used_delta = self.peak_used - self.before
+
+
+class CpuClock:
+    """CPU seconds (user + system) spent by this process and Ray's workers (the raylet's children) inside
+    `with CpuClock() as c: ...` -> c.seconds. Unlike wall time, it hardly moves when other work shares the
+    machine. A worker that exits inside the block loses its share (Ray keeps its workers)."""
+
+    def __init__(self):
+        me = psutil.Process()
+        self.raylet = next((p for p in me.children(recursive=True) if p.name() == "raylet"), None)
+
+    def _times(self) -> dict[int, float]:
+        procs = [psutil.Process()] + (self.raylet.children(recursive=True) if self.raylet else [])
+        out = {}
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        return out
+
+    def __enter__(self):
+        self._start = self._times()
+        return self
+
+    def __exit__(self, *exc):
+        end = self._times()
+        self.seconds = sum(t - self._start.get(pid, 0.0) for pid, t in end.items())
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -179,7 +217,8 @@ def machine_facts() -> list[str]:
     return [f"CPUs: {os.cpu_count()} ({model or 'unknown model'}); RAM: {psutil.virtual_memory().total / 2**30:.1f} GiB; "
             f"{platform.platform()}",
             f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
-            f"mieb-ray {mieb_ray.__version__}; Ray started with num_cpus=4"]
+            f"mieb-ray {mieb_ray.__version__}; Ray started with num_cpus="
+            f"{int(ray.cluster_resources().get('CPU', 0)) if ray.is_initialized() else 'n/a'}"]
 
 
 def command_line() -> str:

@@ -161,7 +161,8 @@ def _submit(config: EvalConfig, q: biovita.Queries, image_shards: list[str], t_s
     start = time.time() - t_score
     lookup, vocabulary, n_photos = _corpus.remote(config.data, q.name)
     lay = engine.layout(image_shards, lookup=lookup, partitions=config.partitions)
-    blocks = [(a, min(a + config.query_block, len(q.query_ids))) for a in range(0, len(q.query_ids), config.query_block)]
+    n = len(q.query_ids)
+    blocks = [(a, min(a + config.query_block, n)) for a in range(0, n, config.query_block)]
     vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
         config.text_embeddings, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
     data = _candidates.options(num_returns=len(blocks)).remote(

@@ -12,15 +12,19 @@ labelled from an integer `group_column` of the shards (doc id = shard number << 
 held in the object store (key -> doc id, group id; rows whose key it lacks are dropped, and the statistics
 count the keys that matched so the caller can name the missing ones with missing_keys()).
 
-Memory per task (bytes; d = dim, q = query block rows, G = groups in a partition, C = candidates per query):
-  map task        ~ 2 x MAP_BYTES for float32 shards (the batch's memory-mapped pages + its normalised float32
-                  pieces; x 4/itemsize for the float32 copy of narrower shards), while Ray copies the pieces out
-  partition task  ~ 2 x partition bytes (its pieces, read zero-copy, + the sorted copy it returns);
-                  partition bytes ~ corpus float32 bytes / P, P = ceil(corpus file bytes / PARTITION_BYTES)
-  score task      ~ partition bytes (zero-copy from the object store) + 4 x q x (CHUNK_ROWS + G) for TopK
-                  (+ 8 x q x G row indices and q x CHUNK_ROWS pool mask + 16 x pool pairs for CandidateMax)
-  merge task      ~ FAN_IN x one partial: 12 x q x k (TopK) or 12 x q x C (CandidateMax)
-  driver          O(query blocks x P refs + map tasks x P refs) + the final results it fetches (Q x k or Q x C)
+Memory per task, in bytes (q = query block rows, G = groups in a partition, k, C = candidates per query;
+partition bytes ~ corpus float32 bytes / P, P = ceil(corpus file bytes / PARTITION_BYTES) by default):
+  map task        ~ 2 x MAP_BYTES for float32 shards: its shards memory-mapped (page cache, shared) + the float32
+                  pieces it returns, each vector written once (x 4/itemsize for float16 shards); Ray then copies
+                  the pieces into the object store
+  partition task  ~ 2 x partition bytes: its pieces read zero-copy + the sorted partition it returns
+  score task      ~ partition bytes (read zero-copy from the object store)
+                    + 4·q·(CHUNK_ROWS + G) (one chunk's scores + the group maxima) + q·G (TopK's tie check)
+                    + for CandidateMax: 8·q·G (best rows) + 10·q·CHUNK_ROWS (a chunk's pool mask and argmax)
+                      + 16 x (pool pairs in the partition) + 8 x (rows in the partition)
+  merge task      ~ (FAN_IN + 1) partial results of 12·q·k bytes (TopK) or 12·q·C (CandidateMax)
+  driver          O(P x (map tasks + query blocks)) refs and small statistics, plus the final per-block results
+                  it fetches (Q x k or Q x C)
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class Layout:
     _stats: dict | None = None
 
     def stats(self) -> dict:
-        """rows, partitions, map_tasks, shards, dim, bytes_opened (shard files opened by the map tasks),
+        """rows (read), partitions, map_tasks, shards, dim, bytes_opened (shard files opened by the map tasks),
         corpus_bytes (the files' total), read_ratio (1.0: every shard opened once) and, with a lookup,
         matched (rows whose key is in it). Waits for the map tasks."""
         if self._stats is None:

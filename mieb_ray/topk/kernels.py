@@ -16,11 +16,14 @@ per chunk of whole groups. torch is imported by the functions that use it: a Ray
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from mieb_ray.retrieval.groupmax import NEG, merge_topk, topk_of
+
+if TYPE_CHECKING:
+    import torch
 
 CHUNK_ROWS = 8192  # corpus rows scored at once (cut at the next group boundary)
 
@@ -81,6 +84,9 @@ def split(blocks: list[tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarr
 def build_partition(pieces: list[Rows]) -> Partition:
     """One partition from its pieces, sorted by (group, doc). The vectors are written once, each piece
     straight to its sorted place (pieces may be read-only views of Ray's object store)."""
+    if not pieces:  # a corpus without shards
+        empty = np.zeros(0, np.int64)
+        return Partition(np.zeros((0, 0), np.float32), empty, empty, np.zeros(1, np.int64))
     group = np.concatenate([p.group for p in pieces])
     doc = np.concatenate([p.doc for p in pieces])
     order = np.lexsort((doc, group))
@@ -121,7 +127,7 @@ class PoolMask:
         order = np.argsort(rows, kind="stable")
         self.rows, self.query, self.n_queries = rows[order], query[found][order], len(indptr) - 1
 
-    def allowed(self, lo: int, hi: int) -> "torch.Tensor | None":  # noqa: F821
+    def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
         """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
         import torch
 
