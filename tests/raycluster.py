@@ -74,8 +74,11 @@ class RayCluster:
         self.nodes[name] = Node(name, process, args)
 
     def add_worker(self, name: str, cpus: int) -> None:
+        # a temp dir of its own, as on its own machine: nodes that shared one would unpack the same job
+        # packages into the same folder at the same time (short: Ray's socket paths have a length limit)
+        temp = os.path.join(self.tmp, f"w{len(self.nodes)}")
         self._start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={{\"{name}\": 1}}",
-                           f"--object-store-memory={OBJECT_STORE}"])
+                           f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={temp}"])
         self.wait_for(len(self.nodes))
 
     def restart(self, name: str) -> None:

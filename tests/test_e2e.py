@@ -120,7 +120,7 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     for job in jobs.list_jobs():  # drivers that joined without `ray job submit` (the tests' probes) have no logs
         seen += [json.dumps(job.dict(), default=str)] + ([jobs.get_job_logs(job.submission_id)]
                                                           if job.submission_id else [])
-    seen += [open(p, errors="replace").read() for p in glob.glob(f"{tmp}/r/session_latest/logs/*.out")]
+    seen += [open(p, errors="replace").read() for p in glob.glob(f"{tmp}/*/session_latest/logs/*.out")]
     for key in ("e2e/train/_manifest.json", "e2e/emb-images/_manifest.json", "e2e/eval/BioVITAT2IReranking.json"):
         seen.append(client.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
     assert not [text for text in seen if s3.secret_key in text]

@@ -120,7 +120,9 @@ def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb
         embed(config)
     lines = []
     again = embed(dataclasses.replace(config, resume=True), log=lines.append)
-    assert f"{len(records)} already done" in lines[0]
+    # a commit task already running when the driver stopped may have finished since: its unit is done too
+    done = int(re.search(r"(\d+) already done", lines[0]).group(1))
+    assert len(records) <= done < len(manifest["shards"])
     # nothing encoded twice, nothing lost: the same shards, keys and vectors
     assert [(s["path"], s["rows"]) for s in again["shards"]] == [(s["path"], s["rows"]) for s in manifest["shards"]]
     keys, vectors = embeddings.read_all(str(tmp_path / "out"))
