@@ -92,7 +92,8 @@ def main() -> None:
         pq_expected = sum(expected_rows({s: written[s] for s in PARQUET_SLUGS}).values())
 
         def run_build(out, datasets=None):
-            build(BuildConfig(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard, workers=b.CORES),
+            build(BuildConfig(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard,
+                              workers=b.CORES),
                   log=lambda line: print("   ", line, flush=True))
 
         out = work / "out"

@@ -8,8 +8,8 @@ Parquet table of mieb-train's shape (key, image struct), split over 4 files.
   1. plain PyTorch loop   torch DataLoader (2 workers, batch --batch) whose dataset decodes the bytes with PIL
                           and runs CLIPProcessor; the main process calls get_image_features (float32) and
                           L2-normalises; embeddings kept in memory (nothing written).
-  2. mieb-ray embed       embed(EmbedConfig(table, out, model)): Ray tasks decode and resize, one encoder actor with 2 torch
-                          threads (float32), Arrow IPC shards written with their sha256 and a manifest.
+  2. mieb-ray embed       embed(EmbedConfig(table, out, model)): Ray tasks decode and resize, one encoder actor
+                          with 2 torch threads (float32), Arrow IPC shards written with their sha256 and a manifest.
 
 Ray starts before timing (its start-up excluded); each contender's own model load and worker start-up are
 included. Both run float32, as the embed job does on a CPU by default.

@@ -26,7 +26,9 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="fail unless each dataset has its catalog row count (default: on for --sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
                    help="fail when more than this fraction of rows cannot be built (default: 0.001)")
-    p.add_argument("--workers", type=int, default=None, help="actor pool size (default: the CPUs the cluster has or can grow to)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster "
+                        "can grow to)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
 
 

@@ -106,7 +106,8 @@ class ShardBuilder:
         error_file = None
         if errors:
             error_file = error_path(unit.slug, unit.lo)
-            commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(pa.concat_tables(errors), local))
+            table = pa.concat_tables(errors)
+            commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(table, local))
         return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
                 "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped}
 

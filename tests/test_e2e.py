@@ -85,8 +85,8 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     cpus = ("--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
     images = submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-images",
                     "--model", model, "--carry-columns", "dataset_name,label", "--rows-per-shard", "3", *cpus)
-    assert "[embed] encoders on CPUs: 1 actor x 0.5 CPU (one per 4 CPUs, at least one; 4 CPUs up now): --gpus-per-worker 0" \
-        in images.stdout
+    assert ("[embed] encoders on CPUs: 1 actor x 0.5 CPU (one per 4 CPUs, at least one; 4 CPUs up now): "
+            "--gpus-per-worker 0") in images.stdout
     submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-texts", "--model", model,
            "--modality", "text", "--workers", "2", *cpus)
     for name in ("emb-images", "emb-texts"):

@@ -145,7 +145,8 @@ def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mir
         s3, prefix, 3,
         lambda out: build(BuildConfig(root, out, datasets=DATASETS, rows_per_shard=1, workers=2, cpus_per_worker=0.5),
                           log=lambda _: None),
-        lambda out: build(BuildConfig(root, out, datasets=DATASETS, rows_per_shard=1), log=lambda _: None))  # run it again
+        lambda out: build(BuildConfig(root, out, datasets=DATASETS, rows_per_shard=1),  # run it again
+                          log=lambda _: None))
     assert shards(manifest) == shards(reference)  # same keys, same bytes as an uninterrupted run
     listed = {o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
     assert {f"{prefix}/{p}" for p, _, _ in shards(manifest)} <= listed

@@ -228,7 +228,7 @@ def evaluate(config: EvalConfig, log=print) -> dict:
         "text_embeddings": {"uri": storage.display(c.text_embeddings), "model": models["text"]},
         "queries": {n: len(q.query_ids) for n, q in queries.items()},
     }
-    storage.delete(storage.join(c.out, storage.MANIFEST))  # a rerun replaces the outputs: none is complete until it ends
+    storage.delete(storage.join(c.out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
     storage.write_bytes(storage.join(c.out, RESULTS_FILE), (json.dumps(result, indent=2) + "\n").encode())
     _write_ranks(c.out, per_query)
     _write_report(c, queries, tops, scores, result)
