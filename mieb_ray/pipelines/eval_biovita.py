@@ -247,12 +247,12 @@ def embed_biovita(data: str, model: str, revision: str | None, out: str, log=pri
     from mieb_ray.pipelines.embed import EmbedConfig, embed
 
     root = storage.join(out, "embeddings")
-    subsets = {name: biovita.load_subset(data, name) for name in biovita.SUBSETS}
     first, *others = biovita.SUBSETS
+    corpus = {name: set(biovita.read_corpus(data, name)[0]) for name in biovita.SUBSETS}  # ids only
     for name in others:  # the hub's subsets share one corpus of photos, by id
-        if set(subsets[name].corpus_ids) - set(subsets[first].corpus_ids):
+        if corpus[name] - corpus[first]:
             raise UserError(f"BioVITA subset {name} has photos that {first} lacks; embed each corpus apart")
-    texts = sorted({t for s in subsets.values() for t in s.query_texts})
+    texts = sorted({t for name in biovita.SUBSETS for t in biovita.load_queries(data, name).query_texts})
     queries = storage.join(root, "_queries", "queries.parquet")
     local = storage.staging_path(queries)
     pq.write_table(pa.table({"key": texts, "text": texts}), local)
