@@ -57,10 +57,6 @@ class Pool:
 
         return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size)
 
-    @property
-    def sizes(self) -> str:
-        return str(self.min_size) if self.min_size == self.max_size else f"{self.min_size}-{self.max_size}"
-
 
 def launcher_capacity(config: dict) -> dict[str, float]:
     """CPUs and GPUs of every node type at its max_workers (the head once), per a cluster launcher config."""
