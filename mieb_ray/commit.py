@@ -71,22 +71,20 @@ class Progress:
         storage.delete_tree(storage.join(self.out, PROGRESS))
 
 
-def prepare(out: str, overwrite: bool, what: str) -> dict | None:
+def prepare(out: str, overwrite: bool, what: str) -> None:
     """Before any work: the output is writable (one line if not), a killed run's staging files are gone, and
-    a complete output is refused, or with --overwrite made incomplete and its files removed. Returns nothing
-    of the old run but its manifest, already deleted."""
+    a complete output is refused, or with --overwrite made incomplete and its files removed."""
     storage.check_output(out)
     storage.remove_staging(out)
     old = storage.read_manifest(out)
     if old is None:
-        return None
+        return
     if not overwrite:
         raise UserError(f"{storage.display(out)} already holds {what} ({storage.MANIFEST}); "
                         "pass --overwrite to replace it")
     storage.delete(storage.join(out, storage.MANIFEST))  # from here on the output reads as incomplete
     for path in [s["path"] for s in old.get("shards", [])] + old.get("error_files", []):
         storage.delete(storage.join(out, path))
-    return old
 
 
 def remove_stale(out: str, keep: set[str], pattern: re.Pattern) -> None:

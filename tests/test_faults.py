@@ -79,15 +79,19 @@ def test_build_finishes_when_a_worker_is_killed(ray_local, mirror, tmp_path):
     assert shards(manifest) == shards(reference) and manifest["counts"] == reference["counts"]
 
 
-def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path):
-    root = tmp_path / "table"  # 8 files of 200 photos: long enough to be killed in the middle
+def photo_table(root, files: int, rows: int) -> str:
+    """`files` Parquet files of `rows` small PNG photos each, keyed p/<file>/<row>: a table to embed."""
     root.mkdir()
     photos = [encode(picture(name).resize((64, 48)), "PNG") for name in ("chelsea.jpg", "coffee.jpg", "rocket.jpg")]
-    for f in range(8):
-        keys = [f"p/{f}/{i}" for i in range(200)]
-        pq.write_table(pa.table({"key": keys, "image": pa.array([photos[i % 3] for i in range(200)], pa.binary())}),
+    for f in range(files):
+        keys = [f"p/{f}/{i}" for i in range(rows)]
+        pq.write_table(pa.table({"key": keys, "image": pa.array([photos[i % 3] for i in range(rows)], pa.binary())}),
                        root / f"{f:03d}.parquet")
-    root = str(root)
+    return str(root)
+
+
+def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path):
+    root = photo_table(tmp_path / "table", 8, 200)  # long enough to be killed in the middle
     reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=2), log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()

@@ -1,4 +1,4 @@
-"""Group-max top-k: the pure block functions and the distributed engine against a brute-force reference,
+"""Group-max top-k: the engine's kernels and the distributed engine against a brute-force reference,
 ties included; the engine reads embedding shards as the embed job writes them."""
 
 from __future__ import annotations
@@ -8,8 +8,14 @@ import pytest
 
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.group_search import group_topk
-from mieb_ray.retrieval.groupmax import (candidate_maxima, group_maxima, merge_topk, normalize, rank_of, ranked,
-                                         topk_of)
+from mieb_ray.retrieval.groupmax import merge_topk, normalize, rank_of, ranked
+from mieb_ray.topk.kernels import CandidateMax, Candidates, TopK, build_partition, split
+
+
+def partitions(docs, groups, n):
+    """The corpus in n group-aligned partitions, as the engine lays it out (doc id = row)."""
+    return [build_partition([piece]) for piece in
+            split([(docs, None, np.asarray(groups, np.int64), np.arange(len(docs)))], n)]
 
 
 def brute_force(queries, docs, groups, n_groups, k):
@@ -37,12 +43,11 @@ def corpus():
 def test_block_functions_match_brute_force(corpus):
     queries, docs, groups, n_groups = corpus
     want_s, want_g = brute_force(queries, docs, groups, n_groups, 10)
-    scores = normalize(queries) @ normalize(docs).T
-    got_s, got_g = topk_of(group_maxima(scores, groups, n_groups), 10)
+    (whole,) = partitions(docs, groups, 1)
+    got_s, got_g = TopK(10).score(whole, normalize(queries))
     assert np.array_equal(got_g, want_g) and np.allclose(got_s, want_s, atol=1e-6)
     # two halves of the groups merge exactly
-    halves = [np.isin(groups, np.arange(0, 120)), np.isin(groups, np.arange(120, 250))]
-    parts = [topk_of(group_maxima(scores[:, h], groups[h], n_groups), 10) for h in halves]
+    parts = [TopK(10).score(part, normalize(queries)) for part in partitions(docs, groups, 2)]
     assert np.array_equal(merge_topk(parts, 10)[1], want_g)
 
 
@@ -51,10 +56,10 @@ def test_candidate_ranks_follow_mteb_ties():
     assert rank_of(best, np.array([4])).tolist() == [3]  # after the two earlier 0.7s
     assert rank_of(best, np.array([3])).tolist() == [6]  # no photo: last
     assert ranked(best, 6).tolist() == [[1, 2, 4, 0, 5, 3]]
-    docs = normalize(np.eye(3, dtype=np.float32))
+    (part,) = partitions(np.eye(3, dtype=np.float32), [0, 1, 1], 1)
     q = normalize(np.array([[1.0, 1.0, 0.0]], np.float32))
-    got = candidate_maxima(q, docs, np.array([0, 1, 1]), 3, np.array([[2, 1, 0, -1]]),
-                           pool=np.array([[True, False, True]]))
+    pool = Candidates(np.array([[2, 1, 0, -1]]), indptr=np.array([0, 2]), docs=np.array([0, 2]))  # docs 0 and 2
+    got, _ = CandidateMax().score(part, q, pool)
     assert np.allclose(got, [[-np.inf, 0.0, 0.70710677, -np.inf]])  # doc 1 is outside the pool
 
 

@@ -10,10 +10,8 @@ import sys
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from test_preprocess import encode, picture
+from test_faults import photo_table
 
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.build import BuildConfig, build
@@ -51,18 +49,12 @@ def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str,
 
 
 def test_embed_finishes_when_a_whole_node_dies(cluster, ray_local, tiny_clip, tmp_path):
-    root = tmp_path / "table"  # 6 files of 120 photos, cut into 30-row shards: 24 units
-    root.mkdir()
-    photos = [encode(picture(name).resize((64, 48)), "PNG") for name in ("chelsea.jpg", "coffee.jpg", "rocket.jpg")]
-    for f in range(6):
-        keys = [f"p/{f}/{i}" for i in range(120)]
-        pq.write_table(pa.table({"key": keys, "image": pa.array([photos[i % 3] for i in range(120)], pa.binary())}),
-                       root / f"{f:03d}.parquet")
-    config = EmbedConfig(str(root), str(tmp_path / "ref"), tiny_clip, batch_size=4, rows_per_shard=30)
+    root = photo_table(tmp_path / "table", 6, 120)  # cut into 30-row shards: 24 units
+    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, rows_per_shard=30)
     reference = embed(config, log=lambda _: None)  # uninterrupted, on the test session's local Ray
     out = tmp_path / "out"
     output, victim = run_and_lose_a_node(
-        cluster, ["embed", "--input", str(root), "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
+        cluster, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
                   "--rows-per-shard", "30", "--gpus-per-worker", "0", "--workers", "2", "--cpus-per-worker", "0.5"],
         out, ".arrow", "EncodeStage", after=3)
     assert "[embed] done: 720 embeddings in 24 shards, 0 errors" in output

@@ -41,19 +41,20 @@ def write_ipc(local: str, table: pa.Table) -> None:
 def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, carry: tuple[str, ...]) -> dict:
     """Commit one unit's shard `OUT/<name>` (its good rows) and, when some rows failed, `OUT/_errors/<name>`
     (key, error) first. `rows`: numpy columns `key`, `embedding`, `__error` ("" when good) and the carried
-    ones. Returns the manifest entry: path, rows, bytes, sha256, errors, error_file."""
-    errors = rows.get("__error", np.zeros(0, dtype=object))
-    bad = errors != ""
+    ones ({} for an empty input file). Returns the manifest entry: path, rows, bytes, sha256, errors, error_file."""
+    if not rows:  # an empty input file: an empty shard
+        empty = np.zeros(0, dtype=object)
+        rows = {key: empty, "__error": empty, "embedding": np.zeros((0, schema_.field("embedding").type.list_size)),
+                **{c: empty for c in carry}}
+    bad = rows["__error"] != ""
     result = {"path": name, "rows": int((~bad).sum()), "errors": int(bad.sum()), "error_file": None}
     if bad.any():
         result["error_file"] = f"_errors/{name}"
-        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in errors[bad]]},
+        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in rows["__error"][bad]]},
                          schema=ERROR_SCHEMA)
         commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
-    dim = schema_.field("embedding").type.list_size
-    matrix = rows["embedding"][~bad] if len(errors) else np.zeros((0, dim), np.float32)
-    table = shard_table(schema_, [str(k) for k in rows[key][~bad]] if len(errors) else [], matrix,
-                        {c: list(rows[c][~bad]) if len(errors) else [] for c in carry})
+    table = shard_table(schema_, [str(k) for k in rows[key][~bad]], rows["embedding"][~bad],
+                        {c: list(rows[c][~bad]) for c in carry})
     return {**result, **commit_file(storage.join(out, name), lambda local: write_ipc(local, table))}
 
 

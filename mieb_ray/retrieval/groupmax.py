@@ -1,10 +1,9 @@
-"""Group-max retrieval, as pure functions on blocks of embeddings.
+"""Group-max retrieval rules, as pure functions: cosines, exact top-k of group maxima and their merge, and
+BioVITA's ranking of candidates (mteb's ties). The scoring kernels that use them: mieb_ray/topk/kernels.py.
 
 A group's score for a query is the max cosine over the group's items (a taxon's photos). Scores are
-float32 cosines computed the way mteb's `cos_sim` does (L2-normalise with torch, then a matrix product),
-so ranks match mteb's to the last bit. Work splits into query blocks x corpus blocks: a block's partial
-group maxima combine with the others' by `max`, and per-block top-k lists merge exactly as long as no
-group spans two corpus blocks (the corpus is cut at group boundaries).
+float32 cosines computed the way mteb's `cos_sim` does (L2-normalise with torch, then a matrix product).
+Per-partition top-k lists merge exactly as long as no group spans two partitions.
 """
 
 from __future__ import annotations
@@ -32,37 +31,6 @@ def cosines(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return torch.mm(torch.from_numpy(queries), torch.from_numpy(docs).T).numpy()
 
 
-def group_maxima(scores: np.ndarray, doc_group: np.ndarray, n_groups: int) -> np.ndarray:
-    """(q, n_groups) max score per group over the columns of `scores`; -inf for a group with no column.
-
-    Columns are sorted by group once, so the max is one `reduceat` over contiguous runs.
-    """
-    out = np.full((scores.shape[0], n_groups), NEG, dtype=np.float32)
-    keep = doc_group >= 0
-    if not keep.any():
-        return out
-    order = np.flatnonzero(keep)[np.argsort(doc_group[keep], kind="stable")]
-    groups = doc_group[order]
-    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    out[:, groups[starts]] = np.maximum.reduceat(scores[:, order], starts, axis=1)
-    return out
-
-
-def candidate_maxima(queries: np.ndarray, docs: np.ndarray, doc_group: np.ndarray, n_groups: int,
-                     candidates: np.ndarray, pool: np.ndarray | None = None) -> np.ndarray:
-    """(q, c) partial maxima of each query's candidate groups over this block of docs.
-
-    candidates: (q, c) group ids in each query's candidate order, -1 for a group that has no docs at all;
-    pool: (q, n_docs) bool, the docs a query may score (BioVITA's top_ranked pool); None = all.
-    """
-    scores = cosines(queries, docs)
-    if pool is not None:
-        scores = np.where(pool, scores, NEG)
-    maxima = np.concatenate([group_maxima(scores, doc_group, n_groups),
-                             np.full((len(queries), 1), NEG, np.float32)], axis=1)  # column -1: no docs
-    return np.take_along_axis(maxima, candidates, axis=1)
-
-
 def rank_of(best: np.ndarray, position: np.ndarray) -> np.ndarray:
     """1-based rank of candidate `position` per row, best score first, ties by candidate order
     (mteb: sorted(taxa, key=(-best, candidate index))); -inf candidates come last, in order."""
@@ -75,11 +43,6 @@ def ranked(best: np.ndarray, k: int) -> np.ndarray:
     """(q, k) candidate positions of each row's top k, ties by candidate order."""
     order = np.lexsort((np.broadcast_to(np.arange(best.shape[1]), best.shape), -best), axis=1)
     return order[:, :k]
-
-
-def topk_groups(scores: np.ndarray, doc_group: np.ndarray, n_groups: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, the k best groups of this block: (q, k) scores and group ids, ties by group id."""
-    return topk_of(group_maxima(scores, doc_group, n_groups), k)
 
 
 def topk_of(maxima: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
