@@ -119,3 +119,53 @@ def mteb_scores(subsets: dict[str, Subset], text_emb: dict[str, np.ndarray], ima
                 saved = json.load(f)
             out["results"] = {name: saved[name][SPLIT] for name in subsets}
     return out
+
+
+def _zeroshot_encoder(text_emb: dict[str, np.ndarray], images: np.ndarray):
+    """Prompts by their text; the images of the split in order, one encode() call per pass over the split."""
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class FakeEncoder(AbsEncoder):
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["text", "image"], "embed_dim": images.shape[1], "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            rows, seen = [], 0
+            for batch in inputs:
+                if "text" in batch:
+                    rows += [text_emb[t] for t in batch["text"]]
+                else:
+                    n = len(next(iter(batch.values())))
+                    rows += list(images[seen:seen + n])
+                    seen += n
+            return np.stack(rows).astype(np.float32)
+
+    return FakeEncoder()
+
+
+def mteb_zeroshot(task_name: str, repo: str, split: str, text_emb: dict[str, np.ndarray],
+                  images: np.ndarray) -> dict:
+    """The TaskResult JSON mteb 2.26.24 writes for a zero-shot task whose eval split is read from a fixture repo
+    in the hub layout (parquet or WebDataset), `images` = the split's image embeddings in row order."""
+    import glob
+
+    import datasets
+    import mteb
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+        parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
+        builder, files = ("parquet", parquet) if parquet else (
+            "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))
+        data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=os.path.join(tmp, "hf"))
+        task = mteb.get_task(task_name)
+        task.dataset = data
+        task.data_loaded = True
+        task.dataset_transform()
+        result = mteb.evaluate(_zeroshot_encoder(text_emb, images), task, cache=None, show_progress_bar=False)
+        path = Path(tmp, f"{task_name}.json")
+        result.task_results[0].to_disk(path)
+        return json.loads(path.read_text())

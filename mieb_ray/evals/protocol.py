@@ -1,0 +1,108 @@
+"""What an eval task is, and the one runner every eval job uses.
+
+An eval implements `EvalSuite`: the tasks it scores together from one set of embeddings (BioVITA's subsets,
+the zero-shot tasks chosen), what to embed with which keys, how to score blocks on the top-k engine (refs
+only: workers read the embeddings), how to gather and merge the blocks into mteb's TaskResult per task, and
+what else to write. `run()` does the rest the same way for all: output checks, embedding first (reusing
+complete embeddings of the same model and input), scoring, `OUT/<task>.json` per task, the suite's own
+files, and `_manifest.json` last (dropped first, so a rerun replaces the outputs whole).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import ray
+
+from mieb_ray import __version__, storage
+from mieb_ray.errors import find_user_error
+
+MTEB_VERSION = "2.26.24"  # the scorers we equal
+
+
+@dataclass(frozen=True)
+class EmbedInputs:
+    """What to embed: a table of images keyed by `image_key`, a table of texts keyed by the text itself."""
+
+    images: str
+    image_key: str
+    texts: str
+
+
+class EvalSuite(Protocol):
+    kind: str  # the manifest's format
+
+    def task_names(self) -> list[str]: ...
+
+    def embed_inputs(self, out: str, log) -> EmbedInputs: ...
+
+    def submit(self, images: str, texts: str, log) -> Any: ...
+
+    def collect(self, pending: Any, log) -> dict[str, dict]: ...
+
+    def write(self, out: str, results: dict[str, dict], pending: Any, log) -> tuple[list[str], dict]:
+        """The suite's own files (relative paths) and what its manifest adds."""
+
+
+def task_result(task: str, revision: str, split: str, entries: list[dict], seconds: float, phases: list[dict]) -> dict:
+    """mteb's TaskResult layout, as `TaskResult.to_disk` writes it (floats rounded to 6 decimals)."""
+    def rounded(v):
+        return round(v, 6) if isinstance(v, float) else v
+
+    return {"dataset_revision": revision, "task_name": task, "mteb_version": MTEB_VERSION,
+            "scores": {split: [{**{k: rounded(v) for k, v in e.items()}, "mteb_version": MTEB_VERSION}
+                               for e in entries]},
+            "evaluation_time": round(seconds, 6), "kg_co2_emissions": None, "date": time.time(),
+            "evaluation_phases": phases}
+
+
+def get(refs):
+    """ray.get, a UserError raised in a task re-raised as itself (one line, no task traceback)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        user = find_user_error(exc.cause) if exc.cause is not None else None
+        if user is None:
+            raise
+        raise user from None
+
+
+def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:
+    """Embed the suite's images and texts into OUT/embeddings/{images,texts}; an output already complete there
+    for the same model and input is reused. pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+    from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
+
+    inputs = suite.embed_inputs(out, log)
+    root = storage.join(out, "embeddings")
+    targets = {"image": (inputs.images, inputs.image_key, storage.join(root, "images")),
+               "text": (inputs.texts, "key", storage.join(root, "texts"))}
+    for modality, (source, key, target) in targets.items():
+        done = storage.read_manifest(target) or {}
+        model_name = (done.get("model") or {}).get("name") if isinstance(done.get("model"), dict) else None
+        if model_name == model and done.get("config", {}).get("input") == storage.display(source):
+            log(f"[eval] reusing {modality} embeddings at {storage.display(target)}")
+            continue
+        run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
+                              overwrite=True, **pools), log=log)
+    return targets["image"][2], targets["text"][2]
+
+
+def run(suite: EvalSuite, out: str, images: str, texts: str, log=print) -> dict[str, dict]:
+    """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest."""
+    t0 = time.time()
+    pending = suite.submit(images, texts, log)
+    results = suite.collect(pending, log)
+    storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
+    files = []
+    for name, result in results.items():
+        storage.write_bytes(storage.join(out, f"{name}.json"), (json.dumps(result, indent=2) + "\n").encode())
+        files.append(f"{name}.json")
+    own, extra = suite.write(out, results, pending, log)
+    storage.write_manifest(out, {"format": suite.kind, "format_version": 1, "version": __version__,
+                                 "files": files + own, "image_embeddings": storage.display(images),
+                                 "text_embeddings": storage.display(texts), **extra,
+                                 "seconds": round(time.time() - t0, 3)})
+    return results

@@ -1,0 +1,155 @@
+"""eval-zeroshot: prompts and scores equal mteb 2.26.24's zero-shot tasks, the fixed prompts beside them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from mteb_reference import mteb_zeroshot
+
+from mieb_ray import storage
+from mieb_ray.cli import main
+from mieb_ray.errors import UserError
+from mieb_ray.evals import protocol
+from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
+from mieb_ray.fixtures.mirror import hub_names, make_mirror
+from mieb_ray.fixtures.zeroshot import make_zeroshot_embeddings, zeroshot_vectors
+from mieb_ray.io import embeddings
+
+pytestmark = pytest.mark.timeout(600)
+
+# a class with no test image (CIFAR100, 40 of 100 classes), exact ties (ImageNet's duplicate prompts; a zero
+# image in every cosine task), both binary tasks (one per scorer), a validation split, Caltech's background
+CHOSEN = ["Caltech101ZeroShot", "CIFAR100ZeroShot", "Food101ZeroShot", "Imagenet1kZeroShot", "PatchCamelyonZeroShot",
+          "RenderedSST2"]
+EVAL_ROWS = 40
+
+
+def test_mteb_prompts_equal_get_candidate_labels_for_all_22():
+    import mteb
+    from datasets import ClassLabel, Dataset, Features
+
+    assert len(TASKS) == 22
+    for task in TASKS:
+        theirs = mteb.get_task(task.name)
+        assert theirs.metadata.eval_splits == [task.split], task.name
+        assert theirs.metadata.dataset["revision"] == task.source.revision, task.name
+        assert theirs.metadata.dataset["path"] == task.source.repo, task.name
+        scorer = "softmax" if theirs.metadata.modalities == ["image", "text"] else "cosine"
+        assert task.scorer == scorer, task.name
+        names = hub_names(task.slug)
+        if names:  # the label column's ClassLabel names are what mteb reads
+            column = theirs.label_column_name
+            theirs.dataset = {task.split: Dataset.from_dict({column: []}, features=Features({column: ClassLabel(
+                names=names)}))}
+        mine = task.mteb_prompts(names)
+        assert mine == theirs.get_candidate_labels(), task.name
+        fixed = task.fixed_prompts(names)
+        assert len(fixed) == len(mine), task.name
+        assert len(set(fixed)) == len(fixed) and not any("\n" in p or "  " in p for p in fixed), task.name
+
+
+def test_fixed_prompts_fix_the_defects():
+    imagenet = select_tasks("Imagenet1kZeroShot")[0]
+    mteb_prompts, fixed = imagenet.mteb_prompts(None), imagenet.fixed_prompts(None)
+    assert mteb_prompts[0] == "a photo of tench\n." and fixed[0] == "a photo of tench."
+    assert mteb_prompts[657] == mteb_prompts[744]  # two classes, one prompt: mteb can never predict 744
+    assert fixed[744] == "a photo of projectile." != fixed[657]
+    clevr = select_tasks("CLEVRZeroShot")[0]
+    assert clevr.mteb_prompts(None)[3] == " shapes." and clevr.fixed_prompts(None)[3] == "mid-distance shapes."
+
+
+def test_unknown_task_lists_the_valid_ones():
+    with pytest.raises(UserError, match=r"unknown zero-shot task 'CIFAR1000ZeroShot'; valid: BirdsnapZeroShot, .*"):
+        select_tasks("CIFAR100ZeroShot,CIFAR1000ZeroShot")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("zs-mirror"))
+    slugs = [t.slug for t in select_tasks(CHOSEN)]
+    make_mirror(root, rows=4, datasets=slugs, files=1, eval_rows=EVAL_ROWS)
+    return root
+
+
+def _embed(tmp_path, tasks=CHOSEN, rows=EVAL_ROWS, **kw):
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    chosen = select_tasks(tasks)
+    make_zeroshot_embeddings(chosen, {t.slug: rows for t in chosen}, images, texts, **kw)
+    return images, texts
+
+
+def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path):
+    images, texts = _embed(tmp_path)
+    out = str(tmp_path / "out")
+    lines = []
+    results = protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), out, images, texts, log=lines.append)
+    chosen = select_tasks(CHOSEN)
+    image_vectors, text_vectors = zeroshot_vectors(chosen, {t.slug: EVAL_ROWS for t in chosen})
+    for task in chosen:
+        ours = json.loads(open(os.path.join(out, f"{task.name}.json")).read())
+        assert ours == results[task.name]
+        rows = np.stack([image_vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL_ROWS)])
+        theirs = mteb_zeroshot(task.name, os.path.join(data, task.source.repo), task.split, text_vectors, rows)
+        mine, want = ours["scores"][task.split][0], theirs["scores"][task.split][0]
+        assert set(mine) == set(want), task.name
+        for key in want:
+            assert mine[key] == want[key], (task.name, key)
+        assert set(theirs) <= set(ours) and ours["dataset_revision"] == theirs["dataset_revision"]
+        fixed = ours["mieb_ray"]["fixed_prompts"]
+        assert fixed["accuracy"] - mine["accuracy"] == pytest.approx(ours["mieb_ray"]["difference"]["accuracy"])
+    binary = {t: json.loads(open(os.path.join(out, f"{t}.json")).read())["scores"]["test"][0]
+              for t in ("PatchCamelyonZeroShot", "RenderedSST2")}
+    assert all(b["ap"] is not None for b in binary.values())
+
+    predictions = pq.read_table(os.path.join(out, "predictions.parquet")).to_pylist()
+    assert len(predictions) == EVAL_ROWS * len(CHOSEN)
+    imagenet = [r for r in predictions if r["task"] == "Imagenet1kZeroShot"]
+    # row 0 of the fixture's ImageNet split is class 744, whose mteb prompt is 657's: an exact tie, argmax 657
+    assert imagenet[0]["label"] == 744 and imagenet[0]["mteb_pred"] == 657 and imagenet[0]["fixed_pred"] == 744
+    cifar = [r for r in predictions if r["task"] == "CIFAR100ZeroShot"]
+    assert cifar[0]["mteb_pred"] == 0 and cifar[0]["fixed_pred"] == 0  # the zero image: every class ties at 0
+
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert [t["task"] for t in summary["tasks"]] == CHOSEN
+    assert summary["tasks"][3]["mteb"]["accuracy"] == results["Imagenet1kZeroShot"]["scores"]["test"][0]["accuracy"]
+    page = open(os.path.join(out, "report.html")).read()
+    assert "Imagenet1kZeroShot" in page and "data:image" in page and "<svg" in page
+    manifest = storage.read_manifest(out)
+    assert set(manifest["files"]) >= {f"{t}.json" for t in CHOSEN} | {"summary.json", "report.html"}
+    assert any("mean accuracy" in line for line in lines)
+
+
+def test_bad_input_is_one_line(ray_local, data, tmp_path):
+    images, texts = _embed(tmp_path, rows=EVAL_ROWS - 3)  # the last 3 images of each task have no embedding
+    suite = ZeroShotSuite(select_tasks("CIFAR10ZeroShot"), data)
+    with pytest.raises(UserError, match=r"no cifar10 test files|mteb/cifar10"):  # a mirror without the repo
+        protocol.run(suite, str(tmp_path / "o1"), images, texts)
+    suite = ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data)
+    with pytest.raises(UserError, match=r"CIFAR100ZeroShot: 3 of 40 images have no embedding in .*'cifar100/test/37'"):
+        protocol.run(suite, str(tmp_path / "o2"), images, texts)
+    assert storage.read_manifest(str(tmp_path / "o2")) is None
+
+    images, texts = _embed(tmp_path / "b", tasks=["CIFAR100ZeroShot"])
+    other, _ = _embed(tmp_path / "c", tasks=["CIFAR100ZeroShot"], dim=8)
+    with pytest.raises(UserError, match="text embeddings have dim 16 but image embeddings dim 8"):
+        protocol.run(ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data), str(tmp_path / "o3"), other, texts)
+
+
+def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
+    images, texts = _embed(tmp_path, tasks=["RenderedSST2"])
+    out = str(tmp_path / "out")
+    assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
+                 "--text-embeddings", texts, "--out", out]) == 0
+    result = json.loads(open(os.path.join(out, "RenderedSST2.json")).read())
+    assert 0 <= result["scores"]["test"][0]["main_score"] <= 1
+    assert main(["eval-zeroshot", "--tasks", "Nope", "--data", data, "--out", out, "--model", "x"]) == 1
+    assert "unknown zero-shot task 'Nope'; valid:" in capsys.readouterr().err
+    # a rerun replaces the outputs whole
+    assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
+                 "--text-embeddings", texts, "--out", out]) == 0
+    assert embeddings.shard_uris(images)
