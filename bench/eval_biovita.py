@@ -40,7 +40,7 @@ from mteb_reference import mteb_scores  # noqa: E402
 
 from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
-from mieb_ray.pipelines.eval_biovita import RESULTS_FILE, EvalConfig, evaluate  # noqa: E402
+from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig, evaluate  # noqa: E402
 from mieb_ray.retrieval import biovita  # noqa: E402
 
 KEYS = [f"taxon_top_{k}_accuracy" for k in (1, 5, 10)]

@@ -1,4 +1,5 @@
-"""`mieb-ray build | embed | eval-biovita | demo`: parse flags, connect to Ray, call a pipeline. No logic of its own."""
+"""`mieb-ray build | embed | eval-biovita | eval-zeroshot | demo`: parse flags, connect to Ray, call a pipeline.
+No logic of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
     p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: all 23)")
     p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"])
+    # no argparse `choices`: a wrong value is then the one-line UserError of BuildConfig.check()
+    p.add_argument("--split", default="train", metavar="{train,eval}",
+                   help="train: the train splits, keys <slug>/<index> (default); eval: each task's MIEB eval split "
+                        "(test; validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
     p.add_argument("--rows-per-shard", type=int, default=10_000,
                    help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
@@ -56,7 +61,7 @@ def run_build(args: argparse.Namespace) -> None:
     config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
                          verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
-                         cpus_per_worker=args.cpus_per_worker)
+                         cpus_per_worker=args.cpus_per_worker, split=args.split)
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
@@ -130,19 +135,56 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from mieb_ray.errors import UserError
-    from mieb_ray.pipelines.eval_biovita import EvalConfig, embed_biovita, evaluate
+    from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
 
-    if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
-        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
-    if not args.model and not (args.image_embeddings and args.text_embeddings):
-        raise UserError("--image-embeddings and --text-embeddings go together")
+    _embedding_flags(args)
     init_ray(args.address)
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
                         partitions=args.partitions))
+
+
+def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated mteb task names (default: all 22, e.g. CIFAR100ZeroShot,RenderedSST2)")
+    p.add_argument("--data", default="hf",
+                   help="'hf' for the tasks' repos at the pinned revisions, or a mirror root (local or s3://) holding "
+                        "<org>/<repo>/ folders, as for build --sources (default: hf)")
+    p.add_argument("--image-embeddings", help="embed output of the eval images, keyed <slug>/<split>/<index>")
+    p.add_argument("--text-embeddings",
+                   help="embed output of the prompts (mteb's and the fixed ones), keyed by the text")
+    p.add_argument("--model", help="instead of the two embedding flags: build the eval splits and embed them and the "
+                                   "prompts with this model first (complete embeddings of the same model are reused)")
+    p.add_argument("--revision", default=None, help="hub commit of --model")
+    p.add_argument("--out", required=True, help="output folder: <Task>.json per task, summary.json, report.html")
+    add_pool_flags(p, "with --model: ")
+
+
+def _embedding_flags(args: argparse.Namespace) -> None:
+    from mieb_ray.errors import UserError
+
+    if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
+        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
+    if not args.model and not (args.image_embeddings and args.text_embeddings):
+        raise UserError("--image-embeddings and --text-embeddings go together")
+
+
+def run_zeroshot(args: argparse.Namespace) -> None:
+    from mieb_ray import storage
+    from mieb_ray.evals import protocol
+    from mieb_ray.evals.zeroshot import ZeroShotSuite
+    from mieb_ray.evals.zeroshot_tasks import select_tasks
+
+    _embedding_flags(args)
+    suite = ZeroShotSuite(select_tasks(args.tasks), args.data)  # an unknown task fails here, before Ray starts
+    storage.check_output(args.out)
+    init_ray(args.address)
+    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
+                     else (args.image_embeddings, args.text_embeddings))
+    protocol.run(suite, args.out, images, texts)
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -165,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("eval-biovita", help="score embeddings on BioVITA text-to-image taxon retrieval")
     add_eval_flags(v)
     v.set_defaults(run=run_eval)
+    z = sub.add_parser("eval-zeroshot", help="score embeddings on the 22 MIEB zero-shot classification tasks, with "
+                                             "mteb's prompts and with fixed ones")
+    add_zeroshot_flags(z)
+    z.set_defaults(run=run_zeroshot)
     d = sub.add_parser("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)

@@ -11,7 +11,7 @@ from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
-from mieb_ray.pipelines.eval_biovita import EvalConfig, embed_biovita, evaluate
+from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:

@@ -16,8 +16,8 @@ from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.eval_biovita import RESULTS_FILE, EvalConfig
-from mieb_ray.pipelines.eval_biovita import evaluate as evaluate_config
+from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig
+from mieb_ray.evals.biovita import evaluate as evaluate_config
 from mieb_ray.retrieval import biovita
 
 pytestmark = pytest.mark.timeout(600)

@@ -1,5 +1,5 @@
-"""The eval job: BioVITA text-to-image taxon retrieval scored from embedding shards, equal to mteb's
-`BioVITAT2IReranking`.
+"""BioVITA text-to-image taxon retrieval as an EvalSuite (evals/protocol.py), scored from embedding shards,
+equal to mteb's `BioVITAT2IReranking`.
 
 Per subset, on the top-k engine (mieb_ray/topk): a task reads the corpus' id and taxon columns into a key lookup
 (corpus id -> doc, taxon); the image embeddings are laid out once in taxon-aligned partitions through it; a task
@@ -12,7 +12,6 @@ HTML report). It never reads an image embedding.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,9 @@ import pyarrow.parquet as pq
 import ray
 
 from mieb_ray import __version__, storage
-from mieb_ray.errors import UserError, find_user_error
+from mieb_ray.errors import UserError
+from mieb_ray.evals import protocol
+from mieb_ray.evals.protocol import EmbedInputs, get
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval import biovita
 from mieb_ray.retrieval.groupmax import NEG, rank_of, ranked
@@ -30,7 +31,6 @@ from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import CandidateMax, Candidates
 
 K_VALUES = (1, 5, 10)
-MTEB_VERSION = "2.26.24"  # the scorer we equal
 RESULTS_FILE = f"{biovita.TASK}.json"
 
 
@@ -67,14 +67,11 @@ def subset_scores(best: np.ndarray, correct: np.ndarray) -> tuple[dict, np.ndarr
 
 
 def task_result(scores: dict[str, dict], seconds: float, phases: list[dict]) -> dict:
-    """mteb's TaskResult layout, as `TaskResult.to_disk` writes it (floats rounded to 6 decimals). Only the
-    taxon metrics: mteb's document-level ones (ndcg, recall...) are not BioVITA's measure."""
-    entries = [{**{k: round(v, 6) for k, v in s.items()}, "main_score": round(s["taxon_top_1_accuracy"], 6),
-                "hf_subset": name, "languages": ["eng-Latn"], "mteb_version": MTEB_VERSION}
+    """mteb's TaskResult layout, one entry per subset. Only the taxon metrics: mteb's document-level ones (ndcg,
+    recall...) are not BioVITA's measure."""
+    entries = [{**s, "main_score": s["taxon_top_1_accuracy"], "hf_subset": name, "languages": ["eng-Latn"]}
                for name, s in scores.items()]
-    return {"dataset_revision": biovita.REVISION, "task_name": biovita.TASK, "mteb_version": MTEB_VERSION,
-            "scores": {biovita.SPLIT: entries}, "evaluation_time": round(seconds, 6), "kg_co2_emissions": None,
-            "date": time.time(), "evaluation_phases": phases}
+    return protocol.task_result(biovita.TASK, biovita.REVISION, biovita.SPLIT, entries, seconds, phases)
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -131,18 +128,7 @@ def _photos(data: str, name: str, docs: list[int]) -> dict[int, tuple[str, bytes
     return {d: (i, images.get(i)) for d, i in wanted.items()}
 
 
-def _get(refs):
-    """ray.get, a UserError raised in a task re-raised as itself (one line, no task traceback)."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as exc:
-        user = find_user_error(exc.cause) if exc.cause is not None else None
-        if user is None:
-            raise
-        raise user from None
-
-
-# ---------------------------------------------------------------------------------------------- the job
+# ---------------------------------------------------------------------------------------------- the suite
 
 
 @dataclass
@@ -157,86 +143,122 @@ class _Run:
     start: float
 
 
-def _submit(config: EvalConfig, q: biovita.Queries, image_shards: list[str], t_score: float) -> _Run:
-    start = time.time() - t_score
-    lookup, vocabulary, n_photos = _corpus.remote(config.data, q.name)
-    lay = engine.layout(image_shards, lookup=lookup, partitions=config.partitions)
-    n = len(q.query_ids)
-    blocks = [(a, min(a + config.query_block, n)) for a in range(0, n, config.query_block)]
-    vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
-        config.text_embeddings, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
-    data = _candidates.options(num_returns=len(blocks)).remote(
-        config.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary)
-    data = data if len(blocks) > 1 else [data]
-    return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
+class BioVITASuite:
+    """BioVITAT2IReranking as an EvalSuite: one task, its subsets scored together."""
 
+    kind = "mieb-biovita-eval"
 
-def _check(config: EvalConfig, run: _Run) -> None:
-    """The one-line errors, in order: query texts, corpus photos, dimensions."""
-    text_dim = _get(run.dim)
-    n, sample, duplicates = engine.missing_keys(run.layout)
-    where = storage.display(config.image_embeddings)
-    if n:
-        raise UserError(f"{n} {run.queries.name} corpus ids have no embedding in {where} "
-                        f"(e.g. {', '.join(repr(k) for k in sample)})")
-    if duplicates:
-        raise UserError(f"{where} holds {duplicates} duplicate keys")
-    image_dim = run.layout.stats()["dim"]
-    if isinstance(image_dim, list):
-        raise storage.StorageError(f"{where} mixes embedding dimensions {image_dim}")
-    if text_dim != image_dim:
-        raise UserError(f"text embeddings have dim {text_dim} but image embeddings dim {image_dim} "
-                        f"({storage.display(config.text_embeddings)} vs {where})")
+    def __init__(self, config: EvalConfig):
+        self.config = config
+
+    def task_names(self) -> list[str]:
+        return [biovita.TASK]
+
+    def embed_inputs(self, out: str, log) -> EmbedInputs:
+        """The corpus photos (keyed by id) and the distinct query texts, written to a table keyed by the text."""
+        data = self.config.data
+        first, *others = biovita.SUBSETS
+        corpus = {name: set(biovita.read_corpus(data, name)[0]) for name in biovita.SUBSETS}  # ids only
+        for name in others:  # the hub's subsets share one corpus of photos, by id
+            if corpus[name] - corpus[first]:
+                raise UserError(f"BioVITA subset {name} has photos that {first} lacks; embed each corpus apart")
+        texts = sorted({t for name in biovita.SUBSETS for t in biovita.load_queries(data, name).query_texts})
+        queries = storage.join(out, "embeddings", "_queries", "queries.parquet")
+        local = storage.staging_path(queries)
+        pq.write_table(pa.table({"key": texts, "text": texts}), local)
+        storage.commit(local, queries)
+        return EmbedInputs(biovita.corpus_files(data, first)[0].rsplit("/", 1)[0], "id", queries)
+
+    def submit(self, images: str, texts: str, log) -> dict[str, _Run]:
+        c = self.config
+        queries = {name: scored_queries(biovita.load_queries(c.data, name)) for name in c.subsets}
+        image_shards = embeddings.shard_uris(images)  # the manifest's list: no shard is opened here
+        self.images, self.texts, self.t_score = images, texts, time.time()
+        runs = {name: self._submit(q, image_shards, texts) for name, q in queries.items()}
+        photos = dict(zip(runs, get([r.photos for r in runs.values()])))
+        sizes = ", ".join(f"{n}: {len(r.queries.query_ids)} queries, {photos[n]} images" for n, r in runs.items())
+        log(f"[eval] {sizes}")
+        return runs
+
+    def _submit(self, q: biovita.Queries, image_shards: list[str], texts: str) -> _Run:
+        c = self.config
+        start = time.time() - self.t_score
+        lookup, vocabulary, n_photos = _corpus.remote(c.data, q.name)
+        lay = engine.layout(image_shards, lookup=lookup, partitions=c.partitions)
+        n = len(q.query_ids)
+        blocks = [(a, min(a + c.query_block, n)) for a in range(0, n, c.query_block)]
+        vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
+            texts, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
+        data = _candidates.options(num_returns=len(blocks)).remote(
+            c.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary)
+        data = data if len(blocks) > 1 else [data]
+        return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
+
+    def _check(self, run: _Run) -> None:
+        """The one-line errors, in order: query texts, corpus photos, dimensions."""
+        text_dim = get(run.dim)
+        n, sample, duplicates = engine.missing_keys(run.layout)
+        where = storage.display(self.images)
+        if n:
+            raise UserError(f"{n} {run.queries.name} corpus ids have no embedding in {where} "
+                            f"(e.g. {', '.join(repr(k) for k in sample)})")
+        if duplicates:
+            raise UserError(f"{where} holds {duplicates} duplicate keys")
+        image_dim = run.layout.stats()["dim"]
+        if isinstance(image_dim, list):
+            raise storage.StorageError(f"{where} mixes embedding dimensions {image_dim}")
+        if text_dim != image_dim:
+            raise UserError(f"text embeddings have dim {text_dim} but image embeddings dim {image_dim} "
+                            f"({storage.display(self.texts)} vs {where})")
+
+    def collect(self, runs: dict[str, _Run], log) -> dict[str, dict]:
+        scores, self.per_query, self.tops, phases = {}, [], {}, []
+        for name, run in runs.items():
+            self._check(run)
+            q = run.queries
+            merged = get(run.results)
+            best, docs = np.concatenate([s for s, _ in merged]), np.concatenate([d for _, d in merged])
+            correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
+            scores[name], ranks = subset_scores(best, correct)
+            self.scores = scores
+            self.tops[name] = (best, docs, ranks)
+            self.per_query += [{"subset": name, "query_id": i, "text": t, "correct_taxon": ct, "rank": int(r)}
+                               for i, t, ct, r in zip(q.query_ids, q.query_texts, q.correct_taxa, ranks)]
+            phases.append({"name": "Scoring", "start": run.start, "end": time.time() - self.t_score,
+                           "split": biovita.SPLIT, "subset": name})
+            stats = run.layout.stats()
+            log(f"[eval] {name}: " + ", ".join(f"top-{k} {scores[name][f'taxon_top_{k}_accuracy']:.4f}"
+                                               for k in K_VALUES)
+                + f" ({stats['matched']:,} photos in {stats['partitions']} partitions; image shards read "
+                  f"{stats['read_ratio']:.2f}x)")
+        seconds = time.time() - self.t_score
+        task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
+        result = task_result(scores, seconds, phases)
+        models = {k: (storage.read_manifest(u) or {}).get("model") for k, u in (("image", self.images),
+                                                                                ("text", self.texts))}
+        result["mieb_ray"] = {
+            "version": __version__, "task_score": task_score, "data": storage.display(self.config.data),
+            "image_embeddings": {"uri": storage.display(self.images), "model": models["image"]},
+            "text_embeddings": {"uri": storage.display(self.texts), "model": models["text"]},
+            "queries": {n: len(r.queries.query_ids) for n, r in runs.items()},
+        }
+        log(f"[eval] task score (mean top-1) {task_score:.4f}; scoring {seconds:.2f}s")
+        return {biovita.TASK: result}
+
+    def write(self, out: str, results: dict[str, dict], runs: dict[str, _Run], log) -> tuple[list[str], dict]:
+        _write_ranks(out, self.per_query)
+        result = results[biovita.TASK]
+        _write_report(self.config, {n: r.queries for n, r in runs.items()}, self.tops, self.scores, result)
+        return ["ranks.parquet", "report.html"], {"task_score": result["mieb_ray"]["task_score"]}
 
 
 def evaluate(config: EvalConfig, log=print) -> dict:
     """Score the embeddings on the subsets; write results JSON, per-query ranks and the HTML report."""
     t0 = time.time()
-    c = config
-    storage.check_output(c.out)
-    queries = {name: scored_queries(biovita.load_queries(c.data, name)) for name in c.subsets}
-    image_shards = embeddings.shard_uris(c.image_embeddings)  # the manifest's list: no shard is opened here
-    t_score = time.time()
-    runs = {name: _submit(c, q, image_shards, t_score) for name, q in queries.items()}
-    photos = dict(zip(runs, _get([r.photos for r in runs.values()])))
-    log(f"[eval] {', '.join(f'{n}: {len(r.queries.query_ids)} queries, {photos[n]} images' for n, r in runs.items())}")
-    scores, per_query, tops, phases = {}, [], {}, []
-    for name, run in runs.items():
-        _check(c, run)
-        q = run.queries
-        merged = _get(run.results)
-        best, docs = np.concatenate([s for s, _ in merged]), np.concatenate([d for _, d in merged])
-        correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
-        scores[name], ranks = subset_scores(best, correct)
-        tops[name] = (best, docs, ranks)
-        per_query += [{"subset": name, "query_id": i, "text": t, "correct_taxon": ct, "rank": int(r)}
-                      for i, t, ct, r in zip(q.query_ids, q.query_texts, q.correct_taxa, ranks)]
-        phases.append({"name": "Scoring", "start": run.start, "end": time.time() - t_score, "split": biovita.SPLIT,
-                       "subset": name})
-        stats = run.layout.stats()
-        log(f"[eval] {name}: " + ", ".join(f"top-{k} {scores[name][f'taxon_top_{k}_accuracy']:.4f}" for k in K_VALUES)
-            + f" ({stats['matched']:,} photos in {stats['partitions']} partitions; image shards read "
-              f"{stats['read_ratio']:.2f}x)")
-    seconds = time.time() - t_score
-    task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
-    result = task_result(scores, seconds, phases)
-    models = {k: (storage.read_manifest(u) or {}).get("model")
-              for k, u in (("image", c.image_embeddings), ("text", c.text_embeddings))}
-    result["mieb_ray"] = {
-        "version": __version__, "task_score": task_score, "data": storage.display(c.data),
-        "image_embeddings": {"uri": storage.display(c.image_embeddings), "model": models["image"]},
-        "text_embeddings": {"uri": storage.display(c.text_embeddings), "model": models["text"]},
-        "queries": {n: len(q.query_ids) for n, q in queries.items()},
-    }
-    storage.delete(storage.join(c.out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
-    storage.write_bytes(storage.join(c.out, RESULTS_FILE), (json.dumps(result, indent=2) + "\n").encode())
-    _write_ranks(c.out, per_query)
-    _write_report(c, queries, tops, scores, result)
-    storage.write_manifest(c.out, {"format": "mieb-biovita-eval", "format_version": 1, "version": __version__,
-                                   "files": [RESULTS_FILE, "ranks.parquet", "report.html"],
-                                   "task_score": task_score})
-    log(f"[eval] task score (mean top-1) {task_score:.4f}; scoring {seconds:.2f}s; total {time.time() - t0:.1f}s "
-        f"-> {storage.display(c.out)}")
+    storage.check_output(config.out)
+    result = protocol.run(BioVITASuite(config), config.out, config.image_embeddings, config.text_embeddings,
+                          log)[biovita.TASK]
+    log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return result
 
 
@@ -244,30 +266,7 @@ def embed_biovita(data: str, model: str, revision: str | None, out: str, log=pri
     """Embed the corpus images (keyed by id) and the distinct query texts (keyed by the text) with the embed
     pipeline, into OUT/embeddings/; an output already complete there for this model is reused. `pools`: the
     embed job's workers, gpus_per_worker, cpus_per_worker."""
-    from mieb_ray.pipelines.embed import EmbedConfig, embed
-
-    root = storage.join(out, "embeddings")
-    first, *others = biovita.SUBSETS
-    corpus = {name: set(biovita.read_corpus(data, name)[0]) for name in biovita.SUBSETS}  # ids only
-    for name in others:  # the hub's subsets share one corpus of photos, by id
-        if corpus[name] - corpus[first]:
-            raise UserError(f"BioVITA subset {name} has photos that {first} lacks; embed each corpus apart")
-    texts = sorted({t for name in biovita.SUBSETS for t in biovita.load_queries(data, name).query_texts})
-    queries = storage.join(root, "_queries", "queries.parquet")
-    local = storage.staging_path(queries)
-    pq.write_table(pa.table({"key": texts, "text": texts}), local)
-    storage.commit(local, queries)
-    corpus = biovita.corpus_files(data, first)
-    folder = corpus[0].rsplit("/", 1)[0]
-    targets = {"image": (folder, storage.join(root, "images")), "text": (queries, storage.join(root, "texts"))}
-    for modality, (source, target) in targets.items():
-        done = storage.read_manifest(target)
-        if done and done.get("model", {}).get("name") == model:
-            log(f"[eval] reusing {modality} embeddings at {storage.display(target)}")
-            continue
-        embed(EmbedConfig(source, target, model, revision=revision, modality=modality,
-                          key_column="key" if modality == "text" else "id", overwrite=True, **pools), log=log)
-    return targets["image"][1], targets["text"][1]
+    return protocol.embed(BioVITASuite(EvalConfig(data, "", "", out)), out, model, revision, log, **pools)
 
 
 def _write_ranks(out: str, rows: list[dict]) -> None:
@@ -290,7 +289,7 @@ def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
         wanted = sorted({int(docs[i, p]) for i in range(shown) for p in top[i] if docs[i, p] >= 0})
         photo_refs[name] = _photos.remote(config.data, name, wanted) if wanted else None
         cards += [(name, i, top[i]) for i in range(shown)]
-    photos = {name: _get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
+    photos = {name: get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
     gallery, images = [], {}
     for name, i, top in cards:
         q, (best, docs, ranks) = queries[name], tops[name]
