@@ -26,7 +26,7 @@ class ClassTable:
     source_names: tuple[str, ...]  # names as the source has them, index = label id (scimmir: the class codes)
     class_name: tuple[str, ...]  # normalised name per label id
     text: tuple[str, ...]  # caption per label id (scimmir: the fallback for a row with no text of its own)
-    keep: tuple[bool, ...]  # False where the label's rows are not in mieb-train (caltech101 label 4)
+    keep: tuple[bool, ...]  # False where the label's train rows are not in mieb-train (caltech101 label 4)
 
 
 # --- a / an --------------------------------------------------------------------------------------------

@@ -5,10 +5,10 @@ from __future__ import annotations
 from importlib import resources
 
 from mieb_ray.errors import UserError
-from mieb_ray.sources.catalog import PARQUET, SOURCES, TOTAL_ROWS, WEBDATASET, Source
+from mieb_ray.sources.catalog import EVAL_TOTAL_ROWS, PARQUET, SOURCES, TOTAL_ROWS, WEBDATASET, Source
 
-__all__ = ["PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug", "select", "read_labels",
-           "UnknownDatasetError"]
+__all__ = ["EVAL_TOTAL_ROWS", "PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug", "select",
+           "read_labels", "UnknownDatasetError"]
 
 _BY_SLUG = {s.slug: s for s in SOURCES}
 
