@@ -4,8 +4,9 @@ ShardBuilder is the callable class the build pipeline runs in a Ray actor pool: 
 the class tables once and streams units through, so image bytes go from the source file to the
 output shard without crossing the object store. Shard names depend only on the row index
 (`<slug>/<index // rows_per_shard:06d>`), so a retried or repeated unit rewrites the same shards
-with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`:
-the unit, the settings and its result) is committed too: what `--resume` skips.
+with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
+`_progress/<slug>/<split>/<lo>.json` for an eval split: the unit, the settings and its result) is
+committed too: what `--resume` skips.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def error_path(slug: str, unit_lo: int) -> str:
 
 
 def unit_name(unit: Unit) -> str:
-    """The unit's progress record name."""
-    return f"{unit.slug}/{unit.lo:012d}"
+    """The unit's progress record name; an eval split's names its split, so it never meets a train unit's."""
+    return f"{unit.slug}/{unit.lo:012d}" if unit.split == "train" else f"{unit.slug}/{unit.split}/{unit.lo:012d}"
 
 
 class ShardBuilder:
@@ -92,7 +93,7 @@ class ShardBuilder:
                             shards.append(self._commit(unit.slug, current))
                         current = self._open(unit.slug, number, source.image_ext)
                     rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
-                                                      storage.display(file))
+                                                      storage.display(file), unit.split)
                     current.writer.write(rows)
                     dropped += n_dropped
                     if bad.num_rows:

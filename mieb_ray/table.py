@@ -28,8 +28,13 @@ ERROR_SCHEMA = pa.schema([("key", pa.string()), ("dataset_name", pa.string()), (
                           ("error", pa.string())])
 
 
-def keys(slug: str, index: pa.Array) -> pa.Array:
-    return pc.binary_join_element_wise(pa.scalar(slug + "/"), pc.cast(index, pa.string()), "")
+def key_prefix(slug: str, split: str = "train") -> str:
+    """Train keys are `<slug>/<index>`; an eval split's `<slug>/<split>/<index>`, so the two never collide."""
+    return f"{slug}/" if split == "train" else f"{slug}/{split}/"
+
+
+def keys(prefix: str, index: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(pa.scalar(prefix), pc.cast(index, pa.string()), "")
 
 
 def label_ids(source: Source, table: ClassTable, labels: pa.Array) -> pa.Array:
@@ -47,9 +52,11 @@ def _reason(label, image: bytes | None, n_classes: int) -> str:
     return f"label {label} outside the {n_classes} classes"
 
 
-def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str) -> tuple[pa.Table, pa.Table, int]:
-    """mieb-train rows of `chunk` (columns index, image, label[, caption]), the error rows
-    (key, dataset_name, file, error), and how many rows the catalog drops (caltech101 background)."""
+def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str,
+               split: str = "train") -> tuple[pa.Table, pa.Table, int]:
+    """mieb-train rows of `chunk` (columns index, image, label[, caption]) of the source's `split`, the error
+    rows (key, dataset_name, file, error), and how many rows the catalog drops (caltech101 background, from
+    the train split only: an eval split is kept whole, as mteb scores it)."""
     n = len(table.class_name)
     ids = label_ids(source, table, chunk["label"])
     image_bytes = pc.struct_field(chunk["image"], "bytes")
@@ -58,7 +65,8 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str) ->
     ok = pc.and_(ok_label, ok_image)
 
     bad = pc.invert(ok)
-    errors = pa.table({"key": keys(source.slug, pc.filter(chunk["index"], bad))}) if pc.any(bad).as_py() else None
+    prefix = key_prefix(source.slug, split)
+    errors = pa.table({"key": keys(prefix, pc.filter(chunk["index"], bad))}) if pc.any(bad).as_py() else None
     if errors is not None:
         reasons = [_reason(label, image, n) for label, image in
                    zip(pc.filter(chunk["label"], bad).to_pylist(), pc.filter(image_bytes, bad).to_pylist())]
@@ -68,7 +76,7 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str) ->
         errors = ERROR_SCHEMA.empty_table()
 
     safe_ids = pc.fill_null(pc.if_else(ok, ids, 0), 0)
-    keep = pc.and_(ok, pc.take(pa.array(table.keep), safe_ids))
+    keep = pc.and_(ok, pc.take(pa.array(table.keep), safe_ids)) if split == "train" else ok
     dropped = pc.sum(pc.and_(ok, pc.invert(keep))).as_py() or 0
     if not pc.all(keep).as_py():  # filtering copies the image bytes: only when a row goes
         chunk, safe_ids = chunk.filter(keep), pc.filter(safe_ids, keep)
@@ -78,7 +86,7 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str) ->
         own = clean_captions(chunk["caption"])
         text = pc.if_else(pc.fill_null(pc.not_equal(own, ""), False), own, text)
     rows = pa.Table.from_arrays([
-        keys(source.slug, chunk["index"]),
+        keys(prefix, chunk["index"]),
         chunk["image"],
         text,
         # a source whose caption is its own text has no class list for captions: label -1

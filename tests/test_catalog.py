@@ -1,6 +1,10 @@
-"""The catalog: 23 sources adding up to mieb-train's 4,434,196 rows, pinned revisions, the count check."""
+"""The catalog: 23 sources adding up to mieb-train's 4,434,196 rows, their eval splits, pinned revisions, the
+count check."""
 
+import importlib.util
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -8,7 +12,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows
 from mieb_ray.io.readers import repo_root
 from mieb_ray.pipelines.build import check_counts
-from mieb_ray.sources import SOURCES, TOTAL_ROWS, by_slug, select
+from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, by_slug, select
 
 
 def test_the_23_sources_make_mieb_train():
@@ -17,6 +21,24 @@ def test_the_23_sources_make_mieb_train():
     assert all(re.fullmatch(r"[0-9a-f]{40}", s.revision) and s.split == "train" for s in SOURCES)
     assert sum(expected_rows(hub_rows()).values()) == TOTAL_ROWS  # caltech101: 3,060 on the hub, 30 dropped
     assert hub_rows()["caltech101"] == 3_060
+
+
+def test_eval_splits_are_mtebs():
+    zero_shot = [s for s in SOURCES if s.slug != "scimmir"]
+    assert sum(s.eval_rows for s in zero_shot) == 970_944  # the 22 zero-shot tasks
+    assert sum(s.eval_rows for s in SOURCES) == EVAL_TOTAL_ROWS == 970_944 + 16_263
+    assert {s.slug: s.eval_split for s in SOURCES if s.eval_split != "test"} == {"food101": "validation"}
+    assert by_slug("ucf101").eval_rows == 697_222 and by_slug("caltech101").eval_rows == 6_084
+
+
+def test_eval_rows_equal_mtebs_descriptive_stats():
+    spec = importlib.util.find_spec("mteb")  # its files only: importing mteb takes seconds
+    if spec is None:
+        pytest.skip("mteb is not installed")
+    stats = Path(spec.submodule_search_locations[0]) / "descriptive_stats/Image/ZeroShotClassification"
+    for s in SOURCES:
+        splits = json.loads((stats / f"{s.mteb_task}.json").read_text())
+        assert {k: v["num_samples"] for k, v in splits.items()} == {s.eval_split: s.eval_rows}, s.slug
 
 
 def test_hub_reads_go_to_the_pinned_revision():
@@ -31,6 +53,10 @@ def test_count_check_names_the_dataset():
         check_counts({**expected, "cifar100": 49_999}, expected)
     with pytest.raises(UserError, match=r"gtsrb: 0 rows, expected 26,640"):
         check_counts({k: v for k, v in expected.items() if k != "gtsrb"}, expected)
+    evals = {s.slug: s.eval_rows for s in SOURCES}
+    check_counts(dict(evals), evals, EVAL_TOTAL_ROWS)
+    with pytest.raises(UserError, match=r"^the 23 datasets have 987,207 rows, expected 4,434,196$"):
+        check_counts(dict(evals), evals)
 
 
 def test_select_keeps_catalog_order_and_rejects_unknown_names():

@@ -74,12 +74,13 @@ def test_layout_of_every_source(mirror):
         if s.layout == PARQUET:
             assert [Path(f).name for f in parquet_files(root, s.slug)] == [
                 "train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
-            assert pq.read_metadata(repo / "data/test-00000-of-00001.parquet").num_rows == TEST_ROWS
+            assert pq.read_metadata(repo / f"data/{s.eval_split}-00000-of-00001.parquet").num_rows == TEST_ROWS
             assert "configs:" in (repo / "README.md").read_text()
         else:
             assert [Path(f).name for f in tars(root, s.slug)] == ["0.tar", "1.tar"]
             assert (repo / "train/nshards.txt").read_text() == "2\n"
             assert (repo / "test/nshards.txt").read_text() == "1\n" and (repo / "test/0.tar").is_file()
+            assert s.eval_split == "test"
             assert (repo / "classnames.txt").read_bytes() == "".join(f"{n}\n" for n in read_labels(s.names)).encode()
             assert "{c}" in (repo / "zeroshot_classification_templates.txt").read_text()
         # what `huggingface-cli download --local-dir` records: the revision of every file
@@ -171,7 +172,7 @@ def test_scimmir_columns(mirror, hf_cache):
 def test_repo_folder_loads_by_its_readme(mirror, hf_cache):
     root, _ = mirror
     dd = datasets.load_dataset(str(root / "mteb/food101"), cache_dir=hf_cache)
-    assert {k: len(v) for k, v in dd.items()} == {"train": DEFAULT_ROWS, "test": TEST_ROWS}
+    assert {k: len(v) for k, v in dd.items()} == {"train": DEFAULT_ROWS, "validation": TEST_ROWS}  # mteb's eval split
     assert dd["train"].features["label"].names[0] == "apple_pie"
 
 
@@ -210,6 +211,22 @@ def test_rows_files_and_image_override(tmp_path):
 
     make_mirror(tmp_path, rows=5, datasets=["dtd"], files=1)  # rewrites the repo: no stale files left
     assert [Path(f).name for f in parquet_files(tmp_path, "dtd")] == ["train-00000-of-00001.parquet"]
+
+
+def test_eval_split_sizes_and_labels(tmp_path):
+    make_mirror(tmp_path, rows=4, datasets=["caltech101", "food101", "gtsrb"], eval_rows={"caltech101": 5, "gtsrb": 7})
+    caltech = pq.read_table(parquet_files(tmp_path, "caltech101", "test"))
+    assert caltech["label"].to_pylist() == [label_of(by_slug("caltech101"), i) for i in range(5)]
+    assert caltech["label"][0].as_py() == 4  # background_google: the eval split keeps it
+    assert [pq.read_metadata(f).num_rows for f in parquet_files(tmp_path, "food101", "validation")] == [TEST_ROWS]
+    assert not parquet_files(tmp_path, "food101", "test")
+    samples = list(wds.WebDataset(tars(tmp_path, "gtsrb", "test"), shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"s{i:07d}" for i in range(7)]
+    assert [int(s["cls"]) for s in samples] == [label_of(by_slug("gtsrb"), i) for i in range(7)]
+    assert len(train_labels(tmp_path, "gtsrb")) == 4
+
+    make_mirror(tmp_path, rows=4, datasets=["dtd"], eval_rows=9)
+    assert [pq.read_metadata(f).num_rows for f in parquet_files(tmp_path, "dtd", "test")] == [9]
 
 
 def test_no_sklearn_or_skimage_at_runtime(tmp_path):

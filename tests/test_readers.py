@@ -51,6 +51,35 @@ def test_train_files_skip_the_test_split_and_sort_naturally(tmp_path):
     assert not any("/test/" in f for f in files)
 
 
+def test_split_files_find_each_split_by_its_names(tmp_path):
+    make_mirror(tmp_path, rows={"fer2013": 4, "food101": 4}, datasets=["fer2013", "food101"], files=2,
+                eval_rows={"fer2013": 5})
+    fer, food = by_slug("fer2013"), by_slug("food101")
+    assert [os.path.relpath(f, tmp_path) for f in readers.split_files(fer, str(tmp_path), "test")] == [
+        "mteb/wds_fer2013/test/0.tar"]
+    assert [os.path.basename(f) for f in readers.split_files(food, str(tmp_path), "validation")] == [
+        "validation-00000-of-00001.parquet"]
+    assert readers.split_files(fer, str(tmp_path)) == readers.train_files(fer, str(tmp_path))
+    for old, new in [("test", "testing"), ("validation", "val")]:  # the other spellings of a split's name
+        repo = tmp_path / (fer.repo if old == "test" else food.repo)
+        path = repo / "test" if old == "test" else repo / "data/validation-00000-of-00001.parquet"
+        path.rename(path.with_name(new if old == "test" else "val-00000-of-00001.parquet"))
+    assert [os.path.relpath(f, tmp_path) for f in readers.split_files(fer, str(tmp_path), "test")] == [
+        "mteb/wds_fer2013/testing/0.tar"]
+    assert [os.path.basename(f) for f in readers.split_files(food, str(tmp_path), "validation")] == [
+        "val-00000-of-00001.parquet"]
+    with pytest.raises(UserError, match=r"^food101: no test \.parquet files under .*mteb/food101$"):
+        readers.split_files(food, str(tmp_path), "test")
+
+    units, _ = readers.plan(fer, str(tmp_path), 2, "test")
+    assert [(u.lo, u.hi, u.split) for u in units] == [(0, None, "test")]  # one tar from 0: one unit
+    assert readers.Unit.from_json(units[0].to_json()) == units[0]
+    assert [i for u in units for _, c in readers.read_unit(fer, u) for i in c["index"].to_pylist()] == list(range(5))
+    units, _ = readers.plan(food, str(tmp_path), 2, "validation")
+    assert {u.split for u in units} == {"validation"} and readers.Unit.from_json(units[1].to_json()) == units[1]
+    assert all(u.split == "train" for u in readers.plan(food, str(tmp_path), 2)[0])
+
+
 def test_hub_class_names_come_from_the_parquet_metadata(odd_mirror):
     _, names = readers.plan(by_slug("cifar10"), odd_mirror, 10)
     assert names == hub_names("cifar10")

@@ -1,4 +1,4 @@
-"""Read a source's train split from a hub-layout mirror (local or S3) or from the hub itself.
+"""Read a source's split (train, or its eval split) from a hub-layout mirror (local or S3) or from the hub itself.
 
 Planning looks at file metadata only (parquet footers, the first tar header) and cuts the split
 into units: index ranges [lo, hi) aligned to the output shard size, each with the file pieces that
@@ -28,7 +28,8 @@ CHUNK_ROWS = 1000
 CHUNK_BYTES = 64 << 20
 HF = "hf"
 
-_TRAIN = re.compile(r"(^|/)(train|training)([-._ 0-9/]|$)")
+# the words a split's files or folders go by: data/train-00000-of-00002.parquet, test/0.tar, val/...
+_SPLIT_WORDS = {"train": "train|training", "test": "test|testing", "validation": "validation|valid|val"}
 
 
 class SourceError(UserError):
@@ -48,6 +49,7 @@ class Unit:
     lo: int
     hi: int | None  # None: to the end of the last file
     pieces: list[Piece]
+    split: str = "train"  # the source's split the rows come from
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -55,7 +57,7 @@ class Unit:
     @staticmethod
     def from_json(text: str) -> Unit:
         d = json.loads(text)
-        return Unit(d["slug"], d["lo"], d["hi"], [Piece(**p) for p in d["pieces"]])
+        return Unit(d["slug"], d["lo"], d["hi"], [Piece(**p) for p in d["pieces"]], d.get("split", "train"))
 
 
 def repo_root(source: Source, sources: str) -> str:
@@ -69,16 +71,22 @@ def _natural(uri: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
 
 
-def train_files(source: Source, sources: str) -> list[str]:
-    """The files of the train split, in split order (natural sort: 2.tar before 10.tar)."""
+def split_files(source: Source, sources: str, split: str = "train") -> list[str]:
+    """The files of a split (train, test, validation), in split order (natural sort: 2.tar before 10.tar)."""
     root = repo_root(source, sources)
     ext = ".parquet" if source.layout == PARQUET else ".tar"
+    words = re.compile(rf"(^|/)({_SPLIT_WORDS.get(split, re.escape(split))})([-._ 0-9/]|$)")
     rel = {u: u[len(root):].lstrip("/") for u in storage.list_files(root)}
     # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
-    files = [u for u, r in rel.items() if u.endswith(ext) and _TRAIN.search(r) and not re.search(r"(^|/)\.", r)]
+    files = [u for u, r in rel.items() if u.endswith(ext) and words.search(r) and not re.search(r"(^|/)\.", r)]
     if not files:
-        raise SourceError(f"{source.slug}: no train {ext} files under {storage.display(root)}")
+        raise SourceError(f"{source.slug}: no {split} {ext} files under {storage.display(root)}")
     return sorted(files, key=_natural)
+
+
+def train_files(source: Source, sources: str) -> list[str]:
+    """The train split's files (the benchmarks list them)."""
+    return split_files(source, sources, "train")
 
 
 def _footer(uri: str) -> pq.FileMetaData:
@@ -103,7 +111,8 @@ def _parquet_columns(source: Source) -> list[str]:
     return [c for c in (source.image_column, source.label_column, source.caption_column) if c]
 
 
-def plan_parquet(source: Source, files: list[str], rows_per_shard: int) -> tuple[list[Unit], list[str] | None]:
+def plan_parquet(source: Source, files: list[str], rows_per_shard: int,
+                 split: str = "train") -> tuple[list[Unit], list[str] | None]:
     """Units of `rows_per_shard` rows from the footers, and the hub class names of the label column."""
     with ThreadPoolExecutor(16) as pool:
         metas = list(pool.map(_footer, files))
@@ -121,7 +130,7 @@ def plan_parquet(source: Source, files: list[str], rows_per_shard: int) -> tuple
         for i, n in enumerate(group_rows):
             for k in range(start // rows_per_shard, (start + n - 1) // rows_per_shard + 1):
                 lo = k * rows_per_shard
-                unit = units.setdefault(k, Unit(source.slug, lo, min(lo + rows_per_shard, first), []))
+                unit = units.setdefault(k, Unit(source.slug, lo, min(lo + rows_per_shard, first), [], split))
                 if not unit.pieces or unit.pieces[-1].uri != uri:
                     unit.pieces.append(Piece(uri, start))
                 unit.pieces[-1].row_groups.append(i)
@@ -147,7 +156,7 @@ def _first_index(uri: str) -> int:
     return _key_index(member.name.split(".", 1)[0], uri)
 
 
-def plan_webdataset(source: Source, files: list[str], rows_per_shard: int) -> list[Unit]:
+def plan_webdataset(source: Source, files: list[str], rows_per_shard: int, split: str = "train") -> list[Unit]:
     """Units from the first key of each tar: tar t holds indices [first[t], first[t+1]).
 
     Tars that start on shard boundaries (the hub's hold 10,000 samples each) are one unit apiece and
@@ -161,7 +170,8 @@ def plan_webdataset(source: Source, files: list[str], rows_per_shard: int) -> li
             raise SourceError(f"{source.slug}: {storage.display(uri)} starts at index {b}, not after {a}")
     ends = firsts[1:] + [None]  # the last tar's size is known only by reading it
     if all(first % rows_per_shard == 0 for first in firsts):
-        return [Unit(source.slug, first, end, [Piece(uri, first)]) for uri, first, end in zip(files, firsts, ends)]
+        return [Unit(source.slug, first, end, [Piece(uri, first)], split)
+                for uri, first, end in zip(files, firsts, ends)]
     units = []
     last_lo = firsts[-1] - firsts[-1] % rows_per_shard
     for lo in range(0, last_lo + 1, rows_per_shard):
@@ -169,15 +179,17 @@ def plan_webdataset(source: Source, files: list[str], rows_per_shard: int) -> li
         pieces = [Piece(uri, first) for uri, first, end in zip(files, firsts, ends)
                   if (hi is None or first < hi) and (end is None or end > lo)]
         if pieces:
-            units.append(Unit(source.slug, lo, hi, pieces))
+            units.append(Unit(source.slug, lo, hi, pieces, split))
     return units
 
 
-def plan(source: Source, sources: str, rows_per_shard: int) -> tuple[list[Unit], list[str] | None]:
-    files = train_files(source, sources)
+def plan(source: Source, sources: str, rows_per_shard: int,
+         split: str = "train") -> tuple[list[Unit], list[str] | None]:
+    """Units of the split's rows and, for parquet, the hub class names of the label column."""
+    files = split_files(source, sources, split)
     if source.layout == PARQUET:
-        return plan_parquet(source, files, rows_per_shard)
-    return plan_webdataset(source, files, rows_per_shard), None
+        return plan_parquet(source, files, rows_per_shard, split)
+    return plan_webdataset(source, files, rows_per_shard, split), None
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -1,5 +1,8 @@
 """The build job: the 23 sources -> the mieb-train table, sharded as Parquet or WebDataset.
 
+`split="eval"` builds each source's MIEB eval split (test; validation for food101) instead, in the same
+layout, keyed `<slug>/<split>/<index>`, every row kept; it goes to its own output.
+
 plan      driver: file listings and footers only; units of rows [k*N, (k+1)*N) of one source
 build     the ShardBuilder actor pool (Ray Data), one unit per call: read, caption, write and commit the
           shards, then the unit's progress record (shard_builder.py, commit.py)
@@ -24,11 +27,12 @@ from mieb_ray.errors import UserError
 from mieb_ray.io import readers
 from mieb_ray.pools import cpu_pool, read_cluster
 from mieb_ray.shard_builder import ShardBuilder, unit_name
-from mieb_ray.sources import TOTAL_ROWS, select
+from mieb_ray.sources import EVAL_TOTAL_ROWS, TOTAL_ROWS, Source, select
 
 FORMAT = "mieb-train"
 FORMAT_VERSION = 1
 FORMATS = ("parquet", "webdataset")
+SPLITS = ("train", "eval")  # eval: each source's `eval_split`
 
 
 @dataclass(frozen=True)
@@ -44,22 +48,35 @@ class BuildConfig:
     max_error_rate: float = 0.001
     workers: int | None = None
     cpus_per_worker: float = 1.0
+    split: str = "train"  # one of SPLITS
 
     def check(self) -> None:
         if self.fmt not in FORMATS:
             raise UserError(f"unknown format {self.fmt!r}; valid: {', '.join(FORMATS)}")
+        if self.split not in SPLITS:
+            raise UserError(f"unknown split {self.split!r}; valid: {', '.join(SPLITS)}")
         if self.rows_per_shard < 1:
             raise UserError("--rows-per-shard must be at least 1")
 
 
-def check_counts(counts: dict[str, int], expected: dict[str, int]) -> None:
-    """Each dataset's rows must equal the catalog's; all 23 together must make TOTAL_ROWS."""
+def source_split(source: Source, split: str) -> str:
+    """The source's split that build `split` ("train" or "eval") reads."""
+    return source.split if split == "train" else source.eval_split
+
+
+def expected_rows(source: Source, split: str) -> int:
+    return source.rows if split == "train" else source.eval_rows
+
+
+def check_counts(counts: dict[str, int], expected: dict[str, int], total: int = TOTAL_ROWS) -> None:
+    """Each dataset's rows must equal the catalog's; all 23 together must make `total` (TOTAL_ROWS for
+    train, EVAL_TOTAL_ROWS for eval)."""
     wrong = [f"{slug}: {counts.get(slug, 0):,} rows, expected {n:,}" for slug, n in expected.items()
              if counts.get(slug, 0) != n]
     if wrong:
         raise UserError("row count mismatch: " + "; ".join(wrong))
-    if len(expected) == 23 and sum(counts.values()) != TOTAL_ROWS:
-        raise UserError(f"mieb-train has {sum(counts.values()):,} rows, expected {TOTAL_ROWS:,}")
+    if len(expected) == 23 and sum(counts.values()) != total:
+        raise UserError(f"the 23 datasets have {sum(counts.values()):,} rows, expected {total:,}")
 
 
 def build(config: BuildConfig, log=print) -> dict:
@@ -69,10 +86,12 @@ def build(config: BuildConfig, log=print) -> dict:
     commit.prepare(config.out, config.overwrite, "a complete build")
 
     t0 = time.time()
-    units, tables = _plan(selected, config.sources, config.rows_per_shard)
-    log(f"[build] planned {len(units)} units over {len(selected)} datasets in {time.time() - t0:.1f}s")
+    units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
+    log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
+        f"in {time.time() - t0:.1f}s")
     progress = commit.Progress(config.out, {"sources": storage.display(config.sources), "format": config.fmt,
-                                            "rows_per_shard": config.rows_per_shard, "version": __version__})
+                                            "rows_per_shard": config.rows_per_shard, "split": config.split,
+                                            "version": __version__})
     built = progress.done({unit_name(u): asdict(u) for u in units}) if config.resume else {}
     if config.resume:
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
@@ -90,9 +109,9 @@ def build(config: BuildConfig, log=print) -> dict:
     return _manifest(config, selected, results, progress, t0, log)
 
 
-def _plan(selected, sources: str, rows_per_shard: int):
+def _plan(selected, sources: str, rows_per_shard: int, split: str):
     def one(source):
-        units, hub_names = readers.plan(source, sources, rows_per_shard)
+        units, hub_names = readers.plan(source, sources, rows_per_shard, source_split(source, split))
         try:
             return source, units, class_table(source, hub_names)
         except ValueError as exc:  # the source's class list is not the one the catalog knows
@@ -123,15 +142,23 @@ def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, log
         yield result
 
 
-def dataset_card(slugs: list[str], fmt: str) -> str:
-    """README.md whose `configs` let `datasets.load_dataset(OUT, "<slug>")` (and the hub viewer) read it."""
+def dataset_card(splits: dict[str, str], fmt: str) -> str:
+    """README.md whose `configs` let `datasets.load_dataset(OUT, "<slug>")` (and the hub viewer) read it.
+    `splits`: slug -> the split name its rows come from (train, test, validation), in catalog order."""
     ext = "parquet" if fmt == "parquet" else "tar"
+    by_split: dict[str, list[str]] = {}
+    for slug, split in splits.items():
+        by_split.setdefault(split, []).append(slug)
     lines = ["---", "configs:"]
     if fmt == "parquet":  # WebDataset shard sets differ in image extension, so they are not mixed
-        lines += ["- config_name: all", "  data_files:", "  - split: train", f'    path: "*/*.{ext}"']
-    for slug in slugs:
-        lines += [f"- config_name: {slug}", "  data_files:", "  - split: train", f"    path: {slug}/*.{ext}"]
-    lines += ["---", "", f"# mieb-train ({fmt})", "",
+        lines += ["- config_name: all", "  data_files:"]
+        for split, slugs in by_split.items():  # eval: food101's validation beside the others' test
+            path = f'"*/*.{ext}"' if len(by_split) == 1 else "[" + ", ".join(f"{s}/*.{ext}" for s in slugs) + "]"
+            lines += [f"  - split: {split}", f"    path: {path}"]
+    for slug, split in splits.items():
+        lines += [f"- config_name: {slug}", "  data_files:", f"  - split: {split}", f"    path: {slug}/*.{ext}"]
+    title = "mieb-train" if set(by_split) == {"train"} else "MIEB eval splits in the mieb-train layout"
+    lines += ["---", "", f"# {title} ({fmt})", "",
               f"Built by mieb-ray {__version__}. Rows, shards and checksums: `{storage.MANIFEST}`.", ""]
     return "\n".join(lines)
 
@@ -155,16 +182,17 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
         worst = ", ".join(f"{k}: {v:,}" for k, v in errors.items() if v)
         raise UserError(f"{n_errors:,} rows could not be built ({worst}), more than --max-error-rate "
                         f"{config.max_error_rate}; see {storage.display(storage.join(config.out, '_errors'))}")
-    expected = {s.slug: s.rows for s in selected}
+    expected = {s.slug: expected_rows(s, config.split) for s in selected}
     verify = (config.sources == readers.HF) if config.verify_counts is None else config.verify_counts
     if verify:
-        check_counts(counts, expected)
-    storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(slugs, config.fmt).encode())
+        check_counts(counts, expected, TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
+    splits = {s.slug: source_split(s, config.split) for s in selected}
+    storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt).encode())
     manifest = commit.finish(config.out, {
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
-                   "rows_per_shard": config.rows_per_shard, "counts_verified": verify},
-        "sources": {s.slug: {"repo": s.repo, "revision": s.revision, "split": s.split} for s in selected},
+                   "rows_per_shard": config.rows_per_shard, "split": config.split, "counts_verified": verify},
+        "sources": {s.slug: {"repo": s.repo, "revision": s.revision, "split": splits[s.slug]} for s in selected},
         "counts": {"total": rows, "datasets": counts, "errors": errors, "dropped": dropped, "expected": expected},
         "shards": shards,
         "error_files": error_files,
