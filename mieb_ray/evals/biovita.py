@@ -99,24 +99,9 @@ def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list
 
 @ray.remote(num_cpus=1)
 def _query_vectors(uri: str, blocks: list[list[str]], what: str):
-    """The dim, then per block the (q, d) float32 embeddings of its texts (text embeddings keyed by text)."""
-    tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
-    dims = sorted({t["embedding"].type.list_size for t in tables})
-    if len(dims) > 1:
-        raise storage.StorageError(f"{storage.display(uri)} mixes embedding dimensions {dims}")
-    where = {}
-    for n, table in enumerate(tables):
-        where.update({k: (n, r) for r, k in enumerate(table["key"].to_pylist())})
-    duplicates = sum(t.num_rows for t in tables) - len(where)
-    if duplicates:
-        raise UserError(f"{storage.display(uri)} holds {duplicates} duplicate keys")
-    missing = [k for k in dict.fromkeys(t for b in blocks for t in b) if k not in where]
-    if missing:
-        shown = ", ".join(repr(k) for k in missing[:5])
-        raise UserError(f"{len(missing)} {what} have no embedding in {storage.display(uri)} (e.g. {shown})")
-    matrices = [embeddings.matrix(t) for t in tables]
-    return [dims[0] if dims else 0,
-            *(np.stack([matrices[where[k][0]][where[k][1]] for k in b]).astype(np.float32) for b in blocks)]
+    """The dim, then per block the (q, d) float32 embeddings of its texts."""
+    dim, vectors = protocol.text_vectors(uri, [t for b in blocks for t in b], what)
+    return [dim, *np.split(vectors, np.cumsum([len(b) for b in blocks])[:-1])]
 
 
 @ray.remote(num_cpus=1)

@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import ray
 
 from mieb_ray import __version__, storage
-from mieb_ray.errors import find_user_error
+from mieb_ray.errors import UserError, find_user_error
+from mieb_ray.io import embeddings
 
 MTEB_VERSION = "2.26.24"  # the scorers we equal
 
@@ -68,6 +70,28 @@ def get(refs):
         if user is None:
             raise
         raise user from None
+
+
+def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray]:
+    """The dim and the (n, d) float32 embeddings of `texts` from an embed output keyed by the text (in a task)."""
+    tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
+    dims = sorted({t["embedding"].type.list_size for t in tables})
+    if len(dims) > 1:
+        raise storage.StorageError(f"{storage.display(uri)} mixes embedding dimensions {dims}")
+    where = {}
+    for n, table in enumerate(tables):
+        where.update({k: (n, r) for r, k in enumerate(table["key"].to_pylist())})
+    duplicates = sum(t.num_rows for t in tables) - len(where)
+    if duplicates:
+        raise UserError(f"{storage.display(uri)} holds {duplicates} duplicate keys")
+    missing = [k for k in dict.fromkeys(texts) if k not in where]
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:5])
+        raise UserError(f"{len(missing)} {what} have no embedding in {storage.display(uri)} (e.g. {shown})")
+    matrices = [embeddings.matrix(t) for t in tables]
+    dim = dims[0] if dims else 0
+    rows = [matrices[where[k][0]][where[k][1]] for k in texts]
+    return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
 
 
 def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:

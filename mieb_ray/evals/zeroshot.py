@@ -25,7 +25,7 @@ import ray
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals.protocol import EmbedInputs, get, task_result
+from mieb_ray.evals.protocol import EmbedInputs, get, task_result, text_vectors
 from mieb_ray.evals.zeroshot_scoring import PROMPT_SETS, ClassArgmax, TaskPrompts, metrics
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, readers
@@ -69,20 +69,8 @@ def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
 @ray.remote(num_cpus=1, num_returns=2)
 def _prompt_corpus(uri: str, prompts: list[str]):
     """The dim, and the prompt corpus chunk (vectors, group = row) from text embeddings keyed by the text."""
-    tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
-    dims = sorted({t["embedding"].type.list_size for t in tables})
-    if len(dims) > 1:
-        raise storage.StorageError(f"{storage.display(uri)} mixes embedding dimensions {dims}")
-    where = {}
-    for n, table in enumerate(tables):
-        where.update({k: (n, r) for r, k in enumerate(table["key"].to_pylist())})
-    missing = [p for p in dict.fromkeys(prompts) if p not in where]
-    if missing:
-        shown = ", ".join(repr(k) for k in missing[:5])
-        raise UserError(f"{len(missing)} prompts have no embedding in {storage.display(uri)} (e.g. {shown})")
-    matrices = [embeddings.matrix(t) for t in tables]
-    vectors = np.stack([matrices[where[p][0]][where[p][1]] for p in prompts]).astype(np.float32)
-    return dims[0], (vectors, np.arange(len(prompts), dtype=np.int64))
+    dim, vectors = text_vectors(uri, prompts, "prompts")
+    return dim, (vectors, np.arange(len(prompts), dtype=np.int64))
 
 
 @ray.remote(num_cpus=1, num_returns=3)
@@ -169,14 +157,10 @@ class ZeroShotSuite:
 
             def one(task: ZeroShotTask) -> Planned:
                 units, hub_names = readers.plan(task.source, self.data, UNIT_ROWS, split=task.split)
-                fixed = task.fixed_prompts(hub_names)
-                mteb = task.mteb_prompts(hub_names)
-                if len(mteb) != len(fixed):
-                    raise UserError(f"{task.name}: mteb has {len(mteb)} classes, the catalog {len(fixed)}")
-                from mieb_ray.captions import class_table
-
-                names = list(class_table(task.source, hub_names).class_name)
-                return Planned(task, units, {"mteb": mteb, "fixed": fixed}, names)
+                classes, mteb = task.classes(hub_names), task.mteb_prompts(hub_names)
+                if len(mteb) != len(classes.text):
+                    raise UserError(f"{task.name}: mteb has {len(mteb)} classes, the catalog {len(classes.text)}")
+                return Planned(task, units, {"mteb": mteb, "fixed": list(classes.text)}, list(classes.class_name))
 
             with ThreadPoolExecutor(8) as pool:
                 self._planned = list(pool.map(one, self.tasks))

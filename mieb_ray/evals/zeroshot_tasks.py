@@ -18,7 +18,7 @@ import io
 from dataclasses import dataclass
 from importlib import resources
 
-from mieb_ray.captions import class_table
+from mieb_ray.captions import ClassTable, class_table
 from mieb_ray.errors import UserError
 from mieb_ray.sources import Source, by_slug
 
@@ -62,12 +62,16 @@ class ZeroShotTask:
             names = [" ".join(n.split("/")[2:]).replace("_", " ") for n in names]
         return [self.template.format(n) for n in names]
 
-    def fixed_prompts(self, hub_names: list[str] | None) -> list[str]:
-        """mieb-train's caption of each class, index = label id."""
+    def classes(self, hub_names: list[str] | None) -> ClassTable:
+        """mieb-train's class names and captions of the task's classes, index = label id."""
         try:
-            return list(class_table(self.source, hub_names).text)
+            return class_table(self.source, hub_names)
         except ValueError as exc:  # the source's class list is not the one the catalog knows
             raise UserError(str(exc)) from exc
+
+    def fixed_prompts(self, hub_names: list[str] | None) -> list[str]:
+        """mieb-train's caption of each class, index = label id."""
+        return list(self.classes(hub_names).text)
 
 
 def _readlines(filename: str) -> list[str]:
