@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -203,6 +204,24 @@ class CpuClock:
 
 
 # ---------------------------------------------------------------------------------------------- report
+
+
+def fresh_process_env() -> dict:
+    """The environment of a timed CLI process: this checkout importable, no RAY_ADDRESS (it starts its own Ray)."""
+    paths = [str(BENCH.parent), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def run_process(argv: list[str], env: dict) -> float:
+    """Seconds from spawn to exit of one process; its stderr tail and an exit if it fails."""
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode:
+        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
+    return seconds
 
 
 def machine_facts() -> list[str]:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,15 +49,6 @@ def lookup(uri: str) -> dict[str, np.ndarray]:
     return dict(zip(*embeddings.read_all(uri)))
 
 
-def run_process(argv: list[str], env: dict) -> float:
-    t0 = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if done.returncode:
-        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-3000:]}")
-    return seconds
-
-
 def entries(result: dict) -> dict:
     return {e["hf_subset"]: e for e in result["scores"]["test"]}
 
@@ -70,16 +60,14 @@ def same_scores(ours: dict, theirs: dict) -> bool:
 
 def whole_calls(root: str, images: str, texts: str, work: Path, repeat: int) -> dict:
     """Fresh processes, one after the other, before this process starts Ray (so the CLI starts its own)."""
-    paths = [str(b.BENCH.parent), os.environ.get("PYTHONPATH")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    env.pop("RAY_ADDRESS", None)
+    env = b.fresh_process_env()
     mteb_t, ours_t, load = [], [], os.getloadavg()[0]
     for i in range(repeat):
         mteb_out, ours_out = work / f"mteb_call{i}.json", work / f"cli_out{i}"
-        mteb_t.append(run_process([sys.executable, str(b.BENCH / "mteb_biovita_call.py"), "--data", root,
+        mteb_t.append(b.run_process([sys.executable, str(b.BENCH / "mteb_biovita_call.py"), "--data", root,
                                    "--image-embeddings", images, "--text-embeddings", texts,
                                    "--out", str(mteb_out)], env))
-        ours_t.append(run_process([sys.executable, "-m", "mieb_ray", "eval-biovita", "--data", root,
+        ours_t.append(b.run_process([sys.executable, "-m", "mieb_ray", "eval-biovita", "--data", root,
                                    "--image-embeddings", images, "--text-embeddings", texts,
                                    "--out", str(ours_out)], env))
         print(f"[whole call {i + 1}] mteb {mteb_t[-1]:.2f}s, mieb-ray CLI {ours_t[-1]:.2f}s", flush=True)

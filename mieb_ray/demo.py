@@ -11,14 +11,19 @@ from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
+from mieb_ray.evals import protocol
 from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
+from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals.zeroshot_tasks import select_tasks
+
+ZEROSHOT_TASK, ZEROSHOT_ROWS = "CIFAR10ZeroShot", 100  # one zero-shot task, on 100 test images of the mirror
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:
     out = os.path.abspath(out)
     mirror, train, model = (os.path.join(out, d) for d in ("mirror", "mieb-train", "tiny-clip"))
     t0 = time.time()
-    written = make_mirror(mirror, rows=rows)
+    written = make_mirror(mirror, rows=rows, eval_rows={select_tasks(ZEROSHOT_TASK)[0].slug: ZEROSHOT_ROWS})
     log(f"[demo] fixture mirror of {len(written)} sources ({sum(written.values()):,} rows, the hub's layout) "
         f"in {time.time() - t0:.1f}s: {mirror}")
     built = build(BuildConfig(mirror, train, rows_per_shard=rows // 2, overwrite=True), log=log)
@@ -34,6 +39,9 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
     log(f"[demo] a BioVITA-shaped benchmark (hub layout, real pictures): {biovita}")
     images, texts = embed_biovita(biovita, model, None, scored, log=log)
     outputs[scored] = evaluate(EvalConfig(biovita, images, texts, scored), log=log)
+    zeroshot, suite = os.path.join(out, "zeroshot-eval"), ZeroShotSuite(select_tasks(ZEROSHOT_TASK), mirror)
+    images, texts = protocol.embed(suite, zeroshot, model, None, log=log)
+    outputs[zeroshot] = protocol.run(suite, zeroshot, images, texts, log=log)[ZEROSHOT_TASK]
     log("[demo] outputs:")
     log(f"  {train}: {built['counts']['total']:,} rows in {len(built['shards'])} Parquet shards "
         f"(datasets.load_dataset({train!r}, 'cifar100'))")
@@ -47,5 +55,10 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
                         f"{e['taxon_top_10_accuracy']:.3f}" for e in result["scores"]["test"])
     log(f"  {scored}: BioVITA-shaped scores with the tiny random CLIP (near chance, as it should be): {subsets}; "
         f"task score {result['mieb_ray']['task_score']:.3f}; report {os.path.join(scored, 'report.html')}")
+    entry = outputs[zeroshot]["scores"]["test"][0]
+    log(f"  {zeroshot}: {ZEROSHOT_TASK} on {ZEROSHOT_ROWS} test images (built with `build --split eval`), "
+        f"accuracy {entry['accuracy']:.3f} with mteb's prompts, "
+        f"{outputs[zeroshot]['mieb_ray']['fixed_prompts']['accuracy']:.3f} with the fixed ones; "
+        f"report {os.path.join(zeroshot, 'report.html')}")
     log(f"[demo] done in {time.time() - t0:.0f}s")
     return outputs

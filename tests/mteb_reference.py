@@ -148,9 +148,10 @@ def _zeroshot_encoder(text_emb: dict[str, np.ndarray], images: np.ndarray):
 
 
 def mteb_zeroshot(task_name: str, repo: str, split: str, text_emb: dict[str, np.ndarray],
-                  images: np.ndarray) -> dict:
+                  images: np.ndarray, cache_dir: str | None = None) -> dict:
     """The TaskResult JSON mteb 2.26.24 writes for a zero-shot task whose eval split is read from a fixture repo
-    in the hub layout (parquet or WebDataset), `images` = the split's image embeddings in row order."""
+    in the hub layout (parquet or WebDataset), `images` = the split's image embeddings in row order.
+    cache_dir: the `datasets` cache to load through (default: a fresh one per call)."""
     import glob
 
     import datasets
@@ -160,7 +161,7 @@ def mteb_zeroshot(task_name: str, repo: str, split: str, text_emb: dict[str, np.
         parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
         builder, files = ("parquet", parquet) if parquet else (
             "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))
-        data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=os.path.join(tmp, "hf"))
+        data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=cache_dir or os.path.join(tmp, "hf"))
         task = mteb.get_task(task_name)
         task.dataset = data
         task.data_loaded = True

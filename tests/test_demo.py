@@ -21,3 +21,8 @@ def test_demo_builds_and_embeds(ray_local, tmp_path):
     scored = outputs[str(tmp_path / "demo" / "biovita-eval")]
     assert 0 <= scored["mieb_ray"]["task_score"] <= 1
     assert os.path.exists(tmp_path / "demo" / "biovita-eval" / "report.html")
+    zeroshot = outputs[str(tmp_path / "demo" / "zeroshot-eval")]
+    assert 0 <= zeroshot["scores"]["test"][0]["accuracy"] <= 1
+    assert 0 <= zeroshot["mieb_ray"]["fixed_prompts"]["accuracy"] <= 1
+    assert os.path.exists(tmp_path / "demo" / "zeroshot-eval" / "report.html")
+    assert any("CIFAR10ZeroShot on 100 test images" in line for line in lines)

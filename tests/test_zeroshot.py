@@ -157,3 +157,29 @@ def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
     assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
                  "--text-embeddings", texts, "--out", out]) == 0
     assert embeddings.shard_uris(images)
+
+
+def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data, tiny_clip, tmp_path, capsys):
+    """--model: the eval splits are built through the build job, embedded with the model (images keyed
+    <slug>/<split>/<index>, prompts keyed by their text), scored as mteb scores those same embeddings; a rerun
+    reuses the complete embeddings."""
+    chosen = ["CIFAR100ZeroShot", "RenderedSST2"]
+    out = str(tmp_path / "out")
+    argv = ["eval-zeroshot", "--tasks", ",".join(chosen), "--data", data, "--model", tiny_clip, "--out", out,
+            "--workers", "1"]
+    assert main(argv) == 0
+    root = os.path.join(out, "embeddings")
+    vectors = dict(zip(*embeddings.read_all(os.path.join(root, "images"))))
+    prompts = dict(zip(*embeddings.read_all(os.path.join(root, "texts"))))
+    assert len(vectors) == EVAL_ROWS * len(chosen)
+    for task in select_tasks(chosen):
+        assert set(task.mteb_prompts(hub_names(task.slug))) <= set(prompts)
+        rows = np.stack([vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL_ROWS)])
+        theirs = mteb_zeroshot(task.name, os.path.join(data, task.source.repo), task.split, prompts, rows)
+        ours = json.loads(open(os.path.join(out, f"{task.name}.json")).read())
+        assert ours["scores"][task.split][0] == theirs["scores"][task.split][0], task.name
+    capsys.readouterr()
+    assert main(argv) == 0
+    logged = capsys.readouterr().out
+    assert "reusing the eval splits" in logged
+    assert "reusing image embeddings" in logged and "reusing text embeddings" in logged
