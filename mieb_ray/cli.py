@@ -1,4 +1,4 @@
-"""`mieb-ray build | embed | eval-biovita | eval-zeroshot | demo`: parse flags, connect to Ray, call a pipeline.
+"""`mieb-ray build | embed | eval-biovita | eval-zeroshot | audit | demo`: parse flags, connect to Ray, call a pipeline.
 No logic of its own."""
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                         "(test; validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
     p.add_argument("--rows-per-shard", type=int, default=10_000,
                    help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000)")
+    p.add_argument("--exclude", default=None,
+                   help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
+                        "rows keep their keys")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an unfinished run: skip the units it built (same settings)")
@@ -61,7 +64,7 @@ def run_build(args: argparse.Namespace) -> None:
     config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
                          verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
-                         cpus_per_worker=args.cpus_per_worker, split=args.split)
+                         cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude)
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
     init_ray(args.address)
@@ -187,6 +190,43 @@ def run_zeroshot(args: argparse.Namespace) -> None:
     protocol.run(suite, args.out, images, texts)
 
 
+def add_audit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", required=True,
+                   help="a mieb-train output, or any Parquet/WebDataset table with key and image (local or s3://)")
+    p.add_argument("--against", required=True,
+                   help="'mieb' for the MIEB eval splits of the sources (read from --data), or comma-separated "
+                        "tables with key and image; a table's eval task is the last component of its path")
+    p.add_argument("--data", default="hf",
+                   help="with --against mieb: 'hf' or a mirror root, as for build --sources (default: hf)")
+    p.add_argument("--out", required=True,
+                   help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")
+    p.add_argument("--model", help="find near-duplicates too: embed both sides with this CLIP model first "
+                                   "(complete embeddings of the same model and input are reused)")
+    p.add_argument("--revision", default=None, help="hub commit of --model")
+    p.add_argument("--train-embeddings", help="instead of --model: embed output of the train images, keyed as --train")
+    p.add_argument("--against-embeddings", help="instead of --model: embed output of the eval images, keyed as "
+                                                "--against (mieb: <slug>/<split>/<index>)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="near-duplicate cosine, at or above which a pair is reported (default: 0.95)")
+    p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the units it hashed")
+    p.add_argument("--overwrite", action="store_true", help="replace a complete audit already at --out")
+    add_pool_flags(p, "with --model: ")
+
+
+def run_audit(args: argparse.Namespace) -> None:
+    from mieb_ray.pipelines.audit import DEFAULT_THRESHOLD, AuditConfig, audit
+
+    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, data=args.data,
+                         model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
+                         against_embeddings=args.against_embeddings,
+                         threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
+                         resume=args.resume, overwrite=args.overwrite, workers=args.workers,
+                         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    config.check()  # before Ray starts
+    init_ray(args.address)
+    audit(config)
+
+
 def run_demo(args: argparse.Namespace) -> None:
     from mieb_ray.demo import demo
 
@@ -211,6 +251,9 @@ def parser() -> argparse.ArgumentParser:
                                              "mteb's prompts and with fixed ones")
     add_zeroshot_flags(z)
     z.set_defaults(run=run_zeroshot)
+    a = sub.add_parser("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
+    add_audit_flags(a)
+    a.set_defaults(run=run_audit)
     d = sub.add_parser("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import storage
@@ -43,8 +44,9 @@ def unit_name(unit: Unit) -> str:
 
 class ShardBuilder:
     def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, exclude: pa.Array | None = None):
         self.tables, self.out, self.rows_per_shard, self.progress = tables, out, rows_per_shard, progress
+        self.exclude = exclude  # train keys an audit flagged: left out
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -72,7 +74,7 @@ class ShardBuilder:
 
     def build(self, unit: Unit) -> dict:
         source, table = by_slug(unit.slug), self.tables[unit.slug]
-        shards, errors, dropped, last = [], [], 0, -1
+        shards, errors, dropped, excluded, last = [], [], 0, 0, -1
         current: _OpenShard | None = None
         try:
             for file, chunk in read_unit(source, unit):
@@ -94,6 +96,10 @@ class ShardBuilder:
                         current = self._open(unit.slug, number, source.image_ext)
                     rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
                                                       storage.display(file), unit.split)
+                    if self.exclude is not None:
+                        flagged = pc.is_in(rows["key"], value_set=self.exclude)
+                        excluded += pc.sum(flagged).as_py() or 0
+                        rows = rows.filter(pc.invert(flagged))
                     current.writer.write(rows)
                     dropped += n_dropped
                     if bad.num_rows:
@@ -110,7 +116,8 @@ class ShardBuilder:
             table = pa.concat_tables(errors)
             commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(table, local))
         return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
-                "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped}
+                "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped,
+                "excluded": excluded}
 
 
 @dataclass

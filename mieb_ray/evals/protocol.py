@@ -94,24 +94,30 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
     return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
 
 
-def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:
-    """Embed the suite's images and texts into OUT/embeddings/{images,texts}; an output already complete there
-    for the same model and input is reused. pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
+                **pools) -> str:
+    """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output already complete
+    there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
     from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
 
+    done = storage.read_manifest(target) or {}
+    model_name = (done.get("model") or {}).get("name") if isinstance(done.get("model"), dict) else None
+    if model_name == model and done.get("config", {}).get("input") == storage.display(source):
+        log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
+        return target
+    run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
+                          overwrite=True, **pools), log=log)
+    return target
+
+
+def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:
+    """Embed the suite's images and texts into OUT/embeddings/{images,texts} (embed_table). pools: the embed
+    job's workers, gpus_per_worker, cpus_per_worker."""
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
-    targets = {"image": (inputs.images, inputs.image_key, storage.join(root, "images")),
-               "text": (inputs.texts, "key", storage.join(root, "texts"))}
-    for modality, (source, key, target) in targets.items():
-        done = storage.read_manifest(target) or {}
-        model_name = (done.get("model") or {}).get("name") if isinstance(done.get("model"), dict) else None
-        if model_name == model and done.get("config", {}).get("input") == storage.display(source):
-            log(f"[eval] reusing {modality} embeddings at {storage.display(target)}")
-            continue
-        run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
-                              overwrite=True, **pools), log=log)
-    return targets["image"][2], targets["text"][2]
+    return (embed_table(inputs.images, inputs.image_key, storage.join(root, "images"), model, revision, "image",
+                        log, **pools),
+            embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, **pools))
 
 
 def run(suite: EvalSuite, out: str, images: str, texts: str, log=print) -> dict[str, dict]:

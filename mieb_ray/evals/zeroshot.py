@@ -175,16 +175,9 @@ class ZeroShotSuite:
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The eval splits built into OUT/eval-data/<id> by the build job (reused when complete), the prompts
         into a table keyed by their text."""
-        from mieb_ray.pipelines.build import BuildConfig, build
+        from mieb_ray.pipelines.build import build_eval_splits
 
-        slugs = [t.slug for t in self.tasks]
-        ident = hashlib.sha256(f"{storage.display(self.data)}|{','.join(slugs)}".encode()).hexdigest()[:12]
-        data_out = storage.join(out, "eval-data", ident)
-        done = storage.read_manifest(data_out)
-        if done and done.get("config", {}).get("datasets") == slugs:
-            log(f"[eval] reusing the eval splits built at {storage.display(data_out)}")
-        else:
-            build(BuildConfig(self.data, data_out, datasets=tuple(slugs), split="eval", overwrite=True), log=log)
+        data_out = build_eval_splits(self.data, out, log, [t.slug for t in self.tasks])
         prompts = self.prompts()
         digest = hashlib.sha256("\0".join(prompts).encode()).hexdigest()[:12]
         table_uri = storage.join(out, "embeddings", "_prompts", f"prompts-{digest}.parquet")

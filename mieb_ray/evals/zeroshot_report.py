@@ -12,7 +12,7 @@ import math
 from html import escape
 
 from mieb_ray.retrieval.report import CSS as BASE_CSS
-from mieb_ray.retrieval.report import PALETTE, _duration, _thumbnail
+from mieb_ray.retrieval.report import PALETTE, _duration, thumbnail
 
 DASH = "\u2013"  # a missing or non-finite value
 SETS = (("mteb", "mteb prompts", PALETTE[1]), ("fixed", "fixed prompts", PALETTE[0]))
@@ -131,7 +131,7 @@ def _gallery(gallery: list[dict], images: dict[str, bytes]) -> str:
 
 def _card(c: dict, images: dict[str, bytes]) -> str:
     key, true = str(c.get("key")), _text(c.get("true"))
-    uri = _thumbnail(images[key]) if key in images else None
+    uri = thumbnail(images[key]) if key in images else None
     if uri:
         pic = f"<img src=\"{uri}\" alt=\"{escape(true)}\" title=\"{escape(key)}\">"
     else:

@@ -13,12 +13,16 @@ manifest  driver, last: built from the units' results
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import ray
 
 from mieb_ray import __version__, commit, storage
@@ -49,6 +53,7 @@ class BuildConfig:
     workers: int | None = None
     cpus_per_worker: float = 1.0
     split: str = "train"  # one of SPLITS
+    exclude: str | None = None  # an audit output: its flagged train rows are left out
 
     def check(self) -> None:
         if self.fmt not in FORMATS:
@@ -57,6 +62,18 @@ class BuildConfig:
             raise UserError(f"unknown split {self.split!r}; valid: {', '.join(SPLITS)}")
         if self.rows_per_shard < 1:
             raise UserError("--rows-per-shard must be at least 1")
+        if self.exclude and self.split != "train":
+            raise UserError("--exclude applies to the train split only")
+
+
+def excluded_keys(audit: str) -> pa.Array:
+    """The train keys an audit output flagged (any detector), from its contamination.parquet."""
+    manifest = storage.read_manifest(audit)
+    if manifest is None or manifest.get("format") != "mieb-audit":
+        raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
+                        "of mieb-ray audit)")
+    with storage.open_input(storage.join(audit, "contamination.parquet")) as f:
+        return pc.unique(pq.read_table(f, columns=["train_key"])["train_key"].combine_chunks())
 
 
 def source_split(source: Source, split: str) -> str:
@@ -83,6 +100,7 @@ def build(config: BuildConfig, log=print) -> dict:
     """Run the build on the connected Ray cluster; return the manifest."""
     config.check()
     selected = select(config.datasets)
+    exclude = excluded_keys(config.exclude) if config.exclude else None
     commit.prepare(config.out, config.overwrite, "a complete build")
 
     t0 = time.time()
@@ -91,14 +109,16 @@ def build(config: BuildConfig, log=print) -> dict:
         f"in {time.time() - t0:.1f}s")
     progress = commit.Progress(config.out, {"sources": storage.display(config.sources), "format": config.fmt,
                                             "rows_per_shard": config.rows_per_shard, "split": config.split,
-                                            "version": __version__})
+                                            "version": __version__, "exclude": _exclusion(config, exclude)})
     built = progress.done({unit_name(u): asdict(u) for u in units}) if config.resume else {}
     if config.resume:
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
     results = list(built.values())
     todo = [u for u in units if unit_name(u) not in built]
     rows, new_rows, t_run, t_log = sum(r["rows"] for r in results), 0, time.time(), 0.0
-    for result in _run_units(config, todo, tables, progress, log):
+    if exclude is not None:
+        log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)}")
+    for result in _run_units(config, todo, tables, progress, exclude, log):
         results.append(result)
         rows += result["rows"]
         new_rows += result["rows"]
@@ -106,7 +126,14 @@ def build(config: BuildConfig, log=print) -> dict:
             t_log, elapsed = time.time(), time.time() - t_run
             log(f"[build] {len(results)}/{len(units)} units, {rows:,} rows, "
                 f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
-    return _manifest(config, selected, results, progress, t0, log)
+    return _manifest(config, selected, results, progress, _exclusion(config, exclude), t0, log)
+
+
+def _exclusion(config: BuildConfig, exclude: pa.Array | None) -> dict | None:
+    if exclude is None:
+        return None
+    digest = hashlib.sha256("\n".join(sorted(exclude.to_pylist())).encode()).hexdigest()
+    return {"audit": storage.display(config.exclude), "train_keys": len(exclude), "sha256": digest}
 
 
 def _plan(selected, sources: str, rows_per_shard: int, split: str):
@@ -122,7 +149,7 @@ def _plan(selected, sources: str, rows_per_shard: int, split: str):
     return [u for _, units, _ in planned for u in units], {s.slug: t for s, _, t in planned}
 
 
-def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, log):
+def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, exclude: pa.Array | None, log):
     """Build `todo` in a ShardBuilder actor pool; yield each unit's result as it comes."""
     if not todo:
         return
@@ -133,13 +160,28 @@ def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, log
     ds = ray.data.from_items([{"unit": u.to_json()} for u in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         ShardBuilder, fn_constructor_kwargs=dict(tables=tables, out=config.out, fmt=config.fmt,
-                                                 rows_per_shard=config.rows_per_shard, progress=progress),
+                                                 rows_per_shard=config.rows_per_shard, progress=progress,
+                                                 exclude=exclude),
         batch_size=1, batch_format="numpy", num_cpus=pool.num_cpus, compute=pool.strategy())
     for row in ds.iter_rows():
         result = json.loads(row["result"])
         if "user_error" in result:
             raise UserError(result["user_error"])
         yield result
+
+
+def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None) -> str:
+    """The eval splits of `slugs` (default: all 23 sources) built from `data` into OUT/eval-data/<id>, where
+    the evals read them; a complete build of the same sources there is reused. Returns its URI."""
+    slugs = list(slugs or [s.slug for s in select(None)])
+    ident = hashlib.sha256(f"{storage.display(data)}|{','.join(slugs)}".encode()).hexdigest()[:12]
+    target = storage.join(out, "eval-data", ident)
+    done = storage.read_manifest(target) or {}
+    if done.get("config", {}).get("datasets") == slugs and done["config"].get("split") == "eval":
+        log(f"[build] reusing the eval splits built at {storage.display(target)}")
+    else:
+        build(BuildConfig(data, target, datasets=tuple(slugs), split="eval", overwrite=True), log=log)
+    return target
 
 
 def dataset_card(splits: dict[str, str], fmt: str) -> str:
@@ -163,14 +205,15 @@ def dataset_card(splits: dict[str, str], fmt: str) -> str:
     return "\n".join(lines)
 
 
-def _manifest(config: BuildConfig, selected, results: list[dict], progress: commit.Progress, t0: float,
-              log) -> dict:
+def _manifest(config: BuildConfig, selected, results: list[dict], progress: commit.Progress, exclusion: dict | None,
+              t0: float, log) -> dict:
     slugs = [s.slug for s in selected]
-    counts, errors, dropped = ({slug: 0 for slug in slugs} for _ in range(3))
+    counts, errors, dropped, excluded = ({slug: 0 for slug in slugs} for _ in range(4))
     for r in results:
         counts[r["slug"]] += r["rows"]
         errors[r["slug"]] += r["errors"]
         dropped[r["slug"]] += r["dropped"]
+        excluded[r["slug"]] += r.get("excluded", 0)
     shards = sorted((s for r in results for s in r["shards"]), key=lambda s: s["path"])
     error_files = sorted(r["error_file"] for r in results if r["error_file"])
     # shards an interrupted earlier run left (e.g. with another --rows-per-shard) are not ours now
@@ -185,15 +228,19 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
     expected = {s.slug: expected_rows(s, config.split) for s in selected}
     verify = (config.sources == readers.HF) if config.verify_counts is None else config.verify_counts
     if verify:
-        check_counts(counts, expected, TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
+        # the rows left out by --exclude were read: the source still has its catalog count
+        check_counts({k: counts[k] + excluded[k] for k in counts}, expected,
+                     TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
     splits = {s.slug: source_split(s, config.split) for s in selected}
     storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt).encode())
     manifest = commit.finish(config.out, {
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
-                   "rows_per_shard": config.rows_per_shard, "split": config.split, "counts_verified": verify},
+                   "rows_per_shard": config.rows_per_shard, "split": config.split, "counts_verified": verify,
+                   "exclude": exclusion},
         "sources": {s.slug: {"repo": s.repo, "revision": s.revision, "split": splits[s.slug]} for s in selected},
-        "counts": {"total": rows, "datasets": counts, "errors": errors, "dropped": dropped, "expected": expected},
+        "counts": {"total": rows, "datasets": counts, "errors": errors, "dropped": dropped, "excluded": excluded,
+                   "expected": expected},
         "shards": shards,
         "error_files": error_files,
     }, progress)

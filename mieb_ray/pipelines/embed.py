@@ -121,7 +121,7 @@ def _plan(config: EmbedConfig) -> Plan:
     if spec is not None:  # a unit's pixels are one block: bound its bytes
         rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
     tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
-    offsets = _index_tars([f for f in files if f.uri.endswith(".tar")], rows)
+    offsets = index_tars([f for f in files if f.uri.endswith(".tar")], rows)
     meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
@@ -139,7 +139,7 @@ def _image_spec(info) -> dict:
     return ImageSpec.from_processor_config(info.image_config).to_dict()
 
 
-def _index_tars(files: list[tables.InputFile], every: int) -> dict[str, list[int]]:
+def index_tars(files: list[tables.InputFile], every: int) -> dict[str, list[int]]:
     """Count each tar's samples and find where each unit starts: a read of every tar, by worker tasks."""
     if not files:
         return {}

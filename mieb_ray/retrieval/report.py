@@ -159,7 +159,7 @@ def _card(q: dict, images: dict[str, bytes], thumbs: dict[str, str | None]) -> s
 def _figure(n: int, t: dict, is_correct: bool, images: dict[str, bytes], thumbs: dict[str, str | None]) -> str:
     name, best = _text(t.get("taxon")), t.get("best_id")
     if best is not None and best not in thumbs and best in images:
-        thumbs[best] = _thumbnail(images[best])
+        thumbs[best] = thumbnail(images[best])
     uri = thumbs.get(best) if best is not None else None
     if uri:
         pic = f"<img src=\"{uri}\" alt=\"{escape(name)}\" title=\"{escape(str(best))}\">"
@@ -175,7 +175,7 @@ def _figure(n: int, t: dict, is_correct: bool, images: dict[str, bytes], thumbs:
             f"</figcaption></figure>")
 
 
-def _thumbnail(data: bytes) -> str | None:
+def thumbnail(data: bytes) -> str | None:
     """A JPEG data: URI of the picture shrunk to THUMB_PX; None when it does not decode."""
     try:
         with Image.open(io.BytesIO(data)) as im:

@@ -8,9 +8,10 @@
 
 No center in the data path: the driver plans from file sizes and holds ObjectRefs and small statistics;
 partitions stay in Ray's object store (which spills to disk), score tasks read them zero-copy. Rows are
-labelled from an integer `group_column` of the shards (doc id = shard number << 32 | row) or by a KeyLookup
-held in the object store (key -> doc id, group id; rows whose key it lacks are dropped, and the statistics
-count the keys that matched so the caller can name the missing ones with missing_keys()).
+labelled from an integer `group_column` of the shards (doc id = shard number << 32 | row; ROWS: each row is
+its own group, its doc id) or by a KeyLookup held in the object store (key -> doc id, group id; rows whose key
+it lacks are dropped, and the statistics count the keys that matched so the caller can name the missing ones
+with missing_keys()).
 
 Memory per task, in bytes (q = query block rows, G = groups in a partition, k, C = candidates per query;
 partition bytes ~ corpus float32 bytes / P, P = ceil(corpus file bytes / PARTITION_BYTES) by default):
@@ -44,6 +45,7 @@ from mieb_ray.topk.kernels import batches, build_partition, split
 MAP_BYTES = 512 << 20  # shard bytes one map task reads
 PARTITION_BYTES = 256 << 20  # corpus bytes per partition: what one score task holds
 FAN_IN = 8  # partial results merged by one merge task
+ROWS = "__row__"  # group_column for a corpus whose every row is its own group (group id = doc id)
 
 
 @dataclass(frozen=True)
@@ -164,9 +166,9 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
     blocks, matched = [], []
     for n, table in enumerate(tables):
         if lookup is None:
-            group = table[group_column].to_numpy().astype(np.int64)
-            blocks.append((embeddings.matrix(table), None, group,
-                           ((first + n) << 32) | np.arange(len(group), dtype=np.int64)))
+            docs = ((first + n) << 32) | np.arange(table.num_rows, dtype=np.int64)
+            group = docs if group_column == ROWS else table[group_column].to_numpy().astype(np.int64)
+            blocks.append((embeddings.matrix(table), None, group, docs))
         else:
             keep = np.flatnonzero(at[n] >= 0)
             matched.append(at[n][keep])

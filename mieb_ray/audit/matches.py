@@ -1,0 +1,124 @@
+"""The audit's rules, as pure functions on Arrow tables: fingerprint rows, join them, turn nearest neighbours
+into pairs, and count what was found. No Ray.
+
+A hash row: key, sha (sha256 of the bytes), pix (sha256 of the pixels; null when undecodable), part (the join
+partition), unit and row (where the image is read again for the report), eval_task (the against side only)
+and error. Rows are partitioned by their pixel hash (their byte hash when undecodable): identical bytes
+decode to identical pixels, so rows that match either hash always share a partition, and each join task
+reads its partition of every hash file and nothing else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mieb_ray.audit.fingerprints import fingerprint
+
+METHODS = ("exact", "pixels", "near")
+HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", pa.binary(32)),
+                         ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
+                         ("eval_task", pa.string()), ("error", pa.string())])
+ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
+PAIR_SCHEMA = pa.schema([("train_key", pa.string()), ("eval_task", pa.string()), ("eval_key", pa.string()),
+                         ("method", pa.string()), ("score", pa.float64())])
+
+
+def partition(sha: bytes | None, pix: bytes | None, partitions: int) -> int:
+    digest = pix or sha
+    return int.from_bytes(digest[:4], "big") % partitions if digest else 0
+
+
+def hash_rows(keys: list[str], images: list[bytes | None], unit: int, first_row: int, partitions: int,
+              eval_task: list[str | None]) -> pa.Table:
+    """Hash rows of one chunk of a unit (rows first_row, first_row + 1, ...)."""
+    prints = [fingerprint(image) for image in images]
+    return pa.table({
+        "key": pa.array(keys, pa.string()),
+        "sha": pa.array([p[0] for p in prints], pa.binary(32)),
+        "pix": pa.array([p[1] for p in prints], pa.binary(32)),
+        "part": pa.array([partition(p[0], p[1], partitions) for p in prints], pa.int32()),
+        "unit": pa.array([unit] * len(keys), pa.int32()),
+        "row": pa.array(np.arange(first_row, first_row + len(keys)), pa.int64()),
+        "eval_task": pa.array(eval_task, pa.string()),
+        "error": pa.array([p[2] for p in prints], pa.string()),
+    }, schema=HASH_SCHEMA)
+
+
+def by_partition(table: pa.Table) -> pa.Table:
+    """Rows sorted by partition: written with one row group per partition, a join task reads only its own."""
+    return table.sort_by([("part", "ascending"), ("unit", "ascending"), ("row", "ascending")])
+
+
+def hash_pairs(train: pa.Table, against: pa.Table) -> pa.Table:
+    """The exact (same sha) and pixels (same pixel hash) pairs of two sets of hash rows, one row per pair and
+    detector, score 1.0."""
+    out = []
+    for method, column in (("exact", "sha"), ("pixels", "pix")):
+        left = train.select(["key", column]).filter(pc.is_valid(train[column])).rename_columns(["train_key", "h"])
+        right = against.select(["key", "eval_task", column]).filter(pc.is_valid(against[column])) \
+            .rename_columns(["eval_key", "eval_task", "h"])
+        joined = left.join(right, "h", join_type="inner")
+        n = joined.num_rows
+        out.append(pa.table({"train_key": joined["train_key"], "eval_task": joined["eval_task"],
+                             "eval_key": joined["eval_key"], "method": pa.array([method] * n, pa.string()),
+                             "score": pa.array(np.ones(n), pa.float64())}, schema=PAIR_SCHEMA))
+    return pa.concat_tables(out)
+
+
+def near_rows(scores: np.ndarray, docs: np.ndarray, eval_keys: pa.Array, threshold: float) -> pa.Table:
+    """(eval_key, doc, score) of each eval image's nearest train rows (top-k scores and doc ids, best first)
+    at cosine >= threshold."""
+    q, k = np.nonzero(scores >= threshold) if scores.size else (np.zeros(0, np.int64),) * 2
+    return pa.table({"eval_key": eval_keys.take(pa.array(q, pa.int64())),
+                     "doc": pa.array(docs[q, k], pa.int64()),
+                     "score": pa.array(scores[q, k].astype(np.float64), pa.float64())})
+
+
+def error_rows(side: str, rows: pa.Table) -> pa.Table:
+    """(side, key, error) of the hash rows whose image could not be used."""
+    bad = rows.filter(pc.is_valid(rows["error"]))
+    return pa.table({"side": pa.array([side] * bad.num_rows, pa.string()), "key": bad["key"],
+                     "error": bad["error"]}, schema=ERROR_SCHEMA)
+
+
+def sort_pairs(pairs: pa.Table) -> pa.Table:
+    """By detector (exact, pixels, near), then score (highest first), then eval task, eval key, train key."""
+    order = pc.index_in(pairs["method"], value_set=pa.array(METHODS))
+    pairs = pairs.append_column("_m", order)
+    pairs = pairs.sort_by([("_m", "ascending"), ("score", "descending"), ("eval_task", "ascending"),
+                           ("eval_key", "ascending"), ("train_key", "ascending")])
+    return pairs.drop_columns(["_m"])
+
+
+def dataset_of(key: str) -> str:
+    """A train key's source: the part before its first '/' (mieb-train keys are `<slug>/<index>`)."""
+    return key.split("/", 1)[0] if "/" in key else ""
+
+
+def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, int]) -> dict:
+    """Per eval task: its rows, and per detector (and any) the pairs and the eval images affected, with their
+    percentage of the task's rows. Per train dataset: its rows and the train rows flagged."""
+    rows = pairs.to_pylist()
+    tasks = {}
+    for task, n in sorted(eval_rows.items()):
+        mine = [r for r in rows if r["eval_task"] == task]
+        entry = {"eval_rows": n}
+        for method in (*METHODS, "any"):
+            hit = [r for r in mine if method in ("any", r["method"])]
+            affected = len({r["eval_key"] for r in hit})
+            entry[method] = {"pairs": len(hit) if method != "any" else None, "eval_images": affected,
+                             "percent": round(100 * affected / n, 4) if n else 0.0}
+            if method == "any":
+                entry[method].pop("pairs")
+        tasks[task] = entry
+    datasets = {}
+    for dataset, n in sorted(train_rows.items()):
+        mine = [r for r in rows if dataset_of(r["train_key"]) == dataset]
+        datasets[dataset] = {"train_rows": n, **{m: len({r["train_key"] for r in mine if m in ("any", r["method"])})
+                                                 for m in (*METHODS, "any")}}
+    return {"eval_tasks": tasks, "train_datasets": datasets,
+            "totals": {"pairs": {m: sum(r["method"] == m for r in rows) for m in METHODS},
+                       "train_rows_flagged": len({r["train_key"] for r in rows}),
+                       "eval_images_affected": len({(r["eval_task"], r["eval_key"]) for r in rows})}}

@@ -1,0 +1,471 @@
+"""The audit job: which train rows duplicate an eval image, by three detectors, each reported apart.
+
+plan     driver: the train table and the eval tables (`mieb`: the MIEB eval splits, built into
+         OUT/eval-data by the build job through the same readers, and reused); units of rows of one file
+hash     a CPU task per unit: each image's sha256 and pixel hash, committed as a Parquet file sorted by join
+         partition (one row group each), then its progress record                  (audit/fingerprints.py)
+join     a CPU task per partition: its row group of every hash file, joined on each hash (audit/matches.py)
+near     with embeddings: the top-k engine, the train embeddings as the corpus (every row its own group) and
+         each eval embedding shard as a query block, reduced to each eval image's nearest train rows; pairs
+         at cosine >= threshold
+write    contamination.parquet, summary.json, report.html, errors.parquet, then _manifest.json last
+
+The driver holds units, refs, statistics and the pairs found, never an image, a hash table or an embedding.
+`--resume` skips the units whose hash file an earlier run committed with the same settings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+from mieb_ray import __version__, commit, storage
+from mieb_ray.audit import matches
+from mieb_ray.errors import UserError
+from mieb_ray.io import embeddings, tables
+from mieb_ray.topk import engine
+from mieb_ray.topk.kernels import TopK
+
+FORMAT = "mieb-audit"
+MIEB = "mieb"  # --against mieb: the MIEB eval splits of the sources
+BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
+UNIT_ROWS = 10_000  # rows one hash task reads
+PARTITION_ROWS = 2_000_000  # hash rows one join task holds (about 100 bytes each)
+SCORE_BYTES = 256 << 20  # one score task's (query block x partition rows) float32 scores
+NEAR_K = 10  # nearest train rows kept per eval image
+DEFAULT_THRESHOLD = 0.95
+REPORT_PAIRS = 48  # pairs shown per detector on the page
+_HASHES = "_hashes"
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    train: str
+    against: tuple[str, ...]  # table URIs, or (MIEB,)
+    out: str
+    data: str = "hf"  # where --against mieb reads the eval splits
+    model: str | None = None
+    revision: str | None = None
+    train_embeddings: str | None = None
+    against_embeddings: str | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    resume: bool = False
+    overwrite: bool = False
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+    cpus_per_worker: float = 1.0
+
+    def check(self) -> None:
+        if not self.against:
+            raise UserError("--against needs at least one table URI, or 'mieb'")
+        if MIEB in self.against and len(self.against) > 1:
+            raise UserError("--against mieb cannot be combined with other tables")
+        if self.model and (self.train_embeddings or self.against_embeddings):
+            raise UserError("give --model or --train-embeddings/--against-embeddings, not both")
+        if bool(self.train_embeddings) != bool(self.against_embeddings):
+            raise UserError("--train-embeddings and --against-embeddings go together")
+        if not -1.0 <= self.threshold <= 1.0:
+            raise UserError(f"--threshold {self.threshold} is not a cosine in [-1, 1]")
+
+    @property
+    def near(self) -> bool:
+        return bool(self.model or self.train_embeddings)
+
+
+def task_names() -> dict[str, str]:
+    """Source slug -> the MIEB task(s) its eval split serves."""
+    from mieb_ray.evals.zeroshot_tasks import TASKS
+
+    return {t.slug: t.name for t in TASKS} | {"scimmir": "SciMMIRI2TRetrieval/SciMMIRT2IRetrieval"}
+
+
+@dataclass(frozen=True)
+class Side:
+    """The tables of one side: train (one table) or against (eval_task per table, or per key for mieb)."""
+
+    name: str
+    uris: tuple[str, ...]
+    tasks: tuple[str | None, ...]  # per table: its eval task, BY_SLUG (mieb), or None (train)
+    keys: tuple[str, ...] = ()  # per table: its key column (default "key")
+
+    def columns(self, table: int) -> tables.Columns:
+        return tables.Columns(self.keys[table] if self.keys else "key", "image")
+
+    def plan(self) -> list[tuple[int, tables.Unit]]:
+        """(table number, unit) of every table, in order."""
+        from mieb_ray.pipelines.embed import index_tars
+
+        units = []
+        for n, uri in enumerate(self.uris):
+            fmt, files = tables.input_files(uri)
+            tables.check_columns(fmt, files[0], self.columns(n))
+            tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+            offsets = index_tars([f for f in files if f.uri.endswith(".tar")], UNIT_ROWS)
+            planned = tables.plan_units(files, UNIT_ROWS, offsets)
+            if not sum(u.hi - u.lo for u in planned):
+                raise UserError(f"{storage.display(uri)} holds no rows: nothing to audit "
+                                f"{'in' if self.name == 'train' else 'against'}")
+            units += [(n, u) for u in planned]
+        return units
+
+
+def audit(config: AuditConfig, log=print) -> dict:
+    """Run the audit on the connected Ray cluster; return the manifest."""
+    t0 = time.time()
+    config.check()
+    commit.prepare(config.out, config.overwrite, "a complete audit")
+    train = Side("train", (config.train,), (None,))
+    against = _against(config, log)
+    planned = {side.name: side.plan() for side in (train, against)}
+    rows = sum(u.hi - u.lo for units in planned.values() for _, u in units)
+    partitions = max(1, -(-rows // PARTITION_ROWS))
+    settings = {"version": __version__, "partitions": partitions, "unit_rows": UNIT_ROWS,
+                "train": storage.display(config.train), "against": [storage.display(u) for u in against.uris]}
+    progress = commit.Progress(config.out, settings)
+    names = {side.name: [_hash_name(side.name, n, u) for n, u in planned[side.name]] for side in (train, against)}
+    done = progress.done({name: u.identity for side in planned for name, (_, u) in zip(names[side], planned[side])}) \
+        if config.resume else {}
+    if not config.resume:
+        progress.clear()
+    log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
+        f"{partitions} join partitions; {len(done)} units already hashed")
+    results = _hash(config, (train, against), planned, names, partitions, progress, done, log)
+    pairs, errors = _join(config, results, partitions, log)
+    near_info = {}
+    if config.near:
+        near, near_info = _near(config, train, against, results, log)
+        pairs = pa.concat_tables([pairs, near])
+    pairs = matches.sort_pairs(pairs)
+    return _write(config, pairs, errors, results, planned, {"train": train, "against": against}, near_info,
+                  progress, t0, log)
+
+
+def _against(config: AuditConfig, log) -> Side:
+    if config.against != (MIEB,):
+        return Side("against", config.against, tuple(u.rstrip("/").rsplit("/", 1)[-1] for u in config.against))
+    from mieb_ray.pipelines.build import build_eval_splits
+
+    from mieb_ray.retrieval import biovita
+
+    train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its own sources
+    slugs = train.get("config", {}).get("datasets") if train.get("format") == "mieb-train" else None
+    uris, tasks, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
+    try:  # and the BioVITA corpus, keyed by photo id
+        uris.append(biovita.corpus_files(config.data, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
+        tasks.append(biovita.TASK)
+        keys.append("id")
+    except UserError as exc:
+        log(f"[audit] warning: no BioVITA corpus to audit against ({exc})")
+    return Side("against", tuple(uris), tuple(tasks), tuple(keys))
+
+
+# ---------------------------------------------------------------------------------------------- hash
+
+
+def _hash_name(side: str, table: int, unit: tables.Unit) -> str:
+    return f"{side}/{table}/{unit.name.removesuffix('.arrow')}"
+
+
+@ray.remote(num_cpus=1)
+def _hash_unit(out: str, name: str, unit: tables.Unit, columns: tables.Columns, number: int, task: str | None,
+               partitions: int, progress: commit.Progress) -> dict:
+    """Hash one unit's images; commit its hash file (one row group per partition), then its record.
+    task: the eval task of every row, BY_SLUG (the task its key's slug serves), or None (train)."""
+    by_slug = task_names() if task == BY_SLUG else None
+    chunks, first = [], 0
+    for rows in tables.read_unit(unit, columns, "image"):
+        keys = rows[columns.key]
+        tasks = [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
+        chunks.append(matches.hash_rows(keys, rows["image"], number, first, partitions, tasks))
+        first += len(keys)
+    table = matches.by_partition(pa.concat_tables(chunks) if chunks else matches.HASH_SCHEMA.empty_table())
+    bounds = np.flatnonzero(np.diff(table["part"].to_numpy())) + 1
+
+    def write(local: str) -> None:
+        with pq.ParquetWriter(local, matches.HASH_SCHEMA) as writer:
+            for lo, hi in zip([0, *bounds], [*bounds, table.num_rows]):
+                if hi > lo:
+                    writer.write_table(table.slice(lo, hi - lo))
+    path = f"{_HASHES}/{name}.parquet"
+    stats = commit.commit_file(storage.join(out, path), write)
+    tasks = pc.value_counts(pc.fill_null(table["eval_task"], "")).to_pylist() if table.num_rows else []
+    result = {"path": path, "rows": table.num_rows, "errors": pc.sum(pc.is_valid(table["error"])).as_py() or 0,
+              "tasks": {t["values"]: t["counts"] for t in tasks}, "datasets": _dataset_counts(table["key"]), **stats}
+    progress.record(name, unit.identity, result)
+    return result
+
+
+def _dataset_counts(keys: pa.ChunkedArray) -> dict[str, int]:
+    """Rows per train dataset (matches.dataset_of of each key)."""
+    if not len(keys):
+        return {}
+    prefix = pc.if_else(pc.match_substring(keys, "/"), pc.replace_substring_regex(keys, r"/.*$", ""), "")
+    return {v["values"]: v["counts"] for v in pc.value_counts(prefix).to_pylist()}
+
+
+def _hash(config, sides, planned, names, partitions, progress, done, log) -> dict[str, list[dict]]:
+    results = {side.name: [None] * len(planned[side.name]) for side in sides}
+    pending = {}
+    for side in sides:
+        for i, ((n, unit), name) in enumerate(zip(planned[side.name], names[side.name])):
+            if name in done:
+                results[side.name][i] = done[name]
+            else:
+                ref = _hash_unit.remote(config.out, name, unit, side.columns(n), i, side.tasks[n], partitions,
+                                        progress)
+                pending[ref] = (side.name, i)
+    total, t_log, t_run, hashed = len(pending), 0.0, time.time(), 0
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=5)
+        for ref in ready:
+            side, i = pending.pop(ref)
+            results[side][i] = _get(ref)
+            hashed += results[side][i]["rows"]
+        if time.time() - t_log > 5 or not pending:
+            t_log = time.time()
+            log(f"[audit] hashed {total - len(pending)}/{total} units, {hashed:,} images, "
+                f"{hashed / max(time.time() - t_run, 1e-9):,.0f} images/s")
+    return results
+
+
+def _get(refs):
+    from mieb_ray.evals.protocol import get
+
+    return get(refs)
+
+
+# ---------------------------------------------------------------------------------------------- join
+
+
+def _read_part(uris: list[str], part: int) -> pa.Table:
+    """Partition `part` of each hash file: its row group only (rows are sorted, one row group per partition)."""
+    pieces = []
+    for uri in uris:
+        with storage.open_input(uri) as f:
+            pf = pq.ParquetFile(f)
+            column = pf.schema_arrow.get_field_index("part")
+            for g in range(pf.metadata.num_row_groups):
+                stats = pf.metadata.row_group(g).column(column).statistics
+                if stats is not None and stats.min == part:
+                    pieces.append(pf.read_row_group(g))
+    return pa.concat_tables(pieces) if pieces else matches.HASH_SCHEMA.empty_table()
+
+
+@ray.remote(num_cpus=1)
+def _join_part(train: list[str], against: list[str], part: int) -> tuple[pa.Table, pa.Table]:
+    left, right = _read_part(train, part), _read_part(against, part)
+    return matches.hash_pairs(left, right), pa.concat_tables([matches.error_rows("train", left),
+                                                               matches.error_rows("against", right)])
+
+
+def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
+    uris = {side: [storage.join(config.out, r["path"]) for r in rs] for side, rs in results.items()}
+    joined = _get([_join_part.remote(uris["train"], uris["against"], p) for p in range(partitions)])
+    pairs = pa.concat_tables([j[0] for j in joined])
+    errors = pa.concat_tables([j[1] for j in joined])
+    log(f"[audit] exact: {pc.sum(pc.equal(pairs['method'], 'exact')).as_py() or 0} pairs, pixels: "
+        f"{pc.sum(pc.equal(pairs['method'], 'pixels')).as_py() or 0} pairs; {errors.num_rows} undecodable images")
+    return pairs, errors
+
+
+# ---------------------------------------------------------------------------------------------- near
+
+
+def _embeddings(config: AuditConfig, train: Side, against: Side, log) -> tuple[str, list[str]]:
+    if config.train_embeddings:
+        return config.train_embeddings, [config.against_embeddings]
+    from mieb_ray.evals.protocol import embed_table
+
+    # images that do not decode are the audit's error rows already: they must not stop the embedding
+    pools = dict(workers=config.workers, gpus_per_worker=config.gpus_per_worker,
+                 cpus_per_worker=config.cpus_per_worker, max_error_rate=1.0)
+    root = storage.join(config.out, "embeddings")
+    train_out = embed_table(train.uris[0], "key", storage.join(root, "train"), config.model, config.revision,
+                            "image", log, **pools)
+    return train_out, [embed_table(uri, "key", storage.join(root, f"against-{n}"), config.model, config.revision,
+                                   "image", log, **pools) for n, uri in enumerate(against.uris)]
+
+
+def _manifest_of(uri: str, what: str) -> dict:
+    manifest = storage.read_manifest(uri)
+    if manifest is None:
+        raise UserError(f"{what} {storage.display(uri)} has no {storage.MANIFEST}: not a complete embed output")
+    return manifest
+
+
+@ray.remote(num_cpus=1, num_returns=2)
+def _query_block(uri: str):
+    table = embeddings.open_shard(uri)
+    return embeddings.matrix(table).astype(np.float32), table["key"].combine_chunks()
+
+
+@ray.remote(num_cpus=1)
+def _near_rows(result, keys: pa.Array, threshold: float) -> pa.Table:
+    scores, docs = result
+    return matches.near_rows(scores, docs, keys, threshold)
+
+
+@ray.remote(num_cpus=1)
+def _doc_keys(uri: str, rows: np.ndarray) -> list[str]:
+    return embeddings.open_shard(uri)["key"].take(pa.array(rows)).to_pylist()
+
+
+def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int = NEAR_K) -> tuple[pa.Table, dict]:
+    """(train_key, eval_key, score) of each eval embedding's k nearest train embeddings at cosine >= threshold,
+    on the top-k engine: the train shards laid out once (every row its own group), each eval shard one query
+    block. And the search's statistics."""
+    corpus = _manifest_of(train_uri, "--train-embeddings")
+    queries = [_manifest_of(u, "--against-embeddings") for u in against_uris]
+    dims = {m.get("dim") for m in [corpus, *queries]}
+    if len(dims) > 1:
+        raise UserError(f"train and eval embeddings differ in dim ({sorted(dims, key=str)})")
+    shards = embeddings.shard_uris(train_uri)
+    query_shards = [s for u in against_uris for s in embeddings.shard_uris(u)]
+    corpus_rows = sum(s["rows"] for s in corpus.get("shards", []))
+    block_rows = max([s["rows"] for m in queries for s in m.get("shards", [])] or [1])
+    # a score task holds (block rows x partition rows) float32 scores: partitions small enough for SCORE_BYTES
+    parts = max(engine.default_partitions(sum(engine.file_sizes(shards)) if shards else 0),
+                -(-corpus_rows * block_rows * 4 // SCORE_BYTES))
+    lay = engine.layout(shards, group_column=engine.ROWS, partitions=parts)
+    blocks = [_query_block.remote(u) for u in query_shards]
+    found = engine.search(lay, [b[0] for b in blocks], TopK(k))
+    rows = pa.concat_tables(_get([_near_rows.remote(r, b[1], threshold) for r, b in zip(found, blocks)]))
+    docs = rows["doc"].to_numpy()
+    shard_of, row_of = docs >> 32, docs & 0xFFFFFFFF
+    keys = np.empty(len(docs), object)
+    wanted = np.unique(shard_of)
+    for s, got in zip(wanted, _get([_doc_keys.remote(shards[s], row_of[shard_of == s]) for s in wanted])):
+        keys[shard_of == s] = got
+    stats = lay.stats()
+    counts = pc.value_counts(rows["eval_key"]).field("counts") if rows.num_rows else None
+    info = {"corpus_rows": stats["rows"], "partitions": parts, "query_blocks": len(blocks),
+            "read_ratio": stats["read_ratio"], "k": k,
+            "saturated": int(pc.sum(pc.equal(counts, k)).as_py() or 0) if counts is not None else 0,
+            "model": (corpus.get("model") or {}).get("name") if isinstance(corpus.get("model"), dict) else None}
+    return pa.table({"train_key": pa.array(list(keys), pa.string()), "eval_key": rows["eval_key"],
+                     "score": rows["score"]}), info
+
+
+def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tuple[pa.Table, dict]:
+    train_uri, against_uris = _embeddings(config, train, against, log)
+    t0 = time.time()
+    rows, info = near_pairs(train_uri, against_uris, config.threshold)
+    hashes = [storage.join(config.out, r["path"]) for r in results["against"]]
+    tasks = _get(_locate.remote(hashes, pc.unique(rows["eval_key"]), ["eval_task"]))
+    task_of = dict(zip(tasks["key"].to_pylist(), tasks["eval_task"].to_pylist()))
+    n = rows.num_rows
+    pairs = pa.table({"train_key": rows["train_key"],
+                      "eval_task": pa.array([task_of.get(k) for k in rows["eval_key"].to_pylist()], pa.string()),
+                      "eval_key": rows["eval_key"], "method": pa.array(["near"] * n, pa.string()),
+                      "score": rows["score"]}, schema=matches.PAIR_SCHEMA)
+    info = {"train_embeddings": storage.display(train_uri),
+            "against_embeddings": [storage.display(u) for u in against_uris], "threshold": config.threshold,
+            **info, "seconds": round(time.time() - t0, 3)}
+    log(f"[audit] near (cosine >= {config.threshold}): {n} pairs from {info['query_blocks']} query blocks x "
+        f"{info['partitions']} partitions of {info['corpus_rows']:,} train embeddings in {info['seconds']:.1f}s")
+    if info["saturated"]:
+        log(f"[audit] warning: {info['saturated']} eval images have {NEAR_K} train rows at or above the threshold; "
+            "there may be more")
+    return pairs, info
+
+
+# ---------------------------------------------------------------------------------------------- write
+
+
+def _write(config, pairs, errors, results, planned, sides, near_info, progress, t0, log) -> dict:
+    from mieb_ray.audit import report
+
+    eval_rows, train_rows = {}, {}
+    for r in results["against"]:
+        for task, n in r["tasks"].items():
+            eval_rows[task or "?"] = eval_rows.get(task or "?", 0) + n
+    for r in results["train"]:
+        for dataset, n in r["datasets"].items():
+            train_rows[dataset] = train_rows.get(dataset, 0) + n
+    summary = matches.summary(pairs, eval_rows, train_rows)
+    files = {"contamination.parquet": pairs, "errors.parquet": errors}
+    for name, table in files.items():
+        commit.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
+    summary = {**summary, "threshold": config.threshold if config.near else None, "near": near_info or None}
+    storage.write_bytes(storage.join(config.out, "summary.json"), (_json(summary) + "\n").encode())
+    page = report.render(summary, _gallery(config, pairs, results, planned, sides))
+    storage.write_bytes(storage.join(config.out, "report.html"), page.encode())
+    manifest = commit.finish(config.out, {
+        "format": FORMAT, "format_version": 1, "version": __version__,
+        "config": {"train": storage.display(config.train), "against": list(config.against),
+                   "data": storage.display(config.data) if config.against == (MIEB,) else None,
+                   "model": config.model, "threshold": config.threshold if config.near else None,
+                   "detectors": list(matches.METHODS if config.near else matches.METHODS[:2])},
+        "files": ["contamination.parquet", "errors.parquet", "summary.json", "report.html"],
+        "counts": {"train_rows": sum(train_rows.values()), "eval_rows": sum(eval_rows.values()),
+                   "pairs": summary["totals"]["pairs"], "train_rows_flagged": summary["totals"]["train_rows_flagged"],
+                   "errors": errors.num_rows},
+        "seconds": round(time.time() - t0, 3)}, progress)
+    storage.delete_tree(storage.join(config.out, _HASHES))  # after the manifest: a resume may still need them
+    totals = summary["totals"]
+    log(f"[audit] done: {totals['train_rows_flagged']:,} train rows flagged of {sum(train_rows.values()):,}, "
+        f"{totals['eval_images_affected']:,} eval images affected; pairs {totals['pairs']}; "
+        f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
+    return manifest
+
+
+def _json(value) -> str:
+    import json
+
+    return json.dumps(value, indent=2)
+
+
+@ray.remote(num_cpus=1)
+def _thumbnails(unit: tables.Unit, columns: tables.Columns, rows: list[int]) -> dict[int, str | None]:
+    from mieb_ray.audit.report import thumbnail
+
+    want, out, at = set(rows), {}, 0
+    for chunk in tables.read_unit(unit, columns, "image"):
+        for image in chunk["image"]:
+            if at in want:
+                out[at] = thumbnail(image)
+            at += 1
+    return out
+
+
+def _gallery(config, pairs: pa.Table, results, planned, sides: dict[str, Side]) -> list[dict]:
+    """The first REPORT_PAIRS pairs of each detector, with both images as thumbnails."""
+    shown = [r for m in matches.METHODS for r in pairs.filter(pc.equal(pairs["method"], m)).slice(0, REPORT_PAIRS)
+             .to_pylist()]
+    if not shown:
+        return []
+    where = {}
+    for side, key_field in (("train", "train_key"), ("against", "eval_key")):
+        keys = pa.array(sorted({r[key_field] for r in shown}), pa.string())
+        uris = [storage.join(config.out, r["path"]) for r in results[side]]
+        located = _get(_locate.remote(uris, keys, ["unit", "row"]))
+        for k, u, row in zip(*(located[c].to_pylist() for c in ("key", "unit", "row"))):
+            where.setdefault((side, k), (u, row))
+    by_unit = {}
+    for (side, _), (u, row) in where.items():
+        by_unit.setdefault((side, u), set()).add(row)
+    fetched = _get([_thumbnails.remote(planned[side][u][1], sides[side].columns(planned[side][u][0]), sorted(rows))
+                    for (side, u), rows in by_unit.items()])
+    thumbs = {(side, u, row): uri for ((side, u), _), got in zip(by_unit.items(), fetched) for row, uri in got.items()}
+    for r in shown:
+        for side, key_field in (("train", "train_key"), ("against", "eval_key")):
+            u, row = where.get((side, r[key_field]), (None, None))
+            r[f"{side}_image"] = thumbs.get((side, u, row))
+    return shown
+
+
+@ray.remote(num_cpus=1)
+def _locate(uris: list[str], keys: pa.Array, columns: list[str]) -> pa.Table:
+    """`columns` of the hash rows whose key is in `keys` (key first)."""
+    out = []
+    for uri in uris:
+        with storage.open_input(uri) as f:
+            t = pq.read_table(f, columns=["key", *columns])
+        out.append(t.filter(pc.is_in(t["key"], value_set=keys)))
+    return pa.concat_tables(out)

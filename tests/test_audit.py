@@ -1,0 +1,195 @@
+"""mieb-ray audit: planted duplicates found by the detector each change allows, nothing else flagged by the
+hashes, near pairs equal to a brute-force search of the same embeddings, the MIEB eval splits as the eval side,
+a clean build with --exclude, resume, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from mieb_ray import storage
+from mieb_ray.audit import fingerprints
+from mieb_ray.cli import main
+from mieb_ray.fixtures.audit import EVAL_TASKS, PLANTS, encode, make_planted, tiles
+from mieb_ray.fixtures.biovita import make_biovita_mirror
+from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.io import embeddings
+from mieb_ray.pipelines.audit import NEAR_K, AuditConfig, audit
+from mieb_ray.pipelines.build import BuildConfig, build
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return make_planted(str(tmp_path_factory.mktemp("planted")))
+
+
+def _pairs(out: str) -> set[tuple]:
+    rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
+    return {(r["train_key"], r["eval_task"], r["eval_key"], r["method"]) for r in rows}
+
+
+def test_pixel_hash_sees_through_containers_and_exif_not_through_lossy_changes():
+    tile = tiles()[0]
+    jpeg = encode(tile)
+    decoded = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    assert fingerprints.pixel_hash(encode(decoded, "PNG")) == fingerprints.pixel_hash(jpeg)
+    assert fingerprints.pixel_hash(encode(decoded, quality=50)) != fingerprints.pixel_hash(jpeg)
+    # stored rotated with an EXIF orientation that turns it back: the same upright pixels
+    png = encode(decoded, "PNG")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 CW to view
+    buf = io.BytesIO()
+    decoded.transpose(Image.Transpose.ROTATE_90).save(buf, "PNG", exif=exif.tobytes())
+    assert fingerprints.pixel_hash(buf.getvalue()) == fingerprints.pixel_hash(png)
+    sha, pix, error = fingerprints.fingerprint(b"not an image")
+    assert sha == hashlib.sha256(b"not an image").digest() and pix is None and error.startswith("undecodable image")
+    assert fingerprints.fingerprint(None)[2] == "no image"
+
+
+def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted, tmp_path, capsys):
+    out = str(tmp_path / "audit")
+    assert main(["audit", "--train", planted["train"], "--against", ",".join(planted["against"]),
+                 "--out", out]) == 0
+    want = {(t, task, e, m) for t, task, e, kind in planted["planted"] for m in PLANTS[kind] if m != "near"}
+    assert _pairs(out) == want  # distinct images are never flagged by a hash
+    errors = pq.read_table(os.path.join(out, "errors.parquet")).to_pylist()
+    assert errors == [{"side": "train", "key": planted["undecodable"], "error": errors[0]["error"]}]
+    assert errors[0]["error"].startswith("undecodable image")
+
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    first = summary["eval_tasks"][EVAL_TASKS[0]]
+    eval_rows = pq.read_metadata(os.path.join(planted["against"][0], "000000.parquet")).num_rows
+    assert first["eval_rows"] == eval_rows
+    assert first["exact"]["eval_images"] == 1 and first["pixels"]["eval_images"] == 2
+    assert first["any"]["percent"] == pytest.approx(100 * 2 / eval_rows, abs=1e-4)
+    assert summary["totals"]["train_rows_flagged"] == 3 and summary["threshold"] is None
+    assert set(summary["train_datasets"]) == {"cifar100", "food101"}
+    page = open(os.path.join(out, "report.html")).read()
+    assert "data:image/jpeg;base64," in page and "cifar100/test/0" in page and "a threshold, not a proof" in page
+    manifest = storage.read_manifest(out)
+    assert manifest["format"] == "mieb-audit" and manifest["counts"]["errors"] == 1
+    assert not os.path.exists(os.path.join(out, "_hashes")) and not os.path.exists(os.path.join(out, "_progress"))
+    capsys.readouterr()
+    assert main(["audit", "--train", planted["train"], "--against", planted["against"][0], "--out", out]) == 1
+    assert "already holds a complete audit" in capsys.readouterr().err
+
+
+def test_near_pairs_equal_a_brute_force_search_of_the_same_embeddings(ray_local, planted, tiny_clip, tmp_path):
+    """The tiny model is random: its cosines say nothing about duplicates, but the engine must return exactly
+    the pairs a brute-force search of its embeddings gives."""
+    out, threshold = str(tmp_path / "audit"), 0.97
+    manifest = audit(AuditConfig(planted["train"], tuple(planted["against"]), out, model=tiny_clip,
+                                 threshold=threshold, workers=1), log=lambda _: None)
+    assert manifest["config"]["detectors"] == ["exact", "pixels", "near"]
+    keys, train = embeddings.read_all(os.path.join(out, "embeddings", "train"))
+    want = {}
+    for n, task in enumerate(EVAL_TASKS):
+        eval_keys, vectors = embeddings.read_all(os.path.join(out, "embeddings", f"against-{n}"))
+        scores = vectors @ train.T
+        for i, row in enumerate(scores):
+            top = np.argsort(-row, kind="stable")[:NEAR_K]
+            want |= {(keys[j], task, eval_keys[i]): float(row[j]) for j in top if row[j] >= threshold}
+    rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
+    got = {(r["train_key"], r["eval_task"], r["eval_key"]): r["score"] for r in rows if r["method"] == "near"}
+    assert want and set(got) == set(want)
+    assert max(abs(got[p] - want[p]) for p in want) < 1e-5  # float32 sums in another order
+    near = [r["score"] for r in rows if r["method"] == "near"]
+    assert near == sorted(near, reverse=True)
+
+
+def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
+    """The fixture mirror reuses each source's pictures in both splits, so eval row i has train row i's bytes:
+    the audit must find each such pair, and build --exclude must leave exactly those train rows out."""
+    mirror, slugs = str(tmp_path / "mirror"), ["cifar100", "dtd"]
+    make_mirror(mirror, rows=6, datasets=slugs, eval_rows=4)
+    photos = make_biovita_mirror(mirror)  # 1,329 photos
+    train = str(tmp_path / "train")
+    built = build(BuildConfig(mirror, train, datasets=slugs), log=lambda _: None)
+    out = str(tmp_path / "audit")
+    audit(AuditConfig(train, ("mieb",), out, data=mirror), log=lambda _: None)
+    digest = {}  # brute force: sha256 of every image of both tables
+    for root, side in ((train, "train"), (os.path.join(out, "eval-data"), "eval")):
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                if f.endswith(".parquet") and not f.startswith("_"):
+                    for r in pq.read_table(os.path.join(dirpath, f), columns=["key", "image"]).to_pylist():
+                        digest.setdefault(hashlib.sha256(r["image"]["bytes"]).hexdigest(), {}) \
+                            .setdefault(side, []).append(r["key"])
+    tasks = {"cifar100": "CIFAR100ZeroShot", "dtd": "DTDZeroShot"}
+    want = {(t, tasks[e.split("/")[0]], e, "exact") for d in digest.values() for t in d.get("train", [])
+            for e in d.get("eval", [])}
+    got = {p for p in _pairs(out) if p[3] == "exact"}
+    assert want and got == want
+    flagged = {p[0] for p in _pairs(out)}
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["eval_tasks"]["BioVITAT2IReranking"]["eval_rows"] == photos["corpus"]  # audited against too
+    assert summary["eval_tasks"]["CIFAR100ZeroShot"]["eval_rows"] == 4
+
+    clean = str(tmp_path / "clean")
+    manifest = build(BuildConfig(mirror, clean, datasets=slugs, exclude=out), log=lambda _: None)
+    for slug in slugs:
+        assert manifest["counts"]["excluded"][slug] == sum(k.startswith(f"{slug}/") for k in flagged)
+    before = {k for s in built["shards"] for k in pq.read_table(os.path.join(train, s["path"]))["key"].to_pylist()}
+    after = {k for s in manifest["shards"] for k in pq.read_table(os.path.join(clean, s["path"]))["key"].to_pylist()}
+    assert after == before - flagged and manifest["config"]["exclude"]["train_keys"] == len(flagged)
+
+
+def test_resume_hashes_only_what_is_left(ray_local, planted, tmp_path):
+    out = str(tmp_path / "audit")
+    config = AuditConfig(planted["train"], tuple(planted["against"]), out)
+    first = audit(config, log=lambda _: None)
+    from mieb_ray.pipelines import audit as pipeline
+
+    rerun_lines = []
+    original = pipeline.commit.finish
+
+    def killed(*args):  # the run dies just before its manifest: hash files and progress records stay
+        raise RuntimeError("killed")
+    pipeline.commit.finish = killed
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            audit(AuditConfig(planted["train"], tuple(planted["against"]), str(tmp_path / "partial")),
+                  log=lambda _: None)
+    finally:
+        pipeline.commit.finish = original
+    audit(AuditConfig(planted["train"], tuple(planted["against"]), str(tmp_path / "partial"), resume=True),
+          log=rerun_lines.append)
+    assert any("3 units already hashed" in line for line in rerun_lines)
+    assert _pairs(str(tmp_path / "partial")) == _pairs(out)
+    assert first["counts"] == storage.read_manifest(str(tmp_path / "partial"))["counts"]
+
+
+def test_bad_input_is_one_line(ray_local, planted, tmp_path, capsys):
+    import pyarrow as pa
+
+    no_image = tmp_path / "no-image"
+    no_image.mkdir()
+    pq.write_table(pa.table({"key": ["a"], "text": ["x"]}), no_image / "0.parquet")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pq.write_table(pa.table({"key": pa.array([], pa.string()), "image": pa.array([], pa.binary())}),
+                   empty / "0.parquet")
+    cases = [
+        (["--train", str(no_image), "--against", planted["against"][0]], "has no column image"),
+        (["--train", planted["train"], "--against", str(empty)], "holds no rows: nothing to audit against"),
+        (["--train", str(tmp_path / "nowhere"), "--against", planted["against"][0]], "nowhere"),
+        (["--train", planted["train"], "--against", "mieb," + planted["against"][0]], "cannot be combined"),
+        (["--train", planted["train"], "--against", planted["against"][0], "--train-embeddings", "x"],
+         "go together"),
+        (["--train", planted["train"], "--against", planted["against"][0], "--model", "m", "--threshold", "2"],
+         "not a cosine"),
+    ]
+    for n, (argv, message) in enumerate(cases):
+        capsys.readouterr()
+        assert main(["audit", *argv, "--out", str(tmp_path / f"out{n}")]) == 1, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
