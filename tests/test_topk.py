@@ -13,7 +13,7 @@ import ray
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.topk import engine
-from mieb_ray.topk.kernels import (Candidates, CandidateMax, TopK, batches, build_partition, group_maxima, split,
+from mieb_ray.topk.kernels import (Candidates, CandidateMax, TopK, TopRows, batches, build_partition, group_maxima, split,
                                    top_rows)
 
 pytestmark = pytest.mark.timeout(300)
@@ -153,6 +153,19 @@ def test_kernels_match_brute_force_with_ties(tied):
     part = build_partition(split([(docs, None, groups, doc_ids)], 1))
     assert all(np.array_equal(a, b) for a, b in zip(group_maxima(part, q, argmax=True, chunk_rows=1),
                                                     group_maxima(part, q, argmax=True, chunk_rows=10 ** 6)))
+
+
+def test_top_rows_equals_topk_when_every_row_is_its_own_group(tied):
+    """TopRows (the audit's reducer) = TopK over one-row groups, ties by row id included, across chunks and
+    partitions."""
+    queries, docs, _, doc_ids, _, _ = tied
+    q = normalize(queries)
+    halves = [build_partition([piece]) for piece in split([(docs, None, doc_ids, doc_ids)], 2)]
+    want_s, want_g = brute_topk(queries, docs, doc_ids, 9)
+    for score_bytes in (1, 1 << 30):  # chunks of 256 rows (two per partition here), or one chunk
+        reducer = TopRows(9, score_bytes)
+        got_s, got_g = reducer.merge([reducer.score(h, q) for h in halves])
+        assert np.array_equal(got_g, want_g) and np.array_equal(got_s, want_s)
 
 
 # ---------------------------------------------------------------------------------------------- engine

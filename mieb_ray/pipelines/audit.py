@@ -30,14 +30,13 @@ from mieb_ray.audit import matches
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, tables
 from mieb_ray.topk import engine
-from mieb_ray.topk.kernels import TopK
+from mieb_ray.topk.kernels import TopRows
 
 FORMAT = "mieb-audit"
 MIEB = "mieb"  # --against mieb: the MIEB eval splits of the sources
 BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
 UNIT_ROWS = 10_000  # rows one hash task reads
 PARTITION_ROWS = 2_000_000  # hash rows one join task holds (about 100 bytes each)
-SCORE_BYTES = 256 << 20  # one score task's (query block x partition rows) float32 scores
 NEAR_K = 10  # nearest train rows kept per eval image
 DEFAULT_THRESHOLD = 0.95
 REPORT_PAIRS = 48  # pairs shown per detector on the page
@@ -327,14 +326,10 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
         raise UserError(f"train and eval embeddings differ in dim ({sorted(dims, key=str)})")
     shards = embeddings.shard_uris(train_uri)
     query_shards = [s for u in against_uris for s in embeddings.shard_uris(u)]
-    corpus_rows = sum(s["rows"] for s in corpus.get("shards", []))
-    block_rows = max([s["rows"] for m in queries for s in m.get("shards", [])] or [1])
-    # a score task holds (block rows x partition rows) float32 scores: partitions small enough for SCORE_BYTES
-    parts = max(engine.default_partitions(sum(engine.file_sizes(shards)) if shards else 0),
-                -(-corpus_rows * block_rows * 4 // SCORE_BYTES))
-    lay = engine.layout(shards, group_column=engine.ROWS, partitions=parts)
+    lay = engine.layout(shards, group_column=engine.ROWS)
+    parts = len(lay.partitions)
     blocks = [_query_block.remote(u) for u in query_shards]
-    found = engine.search(lay, [b[0] for b in blocks], TopK(k))
+    found = engine.search(lay, [b[0] for b in blocks], TopRows(k))
     rows = pa.concat_tables(_get([_near_rows.remote(r, b[1], threshold) for r, b in zip(found, blocks)]))
     docs = rows["doc"].to_numpy()
     shard_of, row_of = docs >> 32, docs & 0xFFFFFFFF

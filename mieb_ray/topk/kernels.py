@@ -5,6 +5,7 @@ A corpus row is (normalised float32 vector, int64 group id, int64 doc id). Rows 
 contiguous run. Scoring a block of queries against a partition gives every group's max cosine, reduced to:
 
   TopK(k)        each query's k best groups (ties by group id); partitions merge exactly by merge_topk.
+  TopRows(k)     the same where every row is its own group, without the group maxima pass.
   CandidateMax   each query's max over its own C candidate groups, only over the docs of its pool, with the doc
                  achieving it (ties: smallest doc); partitions merge by elementwise max.
 
@@ -216,6 +217,53 @@ class TopK:
 
     def merge(self, parts: list) -> tuple[np.ndarray, np.ndarray]:
         return merge_topk(parts, self.k)
+
+
+@dataclass(frozen=True)
+class TopRows:
+    """TopK(k) for a corpus whose every row is its own group (engine.ROWS): each query's k best rows, scored
+    chunk by chunk as (q, rows) products and cut to k at once, without TopK's (groups x q) maxima."""
+
+    k: int
+    score_bytes: int = 256 << 20  # one chunk's (q, rows) float32 scores
+
+    def score(self, part: Partition, queries: np.ndarray, data=None) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        n = len(part.docs)
+        if not n:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        q = torch.from_numpy(queries)
+        chunk = min(n, max(256, self.score_bytes // (4 * max(len(queries), 1))))
+        buffer = torch.empty(len(queries) * chunk)  # reused: a fresh array per chunk costs page faults
+        parts = []
+        for lo in range(0, n, chunk):
+            rows = torch.from_numpy(part.vectors[lo:lo + chunk])
+            scores = buffer[:len(queries) * len(rows)].view(len(queries), len(rows))
+            torch.mm(q, rows.T, out=scores)  # (q, rows)
+            values, cols = row_topk(scores, self.k)
+            parts.append((values, part.group_ids[lo + cols]))  # one row per group: run r is row r
+        return merge_topk(parts, self.k)
+
+    def merge(self, parts: list) -> tuple[np.ndarray, np.ndarray]:
+        return merge_topk(parts, self.k)
+
+
+def row_topk(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of (q, n) scores, the k best values and their column ids, ties by column id. torch.topk finds
+    k + 1; a row whose k-th and (k+1)-th values tie (where topk's choice is arbitrary) is redone by topk_of."""
+    import torch
+
+    k = min(k, scores.shape[1])
+    values, cols = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
+    values, cols = values.numpy(), cols.numpy()
+    tied = np.flatnonzero(values[:, k - 1] == values[:, k]) if values.shape[1] > k and k else []
+    values, cols = values[:, :k], cols[:, :k]
+    order = np.lexsort((cols, -values), axis=1)  # ties inside the top k: by column id
+    values, cols = np.take_along_axis(values, order, 1), np.take_along_axis(cols, order, 1)
+    if len(tied):
+        values[tied], cols[tied] = topk_of(scores[torch.from_numpy(tied)].numpy(), k)
+    return values, cols
 
 
 @dataclass(frozen=True)
