@@ -141,6 +141,8 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     before = {k for s in built["shards"] for k in pq.read_table(os.path.join(train, s["path"]))["key"].to_pylist()}
     after = {k for s in manifest["shards"] for k in pq.read_table(os.path.join(clean, s["path"]))["key"].to_pylist()}
     assert after == before - flagged and manifest["config"]["exclude"]["train_keys"] == len(flagged)
+    card = open(os.path.join(clean, "README.md")).read()
+    assert "mieb-ray audit" in card and f"leaves out the {len(flagged):,} train rows" in card
 
 
 def test_resume_hashes_only_what_is_left(ray_local, planted, tmp_path):

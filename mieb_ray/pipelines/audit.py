@@ -16,6 +16,7 @@ The driver holds units, refs, statistics and the pairs found, never an image, a 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -149,7 +150,6 @@ def _against(config: AuditConfig, log) -> Side:
     if config.against != (MIEB,):
         return Side("against", config.against, tuple(u.rstrip("/").rsplit("/", 1)[-1] for u in config.against))
     from mieb_ray.pipelines.build import build_eval_splits
-
     from mieb_ray.retrieval import biovita
 
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its own sources
@@ -388,7 +388,7 @@ def _write(config, pairs, errors, results, planned, sides, near_info, progress, 
     for name, table in files.items():
         commit.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
     summary = {**summary, "threshold": config.threshold if config.near else None, "near": near_info or None}
-    storage.write_bytes(storage.join(config.out, "summary.json"), (_json(summary) + "\n").encode())
+    storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
     page = report.render(summary, _gallery(config, pairs, results, planned, sides))
     storage.write_bytes(storage.join(config.out, "report.html"), page.encode())
     manifest = commit.finish(config.out, {
@@ -408,12 +408,6 @@ def _write(config, pairs, errors, results, planned, sides, near_info, progress, 
         f"{totals['eval_images_affected']:,} eval images affected; pairs {totals['pairs']}; "
         f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return manifest
-
-
-def _json(value) -> str:
-    import json
-
-    return json.dumps(value, indent=2)
 
 
 @ray.remote(num_cpus=1)

@@ -184,9 +184,10 @@ def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = 
     return target
 
 
-def dataset_card(splits: dict[str, str], fmt: str) -> str:
+def dataset_card(splits: dict[str, str], fmt: str, exclusion: dict | None = None) -> str:
     """README.md whose `configs` let `datasets.load_dataset(OUT, "<slug>")` (and the hub viewer) read it.
-    `splits`: slug -> the split name its rows come from (train, test, validation), in catalog order."""
+    `splits`: slug -> the split name its rows come from (train, test, validation), in catalog order;
+    `exclusion`: what --exclude left out."""
     ext = "parquet" if fmt == "parquet" else "tar"
     by_split: dict[str, list[str]] = {}
     for slug, split in splits.items():
@@ -202,6 +203,14 @@ def dataset_card(splits: dict[str, str], fmt: str) -> str:
     title = "mieb-train" if set(by_split) == {"train"} else "MIEB eval splits in the mieb-train layout"
     lines += ["---", "", f"# {title} ({fmt})", "",
               f"Built by mieb-ray {__version__}. Rows, shards and checksums: `{storage.MANIFEST}`.", ""]
+    if set(by_split) == {"train"}:
+        lines += ["**Evaluation warning.** These are the train splits of MIEB's own zero-shot tasks (and of SciMMIR, "
+                  "whose test split two MIEB retrieval tasks use). Where a train image is also an eval image, a "
+                  "model trained on it has seen that eval image: its MIEB scores on that task are invalid. "
+                  "`mieb-ray audit` lists those rows; `mieb-ray build --exclude AUDIT_OUT` leaves them out.", ""]
+        if exclusion:
+            lines += [f"This build leaves out the {exclusion['train_keys']:,} train rows flagged by the audit at "
+                      f"`{exclusion['audit']}` (keys sha256 {exclusion['sha256'][:16]}...).", ""]
     return "\n".join(lines)
 
 
@@ -232,7 +241,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
         check_counts({k: counts[k] + excluded[k] for k in counts}, expected,
                      TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
     splits = {s.slug: source_split(s, config.split) for s in selected}
-    storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt).encode())
+    storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt, exclusion).encode())
     manifest = commit.finish(config.out, {
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
