@@ -235,26 +235,34 @@ def run_demo(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    help_ = "Ray cluster address, e.g. auto (default: RAY_ADDRESS, else a local Ray)"
     p = argparse.ArgumentParser(prog="mieb-ray", description=__doc__)
-    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--address", default=None, help=help_)
+    # the same flag after the command (`mieb-ray build ... --address auto`); SUPPRESS keeps the one given before
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--address", default=argparse.SUPPRESS, help=help_)
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build the mieb-train table from the 23 sources")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    b = command("build", help="build the mieb-train table from the 23 sources")
     add_build_flags(b)
     b.set_defaults(run=run_build)
-    e = sub.add_parser("embed", help="encode the images (or texts) of a table with a CLIP model")
+    e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
-    v = sub.add_parser("eval-biovita", help="score embeddings on BioVITA text-to-image taxon retrieval")
+    v = command("eval-biovita", help="score embeddings on BioVITA text-to-image taxon retrieval")
     add_eval_flags(v)
     v.set_defaults(run=run_eval)
-    z = sub.add_parser("eval-zeroshot", help="score embeddings on the 22 MIEB zero-shot classification tasks, with "
-                                             "mteb's prompts and with fixed ones")
+    z = command("eval-zeroshot", help="score embeddings on the 22 MIEB zero-shot classification tasks, with "
+                                      "mteb's prompts and with fixed ones")
     add_zeroshot_flags(z)
     z.set_defaults(run=run_zeroshot)
-    a = sub.add_parser("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
+    a = command("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
     add_audit_flags(a)
     a.set_defaults(run=run_audit)
-    d = sub.add_parser("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
+    d = command("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)
     return p

@@ -240,3 +240,15 @@ def test_error_rows_are_counted_and_the_rate_is_enforced(ray_local, tmp_path):
     errors = pq.read_table([os.path.join(tmp_path, "lenient", f) for f in manifest["error_files"]]).to_pylist()
     assert sorted(e["key"] for e in errors) == ["gtsrb/10", "gtsrb/11"]
     assert {e["error"] for e in errors} == {"label 43 outside the 43 classes", "label missing or not in the class list"}
+
+
+def test_address_goes_before_or_after_the_command():
+    from mieb_ray.cli import parser
+
+    p = parser()
+    flags = ["--sources", "x", "--out", "y"]
+    assert p.parse_args(["build", *flags, "--address", "auto"]).address == "auto"  # as the README writes it
+    assert p.parse_args(["--address", "auto", "build", *flags]).address == "auto"
+    assert p.parse_args(["build", *flags]).address is None
+    assert p.parse_args(["audit", "--train", "t", "--against", "mieb", "--out", "o", "--address", "auto"]).address \
+        == "auto"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -151,3 +152,24 @@ def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, cap
                  "--out", str(out)]) == 1
     assert "give either --model, or both" in capsys.readouterr().err.strip().splitlines()[-1]
     assert storage.exists(str(out / "report.html"))
+
+
+@pytest.mark.parametrize("model", ["another-tool/model-name", None, 7])
+def test_another_tools_manifest_still_scores_and_reports(ray_local, data, tmp_path, model):
+    """A manifest whose `model` is a string, missing or a number (as another tool may write): the eval reads the
+    shards by their contract and writes its results, report and manifest."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    for uri in (images, texts):
+        manifest = json.loads((Path(uri) / "_manifest.json").read_text())
+        manifest.pop("model")
+        if model is not None:
+            manifest["model"] = model
+        (Path(uri) / "_manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    assert main(["eval-biovita", "--data", root, "--image-embeddings", images, "--text-embeddings", texts,
+                 "--out", str(out)]) == 0
+    result = json.loads((out / RESULTS_FILE).read_text())
+    assert result["mieb_ray"]["image_embeddings"]["model"] == ({"name": str(model)} if model is not None else {})
+    assert (out / "report.html").exists() and (out / "_manifest.json").exists()

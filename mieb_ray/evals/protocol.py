@@ -101,8 +101,8 @@ def embed_table(source: str, key: str, target: str, model: str, revision: str | 
     from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
 
     done = storage.read_manifest(target) or {}
-    model_name = (done.get("model") or {}).get("name") if isinstance(done.get("model"), dict) else None
-    if model_name == model and done.get("config", {}).get("input") == storage.display(source):
+    if embeddings.manifest_model(done).get("name") == model and done.get("config", {}).get("input") == \
+            storage.display(source):
         log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
         return target
     run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,

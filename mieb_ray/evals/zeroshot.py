@@ -319,9 +319,8 @@ class ZeroShotSuite:
                           "classes": r["mieb_ray"]["classes"], "mteb": mteb, "fixed": fixed,
                           "difference": fixed["accuracy"] - mteb["accuracy"]})
         mean = {s: float(np.mean([t[s]["accuracy"] for t in tasks])) if tasks else 0.0 for s in PROMPT_SETS}
-        images_model = (storage.read_manifest(pending.images_uri) or {}).get("model")
         return {"title": "MIEB zero-shot classification",
-                "model": images_model if isinstance(images_model, dict) else {"name": str(images_model or "")},
+                "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),
                 "evaluation_time": time.time() - pending.start, "tasks": tasks,
                 "mean": {**mean, "difference": mean["fixed"] - mean["mteb"]}}
 

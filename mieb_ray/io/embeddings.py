@@ -79,6 +79,15 @@ def model_metadata(table_or_schema) -> dict:
     return json.loads(schema_.metadata[b"mieb_ray"])
 
 
+def manifest_model(manifest: dict | None) -> dict:
+    """The model an embed output's manifest names, as a dict ({} when none): another tool's manifest may give
+    a bare string, or nothing."""
+    model = (manifest or {}).get("model")
+    if isinstance(model, dict):
+        return model
+    return {"name": str(model)} if isinstance(model, (str, int, float)) and model != "" else {}
+
+
 def shard_uris(root: str) -> list[str]:
     """The shards of a complete output, as its manifest lists them."""
     manifest = storage.read_manifest(root)

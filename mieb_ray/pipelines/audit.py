@@ -342,7 +342,7 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
     info = {"corpus_rows": stats["rows"], "partitions": parts, "query_blocks": len(blocks),
             "read_ratio": stats["read_ratio"], "k": k,
             "saturated": int(pc.sum(pc.equal(counts, k)).as_py() or 0) if counts is not None else 0,
-            "model": (corpus.get("model") or {}).get("name") if isinstance(corpus.get("model"), dict) else None}
+            "model": embeddings.manifest_model(corpus).get("name")}
     return pa.table({"train_key": pa.array(list(keys), pa.string()), "eval_key": rows["eval_key"],
                      "score": rows["score"]}), info
 
