@@ -70,7 +70,14 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(uri)
 
 
-def _describe(exc: OSError) -> str:
+def _remote_error(exc: BaseException) -> bool:
+    """An error of the filesystem's own transport: OSError (pyarrow, S3), or the hub client's HTTP errors
+    (httpx's ConnectError and timeouts are not OSErrors), which are one line for the user, not a traceback."""
+    return isinstance(exc, OSError) or any(c.__module__.split(".")[0] in ("httpx", "httpx2", "huggingface_hub")
+                                           for c in type(exc).__mro__)
+
+
+def _describe(exc: BaseException) -> str:
     # pyarrow's S3 messages are long and multi-line; keep the first line, never any credential
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -80,7 +87,9 @@ def list_files(uri: str) -> list[str]:
     fs, path = filesystem(uri)
     try:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    except OSError as exc:
+    except Exception as exc:
+        if not _remote_error(exc):
+            raise
         raise StorageError(f"cannot list {uri}: {_describe(exc)}") from exc
     prefix = uri.rstrip("/")
     return sorted(prefix + i.path[len(path):] for i in infos if i.type == pafs.FileType.File)
@@ -90,7 +99,9 @@ def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     try:
         return fs.get_file_info(path).type != pafs.FileType.NotFound
-    except OSError as exc:
+    except Exception as exc:
+        if not _remote_error(exc):
+            raise
         raise StorageError(f"cannot reach {uri}: {_describe(exc)}") from exc
 
 
@@ -101,7 +112,9 @@ def open_input(uri: str):
         return fs.open_input_file(path)
     except FileNotFoundError as exc:
         raise StorageError(f"no such file: {uri}") from exc
-    except OSError as exc:
+    except Exception as exc:
+        if not _remote_error(exc):
+            raise
         raise StorageError(f"cannot open {uri}: {_describe(exc)}") from exc
 
 

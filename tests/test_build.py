@@ -9,6 +9,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 import tarfile
 
 import datasets
@@ -252,3 +254,16 @@ def test_address_goes_before_or_after_the_command():
     assert p.parse_args(["build", *flags]).address is None
     assert p.parse_args(["audit", "--train", "t", "--against", "mieb", "--out", "o", "--address", "auto"]).address \
         == "auto"
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_hub_is_one_line(ray_local, tmp_path):
+    """No network: the hub client's ConnectError (not an OSError) is a one-line error, not a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_HUB_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there
+    address = ray_local.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "build", "--sources", "hf", "--out", str(tmp_path / "o"),
+                           "--datasets", "cifar10", "--address", address], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("mieb-ray: error: cannot list hf://datasets/mteb/cifar10@")
