@@ -44,9 +44,9 @@ def unit_name(unit: Unit) -> str:
 
 class ShardBuilder:
     def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int,
-                 progress: Progress | None = None, exclude: pa.Array | None = None):
+                 progress: Progress | None = None, exclude: dict[str, pa.Array] | None = None):
         self.tables, self.out, self.rows_per_shard, self.progress = tables, out, rows_per_shard, progress
-        self.exclude = exclude  # train keys an audit flagged: left out
+        self.exclude = exclude or {}  # slug -> the train keys an audit flagged: left out
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -73,7 +73,7 @@ class ShardBuilder:
                 **commit_staged(shard.local, shard.dest)}
 
     def build(self, unit: Unit) -> dict:
-        source, table = by_slug(unit.slug), self.tables[unit.slug]
+        source, table, exclude = by_slug(unit.slug), self.tables[unit.slug], self.exclude.get(unit.slug)
         shards, errors, dropped, excluded, last = [], [], 0, 0, -1
         current: _OpenShard | None = None
         try:
@@ -96,8 +96,8 @@ class ShardBuilder:
                         current = self._open(unit.slug, number, source.image_ext)
                     rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
                                                       storage.display(file), unit.split)
-                    if self.exclude is not None:
-                        flagged = pc.is_in(rows["key"], value_set=self.exclude)
+                    if exclude is not None:
+                        flagged = pc.is_in(rows["key"], value_set=exclude)
                         excluded += pc.sum(flagged).as_py() or 0
                         rows = rows.filter(pc.invert(flagged))
                     current.writer.write(rows)

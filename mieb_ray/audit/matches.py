@@ -101,23 +101,24 @@ def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, in
     """Per eval task: its rows, and per detector (and any) the pairs and the eval images affected, with their
     percentage of the task's rows. Per train dataset: its rows and the train rows flagged."""
     rows = pairs.to_pylist()
+
+    def hits(method: str, keep) -> list[dict]:
+        return [r for r in rows if keep(r) and method in ("any", r["method"])]
+
     tasks = {}
     for task, n in sorted(eval_rows.items()):
-        mine = [r for r in rows if r["eval_task"] == task]
-        entry = {"eval_rows": n}
+        tasks[task] = {"eval_rows": n}
         for method in (*METHODS, "any"):
-            hit = [r for r in mine if method in ("any", r["method"])]
-            affected = len({r["eval_key"] for r in hit})
-            entry[method] = {"pairs": len(hit) if method != "any" else None, "eval_images": affected,
-                             "percent": round(100 * affected / n, 4) if n else 0.0}
-            if method == "any":
-                entry[method].pop("pairs")
-        tasks[task] = entry
+            found = hits(method, lambda r: r["eval_task"] == task)
+            affected = len({r["eval_key"] for r in found})
+            tasks[task][method] = {**({"pairs": len(found)} if method != "any" else {}), "eval_images": affected,
+                                   "percent": round(100 * affected / n, 4) if n else 0.0}
     datasets = {}
     for dataset, n in sorted(train_rows.items()):
-        mine = [r for r in rows if dataset_of(r["train_key"]) == dataset]
-        datasets[dataset] = {"train_rows": n, **{m: len({r["train_key"] for r in mine if m in ("any", r["method"])})
-                                                 for m in (*METHODS, "any")}}
+        datasets[dataset] = {"train_rows": n}
+        for method in (*METHODS, "any"):
+            found = hits(method, lambda r: dataset_of(r["train_key"]) == dataset)
+            datasets[dataset][method] = len({r["train_key"] for r in found})
     return {"eval_tasks": tasks, "train_datasets": datasets,
             "totals": {"pairs": {m: sum(r["method"] == m for r in rows) for m in METHODS},
                        "train_rows_flagged": len({r["train_key"] for r in rows}),

@@ -62,7 +62,6 @@ def render(summary: dict, gallery: list[dict], images: dict[str, bytes]) -> str:
 
 def _header(summary: dict, title: str, n_tasks: int) -> str:
     model = summary.get("model") or {}
-    model = model if isinstance(model, dict) else {"name": str(model)}
     fields = [("model", model.get("name")), ("revision", model.get("revision")), ("tasks", n_tasks),
               ("evaluation time", _secs(summary.get("evaluation_time")))]
     meta = "".join(f"<span>{escape(k)}: <b>{escape(str(v))}</b></span>" for k, v in fields if v not in (None, ""))

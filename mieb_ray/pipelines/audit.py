@@ -99,15 +99,13 @@ class Side:
 
     def plan(self) -> list[tuple[int, tables.Unit]]:
         """(table number, unit) of every table, in order."""
-        from mieb_ray.pipelines.embed import index_tars
+        from mieb_ray.pipelines.embed import table_units
 
         units = []
         for n, uri in enumerate(self.uris):
             fmt, files = tables.input_files(uri)
             tables.check_columns(fmt, files[0], self.columns(n))
-            tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
-            offsets = index_tars([f for f in files if f.uri.endswith(".tar")], UNIT_ROWS)
-            planned = tables.plan_units(files, UNIT_ROWS, offsets)
+            planned = table_units(files, UNIT_ROWS)
             if not sum(u.hi - u.lo for u in planned):
                 raise UserError(f"{storage.display(uri)} holds no rows: nothing to audit "
                                 f"{'in' if self.name == 'train' else 'against'}")

@@ -67,7 +67,7 @@ class BuildConfig:
 
 
 def excluded_keys(audit: str) -> pa.Array:
-    """The train keys an audit output flagged (any detector), from its contamination.parquet."""
+    """The distinct train keys an audit output flagged (any detector), from its contamination.parquet."""
     manifest = storage.read_manifest(audit)
     if manifest is None or manifest.get("format") != "mieb-audit":
         raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
@@ -129,6 +129,14 @@ def build(config: BuildConfig, log=print) -> dict:
     return _manifest(config, selected, results, progress, _exclusion(config, exclude), t0, log)
 
 
+def _by_dataset(keys: pa.Array | None) -> dict[str, pa.Array]:
+    """Train keys `<slug>/<index>` grouped by slug."""
+    if keys is None or not len(keys):
+        return {}
+    slug = pc.replace_substring_regex(keys, r"/.*$", "")
+    return {s: keys.filter(pc.equal(slug, s)) for s in pc.unique(slug).to_pylist()}
+
+
 def _exclusion(config: BuildConfig, exclude: pa.Array | None) -> dict | None:
     if exclude is None:
         return None
@@ -161,7 +169,7 @@ def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, exc
     ds = ds.map_batches(
         ShardBuilder, fn_constructor_kwargs=dict(tables=tables, out=config.out, fmt=config.fmt,
                                                  rows_per_shard=config.rows_per_shard, progress=progress,
-                                                 exclude=exclude),
+                                                 exclude=_by_dataset(exclude)),
         batch_size=1, batch_format="numpy", num_cpus=pool.num_cpus, compute=pool.strategy())
     for row in ds.iter_rows():
         result = json.loads(row["result"])

@@ -120,14 +120,12 @@ def _plan(config: EmbedConfig) -> Plan:
     rows = config.rows_per_shard
     if spec is not None:  # a unit's pixels are one block: bound its bytes
         rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
-    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
-    offsets = index_tars([f for f in files if f.uri.endswith(".tar")], rows)
     meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
                 "modality": config.modality, "dtype": config.dtype, "preprocessing": spec, "rows_per_unit": rows,
                 "columns": [config.key_column, config.columns.data, *config.columns.carry]}
-    return Plan(fmt, tables.plan_units(files, rows, offsets), info, spec,
+    return Plan(fmt, table_units(files, rows), info, spec,
                 embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
 
 
@@ -139,15 +137,16 @@ def _image_spec(info) -> dict:
     return ImageSpec.from_processor_config(info.image_config).to_dict()
 
 
-def index_tars(files: list[tables.InputFile], every: int) -> dict[str, list[int]]:
-    """Count each tar's samples and find where each unit starts: a read of every tar, by worker tasks."""
-    if not files:
-        return {}
+def table_units(files: list[tables.InputFile], rows_per_unit: int) -> list[tables.Unit]:
+    """The files cut into units: parquet rows counted from footers, tars counted and indexed (where each unit
+    starts) by a read of every tar, in worker tasks."""
+    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+    tars = [f for f in files if f.uri.endswith(".tar")]
     index = ray.remote(num_cpus=0.5)(tables.index_tar)
-    counted = ray.get([index.remote(f.uri, every) for f in files])
-    for f, (rows, _) in zip(files, counted):
+    counted = ray.get([index.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
+    for f, (rows, _) in zip(tars, counted):
         f.rows = rows
-    return {f.uri: offsets for f, (_, offsets) in zip(files, counted)}
+    return tables.plan_units(files, rows_per_unit, {f.uri: offsets for f, (_, offsets) in zip(tars, counted)})
 
 
 def _earlier(config: EmbedConfig, progress: commit.Progress, units: dict[str, dict]) -> dict[str, dict]:

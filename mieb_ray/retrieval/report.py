@@ -75,7 +75,6 @@ def render(results: dict, gallery: list[dict], images: dict[str, bytes],
 
 def _header(results: dict, title: str) -> str:
     model = results.get("model") or {}
-    model = model if isinstance(model, dict) else {"name": str(model)}  # results of another tool's manifest
     fields = [("model", model.get("name")), ("revision", model.get("revision")), ("dim", model.get("dim"))]
     fields += [(k, v) for k, v in model.items() if k not in ("name", "revision", "dim") and _scalar(v)]
     fields.append(("evaluation time", _duration(results.get("evaluation_time"))))
