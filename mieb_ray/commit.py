@@ -11,8 +11,11 @@ then drops the records: an output without a manifest is unfinished, and every fi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +23,25 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 
 PROGRESS = "_progress"
+
+
+@contextlib.contextmanager
+def no_empty_folder_on_failure(out: str | None):
+    """A run that fails leaves no folder behind that it made and wrote nothing into (a local `out`, or the
+    first of its parents that did not exist). S3 has no folders, so nothing to do there."""
+    if not out or storage.is_s3(out):
+        yield
+        return
+    made = os.path.abspath(out)
+    while not os.path.exists(os.path.dirname(made)):
+        made = os.path.dirname(made)
+    existed = os.path.exists(made)
+    try:
+        yield
+    except BaseException:
+        if not existed and os.path.isdir(made) and not any(files for _, _, files in os.walk(made)):
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def commit_staged(local: str, dest: str) -> dict:
