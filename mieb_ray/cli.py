@@ -271,8 +271,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    from mieb_ray.commit import no_empty_folder_on_failure
+
     try:
-        args.run(args)
+        with no_empty_folder_on_failure(getattr(args, "out", None)):
+            args.run(args)
     except KeyboardInterrupt:
         print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",
               file=sys.stderr)
