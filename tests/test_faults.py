@@ -184,12 +184,14 @@ def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> 
 
 def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
     root, _ = mirror
-    reference = build(BuildConfig(root, str(tmp_path / "ref"), rows_per_shard=1), log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1),
+                      log=lambda _: None)
     out = tmp_path / "out"
-    interrupt_cli(ray_local, ["build", "--sources", root, "--out", str(out), "--rows-per-shard", "1",
-                              "--workers", "1"], out, ".parquet", 20)
+    interrupt_cli(ray_local, ["build", "--sources", root, "--out", str(out), "--datasets", ",".join(DATASETS),
+                              "--rows-per-shard", "1", "--workers", "1"], out, ".parquet", 20)
     lines = []
-    manifest = build(BuildConfig(root, str(out), rows_per_shard=1, resume=True), log=lines.append)
+    manifest = build(BuildConfig(root, str(out), datasets=DATASETS, rows_per_shard=1, resume=True),
+                     log=lines.append)
     resumed = next(line for line in lines if "resuming" in line)
     done, total = map(int, re.match(r"\[build\] resuming: (\d+) of (\d+) units", resumed).groups())
     assert 0 < done < total, resumed
