@@ -71,6 +71,22 @@ def run_build(args: argparse.Namespace) -> None:
     build(config)
 
 
+def add_check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sources", default="hf", help="'hf' or a mirror root, as for build --sources (default: hf)")
+    p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: all)")
+    p.add_argument("--split", default="train", choices=["train", "eval"],
+                   help="the split to check, as for build --split (default: train)")
+    p.add_argument("--check-counts", dest="verify_counts", action=argparse.BooleanOptionalAction, default=True,
+                   help="fail when a source's rows differ from the catalog's (default: on; off for a mirror of "
+                        "samples)")
+
+
+def run_check(args: argparse.Namespace) -> None:
+    from mieb_ray.preflight import run
+
+    run(args.sources, args.datasets, split=args.split, compare_rows=args.verify_counts)
+
+
 def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True,
                    help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; local or s3://")
@@ -249,6 +265,10 @@ def parser() -> argparse.ArgumentParser:
     b = command("build", help="build the mieb-train table from the 23 sources")
     add_build_flags(b)
     b.set_defaults(run=run_build)
+    c = command("check-sources", help="check every source in minutes, from file metadata: files, layout, "
+                                      "columns, class names, rows; one table, exit 1 if any fails")
+    add_check_flags(c)
+    c.set_defaults(run=run_check)
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)

@@ -27,7 +27,7 @@ from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import expected_rows, hub_names, make_mirror
 from mieb_ray.pipelines.build import BuildConfig, build
-from mieb_ray.sources import PARQUET, by_slug
+from mieb_ray.sources import PARQUET, WEBDATASET, by_slug
 
 pytestmark = pytest.mark.timeout(600)
 ROWS_PER_SHARD = 5
@@ -189,6 +189,32 @@ def test_webdataset_build_from_an_s3_mirror_to_s3(ray_local, s3, mirror, tmp_pat
         assert ds.num_rows == len(samples) and set(ds.column_names) >= {"cls", "txt", source.image_ext}
 
 
+def _built_rows(out) -> list[tuple]:
+    table = pq.read_table(sorted(glob.glob(f"{out}/*/*.parquet")))
+    return sorted((r["key"], r["text"], r["label"], r["class_name"], r["dataset_name"], r["image"]["bytes"])
+                  for r in table.to_pylist())
+
+
+def test_either_layout_builds_the_same_rows(ray_local, tmp_path, capsys):
+    """A tar source read from parquet and parquet sources read from tars (SciMMIR with its own captions): the
+    layout is what the repo holds, and the rows are the same whichever it is (keys, text, labels, image bytes)."""
+    slugs = ["gtsrb", "cifar100", "scimmir", "caltech101"]
+    rows = {"gtsrb": 13, "cifar100": 11, "scimmir": 12, "caltech101": 7}
+    built = []
+    for name, layouts in [("catalog", None), ("flipped", {"gtsrb": PARQUET, "cifar100": WEBDATASET,
+                                                          "scimmir": WEBDATASET})]:
+        make_mirror(tmp_path / name, rows=rows, datasets=slugs, layouts=layouts)
+        manifest = build(BuildConfig(str(tmp_path / name), str(tmp_path / f"out-{name}"), datasets=slugs,
+                                     rows_per_shard=ROWS_PER_SHARD))
+        built.append((manifest["counts"], _built_rows(tmp_path / f"out-{name}")))
+        printed = capsys.readouterr().out
+        assert ("layout changed: expected parquet, found webdataset" in printed) == bool(layouts)
+    assert built[0] == built[1]
+    counts, table = built[0]
+    assert counts["datasets"] == expected_rows(rows) and len(table) == sum(expected_rows(rows).values())
+    assert {k.split("/")[0] for k, *_ in table} == set(slugs)
+
+
 def test_cli_errors_are_one_line(ray_local, mirror, tmp_path, capsys):
     root, _ = mirror
     assert main(["build", "--sources", root, "--out", str(tmp_path / "a"), "--datasets", "cifar10,cifar11"]) == 1
@@ -198,7 +224,7 @@ def test_cli_errors_are_one_line(ray_local, mirror, tmp_path, capsys):
     assert main(["build", "--sources", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b"),
                  "--datasets", "dtd"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "dtd: no train .parquet files under" in err
+    assert err.count("\n") == 0 and "dtd: no train .parquet or .tar files under" in err
 
     assert main(["build", "--sources", root, "--out", str(tmp_path / "c"), "--datasets", "dtd",
                  "--check-counts"]) == 1

@@ -68,7 +68,7 @@ def test_split_files_find_each_split_by_its_names(tmp_path):
         "mteb/wds_fer2013/testing/0.tar"]
     assert [os.path.basename(f) for f in readers.split_files(food, str(tmp_path), "validation")] == [
         "val-00000-of-00001.parquet"]
-    with pytest.raises(UserError, match=r"^food101: no test \.parquet files under .*mteb/food101$"):
+    with pytest.raises(UserError, match=r"^food101: no test \.parquet or \.tar files under .*mteb/food101$"):
         readers.split_files(food, str(tmp_path), "test")
 
     units, _ = readers.plan(fer, str(tmp_path), 2, "test")
@@ -86,7 +86,7 @@ def test_hub_class_names_come_from_the_parquet_metadata(odd_mirror):
 
 
 def test_missing_source_and_missing_column_name_the_source(odd_mirror, tmp_path):
-    with pytest.raises(UserError, match=r"^food101: no train \.parquet files under .*mteb/food101$"):
+    with pytest.raises(UserError, match=r"^food101: no train \.parquet or \.tar files under .*mteb/food101$"):
         readers.plan(by_slug("food101"), odd_mirror, 10)
     make_mirror(tmp_path, datasets=["cifar10"])
     path = sorted(glob.glob(f"{tmp_path}/mteb/cifar10/data/train-*.parquet"))[1]

@@ -6,13 +6,15 @@ hold its rows. A unit is read as a stream of small Arrow chunks, so memory is bo
 not by the split. The index of a row is its position in the split: files in natural order, rows in
 file order (parquet), or the number in the sample key (WebDataset: clip_benchmark writes
 `s%07d % index`).
+
+The layout is detected, not assumed: a repo is read as parquet or as WebDataset tars by the files its split
+holds (`detect`); the catalog's layout only breaks a tie. The file formats themselves are formats.py's.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -21,9 +23,12 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.sources import PARQUET, Source
+from mieb_ray.io import formats
+from mieb_ray.io.formats import IMAGE_EXTENSIONS, IMAGE_TYPE, hub_class_names
+from mieb_ray.sources import PARQUET, WEBDATASET, Source
 
-IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+__all__ = ["CHUNK_BYTES", "CHUNK_ROWS", "HF", "IMAGE_TYPE", "Listing", "Piece", "SourceError", "Unit", "detect",
+           "hub_class_names", "plan", "read_unit", "repo_root", "split_files", "train_files"]
 CHUNK_ROWS = 1000
 CHUNK_BYTES = 64 << 20
 HF = "hf"
@@ -71,17 +76,39 @@ def _natural(uri: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
 
 
-def split_files(source: Source, sources: str, split: str = "train") -> list[str]:
-    """The files of a split (train, test, validation), in split order (natural sort: 2.tar before 10.tar)."""
+@dataclass(frozen=True)
+class Listing:
+    """What a source's split holds at its revision: the layout found, its data files in split order, and the
+    repo's classnames.txt (CLIP_benchmark's class list beside tars) when there is one."""
+
+    layout: str  # PARQUET or WEBDATASET
+    files: tuple[str, ...]
+    classnames: str | None = None
+
+
+_EXTENSIONS = {PARQUET: ".parquet", WEBDATASET: ".tar"}
+
+
+def detect(source: Source, sources: str, split: str = "train") -> Listing:
+    """List the repo once and find the split's files: parquet or tars, whichever it holds (both: the catalog's
+    layout). Natural sort: 2.tar before 10.tar."""
     root = repo_root(source, sources)
-    ext = ".parquet" if source.layout == PARQUET else ".tar"
     words = re.compile(rf"(^|/)({_SPLIT_WORDS.get(split, re.escape(split))})([-._ 0-9/]|$)")
     rel = {u: u[len(root):].lstrip("/") for u in storage.list_files(root)}
     # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
-    files = [u for u, r in rel.items() if u.endswith(ext) and words.search(r) and not re.search(r"(^|/)\.", r)]
-    if not files:
-        raise SourceError(f"{source.slug}: no {split} {ext} files under {storage.display(root)}")
-    return sorted(files, key=_natural)
+    rel = {u: r for u, r in rel.items() if not re.search(r"(^|/)\.", r)}
+    found = {layout: sorted((u for u, r in rel.items() if u.endswith(ext) and words.search(r)), key=_natural)
+             for layout, ext in _EXTENSIONS.items()}
+    layout = next((k for k in (source.layout, *found) if found[k]), None)
+    if layout is None:
+        raise SourceError(f"{source.slug}: no {split} .parquet or .tar files under {storage.display(root)}")
+    names = sorted((u for u, r in rel.items() if r.rsplit("/", 1)[-1] == "classnames.txt"), key=len)
+    return Listing(layout, tuple(found[layout]), names[0] if names else None)
+
+
+def split_files(source: Source, sources: str, split: str = "train") -> list[str]:
+    """The files of a split (train, test, validation), in split order, in the layout the repo holds."""
+    return list(detect(source, sources, split).files)
 
 
 def train_files(source: Source, sources: str) -> list[str]:
@@ -89,22 +116,16 @@ def train_files(source: Source, sources: str) -> list[str]:
     return split_files(source, sources, "train")
 
 
+def classnames(listing: Listing) -> list[str] | None:
+    """The class list a tar repo keeps beside its tars (classnames.txt, one name per line), else None."""
+    return storage.read_text(listing.classnames).splitlines() if listing.classnames else None
+
+
 def _footer(uri: str) -> pq.FileMetaData:
     try:
-        with storage.open_input(uri) as f:
-            return pq.read_metadata(f)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SourceError(f"unreadable parquet file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
-
-
-def hub_class_names(meta: pq.FileMetaData, column: str) -> list[str] | None:
-    """The ClassLabel names of `column` kept by HF `datasets` in the parquet schema metadata."""
-    raw = (meta.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return None
-    info = json.loads(raw)
-    feature = (info.get("info", {}).get("features") or info.get("features") or {}).get(column, {})
-    return feature.get("names") if feature.get("_type") == "ClassLabel" else None
+        return formats.parquet_footer(uri)
+    except formats.FormatError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 def _parquet_columns(source: Source) -> list[str]:
@@ -147,13 +168,10 @@ def _key_index(key: str, uri: str) -> int:
 
 def _first_index(uri: str) -> int:
     try:
-        with storage.open_input(uri) as f, tarfile.open(fileobj=f, mode="r|") as tar:
-            member = tar.next()
-    except (tarfile.TarError, OSError) as exc:
-        raise SourceError(f"unreadable tar file {storage.display(uri)}: {exc}") from exc
-    if member is None:
-        raise SourceError(f"empty tar file {storage.display(uri)}")
-    return _key_index(member.name.split(".", 1)[0], uri)
+        name = formats.first_member(uri)
+    except formats.FormatError as exc:
+        raise SourceError(str(exc)) from exc
+    return _key_index(formats.sample_key(name), uri)
 
 
 def plan_webdataset(source: Source, files: list[str], rows_per_shard: int, split: str = "train") -> list[Unit]:
@@ -185,102 +203,99 @@ def plan_webdataset(source: Source, files: list[str], rows_per_shard: int, split
 
 def plan(source: Source, sources: str, rows_per_shard: int,
          split: str = "train") -> tuple[list[Unit], list[str] | None]:
-    """Units of the split's rows and, for parquet, the hub class names of the label column."""
-    files = split_files(source, sources, split)
-    if source.layout == PARQUET:
-        return plan_parquet(source, files, rows_per_shard, split)
-    return plan_webdataset(source, files, rows_per_shard, split), None
+    """Units of the split's rows and the class names the source keeps (parquet: the label column's
+    ClassLabel names; tars: classnames.txt), whichever layout the repo holds."""
+    listing = detect(source, sources, split)
+    if listing.layout == PARQUET:
+        return plan_parquet(source, list(listing.files), rows_per_shard, split)
+    return plan_webdataset(source, list(listing.files), rows_per_shard, split), classnames(listing)
 
 
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _as_image(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """HF Image structs pass through untouched; a raw binary column becomes {bytes, path: null}."""
-    if pa.types.is_struct(col.type):
-        return col if col.type == IMAGE_TYPE else col.cast(IMAGE_TYPE)
-    return pa.chunked_array([pa.StructArray.from_arrays([c.cast(pa.binary()), pa.nulls(len(c), pa.string())],
-                                                        fields=list(IMAGE_TYPE)) for c in col.chunks], IMAGE_TYPE)
-
-
-def _row_group_batches(meta: pq.FileMetaData, row_groups: list[int]):
-    """Consecutive row groups, read together up to CHUNK_ROWS rows or CHUNK_BYTES (a bigger group alone)."""
-    batch, rows, size = [], 0, 0
-    for i in row_groups:
-        group = meta.row_group(i)
-        if batch and (rows + group.num_rows > CHUNK_ROWS or size + group.total_byte_size > CHUNK_BYTES):
-            yield batch
-            batch, rows, size = [], 0, 0
-        batch.append(i)
-        rows, size = rows + group.num_rows, size + group.total_byte_size
-    if batch:
-        yield batch
-
-
 def _read_parquet(source: Source, unit: Unit, piece: Piece):
     try:
-        pf = pq.ParquetFile(storage.open_input(piece.uri))
         index = piece.first
-        for groups in _row_group_batches(pf.metadata, piece.row_groups):
-            table = pf.read_row_groups(groups, columns=_parquet_columns(source))
+        for table in formats.read_row_groups(piece.uri, piece.row_groups, _parquet_columns(source), CHUNK_ROWS,
+                                             CHUNK_BYTES):
             n = table.num_rows
             lo, hi = max(unit.lo - index, 0), n if unit.hi is None else min(unit.hi - index, n)
             if hi > lo:
                 yield piece.uri, pa.table({
                     "index": pa.array(range(index, index + n), pa.int64()),
-                    "image": _as_image(table[source.image_column]),
+                    "image": formats.image_struct(table[source.image_column]),
                     "label": table[source.label_column],
                     **({"caption": table[source.caption_column]} if source.caption_column else {}),
                 }).slice(lo, hi - lo)
             index += n
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SourceError(f"unreadable parquet file {storage.display(piece.uri)}: {exc}") from exc
+    except formats.FormatError as exc:
+        raise SourceError(str(exc)) from exc
 
 
-def _label(raw: bytes | None) -> int | None:
+def tar_members(source: Source) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The members that may hold a sample's image, label and caption, in order of preference: the catalog's
+    own (a WebDataset source's image extension and `cls`), then those of a parquet source written as tars
+    (its image format, its column names), then any image extension."""
+    image = dict.fromkeys((source.image_ext, source.image_column, *IMAGE_EXTENSIONS))
+    label = dict.fromkeys(("cls", source.label_column))
+    caption = dict.fromkeys(("txt", "text", source.caption_column)) if source.caption_column else {}
+    return tuple(image), tuple(label), tuple(caption)
+
+
+def _label(raw: bytes | None, strict: bool = True) -> int | str | None:
+    """A label member as an integer; anything else is None for a `cls` member (`strict`), else its text."""
     try:
-        return int(raw.decode("ascii").strip())
-    except (AttributeError, UnicodeDecodeError, ValueError):
+        text = raw.decode("ascii" if strict else "utf-8")
+        return int(text.strip())
+    except (AttributeError, UnicodeDecodeError):
         return None
+    except ValueError:
+        return None if strict else text
 
 
 def _read_tar(source: Source, unit: Unit, piece: Piece):
-    from webdataset.tariterators import group_by_keys, tar_file_iterator  # a slow import: only where used
-
-    ext = source.image_column
-    rows: dict[str, list] = {"index": [], "image": [], "label": []}
+    images, labels, captions = tar_members(source)
+    rows: dict[str, list] = {"index": [], "image": [], "label": [], **({"caption": []} if captions else {})}
     size = 0
     try:
-        with storage.open_input(piece.uri) as f:
-            members = ({**m, "__url__": piece.uri} for m in tar_file_iterator(f))
-            for sample in group_by_keys(members):
-                index = _key_index(sample["__key__"], piece.uri)
-                if index < unit.lo or (unit.hi is not None and index >= unit.hi):
-                    continue
-                data = sample.get(ext)
-                rows["index"].append(index)
-                rows["image"].append({"bytes": data, "path": f"{sample['__key__']}.{ext}" if data else None})
-                rows["label"].append(_label(sample.get("cls")))
-                size += len(data or b"")
-                if len(rows["index"]) >= CHUNK_ROWS or size >= CHUNK_BYTES:
-                    yield piece.uri, _tar_chunk(rows)
-                    rows, size = {k: [] for k in rows}, 0
-    except (tarfile.TarError, OSError, ValueError) as exc:
-        if isinstance(exc, UserError):
-            raise
-        raise SourceError(f"unreadable tar file {storage.display(piece.uri)}: {exc}") from exc
+        for sample in formats.samples(piece.uri):
+            index = _key_index(sample["__key__"], piece.uri)
+            if index < unit.lo or (unit.hi is not None and index >= unit.hi):
+                continue
+            ext = next((e for e in images if e in sample), images[0])
+            data = sample.get(ext)
+            label = next((m for m in labels if m in sample), "cls")
+            rows["index"].append(index)
+            rows["image"].append({"bytes": data, "path": f"{sample['__key__']}.{ext}" if data else None})
+            rows["label"].append(_label(sample.get(label), strict=label == "cls"))
+            if captions:
+                text = next((sample[m] for m in captions if m in sample), None)
+                rows["caption"].append(None if text is None else text.decode("utf-8", errors="replace"))
+            size += len(data or b"")
+            if len(rows["index"]) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+                yield piece.uri, _tar_chunk(rows)
+                rows, size = {k: [] for k in rows}, 0
+    except formats.FormatError as exc:
+        raise SourceError(str(exc)) from exc
     if rows["index"]:
         yield piece.uri, _tar_chunk(rows)
 
 
 def _tar_chunk(rows: dict[str, list]) -> pa.Table:
+    labels = rows["label"]
+    # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
+    label = (pa.array([None if v is None else str(v) for v in labels], pa.string())
+             if any(isinstance(v, str) for v in labels) else pa.array(labels, pa.int64()))
     return pa.table({"index": pa.array(rows["index"], pa.int64()), "image": pa.array(rows["image"], IMAGE_TYPE),
-                     "label": pa.array(rows["label"], pa.int64())})
+                     "label": label, **({"caption": pa.array(rows["caption"], pa.string())} if "caption" in rows
+                                        else {})})
 
 
 def read_unit(source: Source, unit: Unit):
     """(file uri, chunk) pairs of the unit's rows in index order; chunk columns: index, image, label
-    [, caption]. A label that is missing or not an integer is null; a missing image is null."""
-    reader = _read_parquet if source.layout == PARQUET else _read_tar
+    [, caption]. A label that is missing or not an integer is null; a missing image is null. Each file is
+    read as what it is (.parquet or a tar), whatever the catalog's layout."""
     for piece in unit.pieces:
+        reader = _read_parquet if piece.uri.endswith(".parquet") else _read_tar
         yield from reader(source, unit, piece)

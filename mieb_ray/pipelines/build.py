@@ -1,8 +1,10 @@
-"""The build job: the 23 sources -> the mieb-train table, sharded as Parquet or WebDataset.
+"""The build job: the catalog's sources -> the mieb-train table, sharded as Parquet or WebDataset.
 
 `split="eval"` builds each source's MIEB eval split (test; validation for food101) instead, in the same
 layout, keyed `<slug>/<split>/<index>`, every row kept; it goes to its own output.
 
+check     driver, before anything is written or Ray works: the cheap part of check-sources (listing, layout,
+          columns, class names); a wrong mirror fails in seconds with the table (preflight.py)
 plan      driver: file listings and footers only; units of rows [k*N, (k+1)*N) of one source
 build     the ShardBuilder actor pool (Ray Data), one unit per call: read, caption, write and commit the
           shards, then the unit's progress record (shard_builder.py, commit.py)
@@ -25,13 +27,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-from mieb_ray import __version__, commit, storage
+from mieb_ray import __version__, commit, preflight, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
 from mieb_ray.pools import cpu_pool, read_cluster
 from mieb_ray.shard_builder import ShardBuilder, unit_name
-from mieb_ray.sources import EVAL_TOTAL_ROWS, TOTAL_ROWS, Source, select
+from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
 FORMAT = "mieb-train"
 FORMAT_VERSION = 1
@@ -43,7 +45,7 @@ SPLITS = ("train", "eval")  # eval: each source's `eval_split`
 class BuildConfig:
     sources: str
     out: str
-    datasets: tuple[str, ...] | str | None = None  # None: all 23
+    datasets: tuple[str, ...] | str | None = None  # None: every source of the catalog
     fmt: str = "parquet"
     rows_per_shard: int = 10_000
     overwrite: bool = False
@@ -86,14 +88,14 @@ def expected_rows(source: Source, split: str) -> int:
 
 
 def check_counts(counts: dict[str, int], expected: dict[str, int], total: int = TOTAL_ROWS) -> None:
-    """Each dataset's rows must equal the catalog's; all 23 together must make `total` (TOTAL_ROWS for
-    train, EVAL_TOTAL_ROWS for eval)."""
+    """Each dataset's rows must equal the catalog's; all the catalog's sources together must make `total`
+    (TOTAL_ROWS for train, EVAL_TOTAL_ROWS for eval)."""
     wrong = [f"{slug}: {counts.get(slug, 0):,} rows, expected {n:,}" for slug, n in expected.items()
              if counts.get(slug, 0) != n]
     if wrong:
         raise UserError("row count mismatch: " + "; ".join(wrong))
-    if len(expected) == 23 and sum(counts.values()) != total:
-        raise UserError(f"the 23 datasets have {sum(counts.values()):,} rows, expected {total:,}")
+    if len(expected) == len(SOURCES) and sum(counts.values()) != total:
+        raise UserError(f"the {len(SOURCES)} datasets have {sum(counts.values()):,} rows, expected {total:,}")
 
 
 def build(config: BuildConfig, log=print) -> dict:
@@ -101,6 +103,7 @@ def build(config: BuildConfig, log=print) -> dict:
     config.check()
     selected = select(config.datasets)
     exclude = excluded_keys(config.exclude) if config.exclude else None
+    check_sources(selected, config.sources, config.split, log)
     commit.prepare(config.out, config.overwrite, "a complete build")
 
     t0 = time.time()
@@ -127,6 +130,20 @@ def build(config: BuildConfig, log=print) -> dict:
             log(f"[build] {len(results)}/{len(units)} units, {rows:,} rows, "
                 f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
     return _manifest(config, selected, results, progress, _exclusion(config, exclude), t0, log)
+
+
+def check_sources(selected: list[Source], sources: str, split: str, log=print) -> None:
+    """The cheap part of check-sources, first: every source listed at its revision, its layout found, its
+    columns (first footer) or first sample, its class names. The table is printed when a source fails or
+    warns (a layout that changed); rows are counted later, by the build itself."""
+    t0 = time.time()
+    rows = preflight.check_sources(selected, sources, split, count=False)
+    if any(r.status != preflight.OK for r in rows):
+        log(preflight.render(rows))
+    if preflight.failed(rows):
+        raise UserError(preflight.error(rows))
+    layouts = {lay: sum(r.layout == lay for r in rows) for lay in sorted({r.layout for r in rows})}
+    log(f"[build] sources checked in {time.time() - t0:.1f}s: " + ", ".join(f"{n} {k}" for k, n in layouts.items()))
 
 
 def _by_dataset(keys: pa.Array | None) -> dict[str, pa.Array]:
@@ -179,7 +196,7 @@ def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, exc
 
 
 def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None) -> str:
-    """The eval splits of `slugs` (default: all 23 sources) built from `data` into OUT/eval-data/<id>, where
+    """The eval splits of `slugs` (default: every source) built from `data` into OUT/eval-data/<id>, where
     the evals read them; a complete build of the same sources there is reused. Returns its URI."""
     slugs = list(slugs or [s.slug for s in select(None)])
     ident = hashlib.sha256(f"{storage.display(data)}|{','.join(slugs)}".encode()).hexdigest()[:12]

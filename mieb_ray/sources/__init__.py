@@ -1,4 +1,4 @@
-"""The catalog of the 23 sources and their class-list data files."""
+"""The catalog of the sources and their class-list data files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.sources.catalog import EVAL_TOTAL_ROWS, PARQUET, SOURCES, TOTAL_ROWS, WEBDATASET, Source
 
 __all__ = ["EVAL_TOTAL_ROWS", "PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug", "select",
-           "read_labels", "UnknownDatasetError"]
+           "read_labels", "hub_labels", "expected_names", "UnknownDatasetError"]
 
 _BY_SLUG = {s.slug: s for s in SOURCES}
 
@@ -40,3 +40,20 @@ def read_labels(filename: str) -> list[str]:
     newline inside every ImageNet/Country211/GTSRB/PatchCamelyon caption.
     """
     return resources.files("mieb_ray.sources").joinpath("labels", filename).read_text("utf-8").splitlines()
+
+
+def hub_labels(slug: str) -> list[str] | None:
+    """The ClassLabel names the catalog expects a `hub`-named source to hold (labels/hub/<slug>.txt), else None.
+
+    birdsnap.txt is OpenAI CLIP's list (data/prompts.md), the only copy we have: the hub's own list holds
+    the same 500 birds in taxonomic order and with apostrophes and hyphens (0 "Cooper's Hawk").
+    """
+    path = resources.files("mieb_ray.sources").joinpath("labels", "hub", f"{slug}.txt")
+    return path.read_text("utf-8").splitlines() if path.is_file() else None
+
+
+def expected_names(source: Source) -> list[str]:
+    """The class list the catalog expects of a source: its hub list for `hub` names, else its own labels file."""
+    from mieb_ray.sources.catalog import HUB
+
+    return (hub_labels(source.slug) or []) if source.names == HUB else read_labels(source.names)

@@ -1,7 +1,11 @@
-"""The 23 MIEB zero-shot sources of mieb-train: where each lives on the hub and how to caption it.
+"""The MIEB zero-shot sources of mieb-train: where each lives on the hub and how to caption it.
 
-Pure data. Revisions are the ones mteb 2.26.24 pins in each task's `TaskMetadata.dataset`; `rows` counts
-the train splits (../shared/reference/mieb-train-sources.md section 1), `eval_rows` the task's MIEB eval
+Pure data, and the one place that knows how many sources there are and how many rows they make: everything
+else derives totals and "all sources" from SOURCES. Adding a source is one entry here, its class list in
+labels/ and its fixture. Revisions are the ones mteb 2.26.24 pins in each task's `TaskMetadata.dataset`;
+`layout` is what the repo held when the catalog was written (the readers detect it; check-sources says when
+it changed); `rows` counts the train rows mieb-train keeps (../shared/reference/mieb-train-sources.md
+section 1; the source split holds `drop_rows` more), `eval_rows` the task's MIEB eval
 split (mteb's `eval_splits`, sizes from its descriptive stats). Templates are mteb's
 wording with `{a}` where mteb hard-codes an article, so that a/an can agree with the name.
 """
@@ -29,7 +33,7 @@ class Source:
     slug: str
     repo: str
     revision: str
-    layout: str  # PARQUET or WEBDATASET
+    layout: str  # PARQUET or WEBDATASET: what the repo held at `revision` (a hint: the readers detect it)
     image_column: str  # parquet column, or the tar member extension for WebDataset
     label_column: str
     template: str  # "{name}" is the class name, "{a}" the article agreeing with it
@@ -41,6 +45,7 @@ class Source:
     # label id -> (name in the source, fixed name); the source name is checked so a moved list fails loudly
     renames: dict[int, tuple[str, str]] = field(default_factory=dict)
     drop: dict[int, str] = field(default_factory=dict)  # label id -> name: train rows not in mieb-train
+    drop_rows: int = 0  # how many train rows of the source split have a `drop` label
     caption_column: str | None = None  # caption from this row column instead of the template
     image_ext: str = "jpg"  # WebDataset member extension of the images
     split: str = "train"
@@ -50,6 +55,11 @@ class Source:
     @property
     def uses_row_captions(self) -> bool:
         return self.caption_column is not None
+
+    @property
+    def split_rows(self) -> int:
+        """Rows of the source's train split as the repo holds it: mieb-train's rows and the dropped ones."""
+        return self.rows + self.drop_rows
 
 
 A_PHOTO = "a photo of {a} {name}."
@@ -128,7 +138,7 @@ SOURCES: tuple[Source, ...] = (
            "a photo of {a} {name}, a type of pet.", 3_680, style=CASED, cased_file="oxfordpets_cased.txt",
            eval_rows=3_669, mteb_task="OxfordPetsZeroShot"),
     Source("caltech101", "mteb/Caltech101", "011e51e5fb01f0c820824734edb7a539ab8e6650", PARQUET, "image", "label",
-           A_PHOTO, 3_030, style=SNAKE, drop={4: "background_google"},
+           A_PHOTO, 3_030, style=SNAKE, drop={4: "background_google"}, drop_rows=30,  # 30 train rows per class
            # folder names, not English: plurals after "a", a misspelling, and OpenAI's words for the two faces and
            # the background class (dropped from train; the eval split keeps its rows, so it needs a caption)
            renames={1: ("airplanes", "airplane"), 4: ("background_google", "background"),
@@ -137,5 +147,6 @@ SOURCES: tuple[Source, ...] = (
            eval_rows=6_084, mteb_task="Caltech101ZeroShot"),
 )
 
-TOTAL_ROWS = 4_434_196
-EVAL_TOTAL_ROWS = 987_207  # the 22 zero-shot tasks' 970,944 and SciMMIR's 16,263
+MIEB_TRAIN_ROWS = 4_434_196  # the size PumeTu/mieb-train states; tests check that the sources add up to it
+TOTAL_ROWS = sum(s.rows for s in SOURCES)  # mieb-train: every source's train rows, after the drops
+EVAL_TOTAL_ROWS = sum(s.eval_rows for s in SOURCES)  # the zero-shot tasks' eval splits and SciMMIR's test split

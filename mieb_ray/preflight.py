@@ -1,0 +1,245 @@
+"""`mieb-ray check-sources`: is every source where the build expects it, in a shape it can read? In minutes.
+
+Per source, from file metadata only: the repo's files at the pinned revision (the layout found: parquet or
+WebDataset tars), the columns (parquet footers) or the members of the first sample (the first tar), the class
+names the source keeps (parquet ClassLabel metadata, or classnames.txt beside tars) against the catalog's
+list, and the rows:
+
+- parquet: exact, the sum of the footers' row counts;
+- tars: by keys, without reading the tars through: the first key of every tar (one header each) and the last
+  key of the last tar (its tail), so rows = last index + 1 - first index. Missing indices inside a tar are not
+  seen; the build's own count (`--check-counts`) is exact.
+
+No Ray: threads over the sources and over each source's files. `check_source` returns one Row; `render`
+prints them as one table. The build runs the cheap part (`count=False`: listing, layout, columns, class
+names; no per-tar reads) before it starts.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+
+from mieb_ray import storage
+from mieb_ray.captions import class_table
+from mieb_ray.errors import UserError
+from mieb_ray.io import formats, readers
+from mieb_ray.sources import PARQUET, Source, expected_names
+from mieb_ray.sources.catalog import HUB
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+SOURCE_THREADS = 8  # sources checked at once
+FILE_THREADS = 8  # footers or tar headers read at once per source
+
+
+@dataclass
+class Row:
+    slug: str
+    repo: str
+    expected_layout: str
+    expected_rows: int | None  # None: not compared
+    layout: str | None = None  # found
+    files: int = 0
+    rows: int | None = None  # found; None: not counted
+    fails: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return FAIL if self.fails else WARN if self.warnings else OK
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.fails + self.warnings + self.notes)
+
+
+def split_of(source: Source, split: str) -> str:
+    """The source split a build `split` ("train" or "eval") reads."""
+    return source.split if split == "train" else source.eval_split
+
+
+def expected_rows(source: Source, split: str) -> int:
+    """Rows the source's split holds at its revision (train: before the build's drops)."""
+    return source.split_rows if split == "train" else source.eval_rows
+
+
+def _unprefixed(text: str, slug: str) -> str:
+    return text[len(slug) + 2:] if text.startswith(f"{slug}: ") else text
+
+
+def _one_line(exc: BaseException, slug: str) -> str:
+    if isinstance(exc, UserError):
+        return _unprefixed(str(exc), slug)
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+
+
+def _diff(found: list[str], expected: list[str]) -> str | None:
+    if len(found) != len(expected):
+        return f"{len(found)} class names in the source, {len(expected)} in the catalog"
+    i = next((i for i, (a, b) in enumerate(zip(found, expected)) if a != b), None)
+    return None if i is None else f"class name {i} is {found[i]!r} in the source, {expected[i]!r} in the catalog"
+
+
+def check_names(source: Source, found: list[str] | None, row: Row) -> None:
+    """The class names the source keeps against the catalog's list: their count always; for a list the build
+    captions from (`hub` names) the order too, as a warning (the build captions with the source's own names),
+    and whether the catalog's renames, drops and cased list still line up with it (a failure)."""
+    expected = expected_names(source)
+    if source.names == HUB and found is None:
+        row.fails.append("no class names in the source (parquet ClassLabel metadata, or classnames.txt beside "
+                         "tars), and the captions need them")
+        return
+    if found is not None:
+        diff = _diff(found, expected)
+        if diff and len(found) != len(expected):
+            row.fails.append(diff)
+            return
+        if diff and source.names == HUB:
+            row.warnings.append(diff)
+    try:
+        class_table(source, found if source.names == HUB else None)
+    except ValueError as exc:  # the catalog's renames, drops or cased list no longer line up with the names
+        row.fails.append(_unprefixed(str(exc), source.slug))
+
+
+def _check_parquet(source: Source, files: tuple[str, ...], row: Row, count: bool) -> list[str] | None:
+    todo = files if count else files[:1]
+    with ThreadPoolExecutor(FILE_THREADS) as pool:
+        metas: list[pq.FileMetaData] = list(pool.map(formats.parquet_footer, todo))
+    wanted = [c for c in (source.image_column, source.label_column, source.caption_column) if c]
+    for uri, meta in zip(todo, metas):
+        schema = meta.schema.to_arrow_schema()
+        missing = [c for c in wanted if c not in schema.names]
+        if missing:
+            row.fails.append(f"{storage.display(uri).rsplit('/', 1)[-1]} has no column {', '.join(missing)} "
+                             f"(columns: {', '.join(schema.names)})")
+            return None
+        if not formats.is_image_type(schema.field(source.image_column).type):
+            row.fails.append(f"column {source.image_column} is {schema.field(source.image_column).type}, "
+                             "not image bytes")
+            return None
+    if count:
+        row.rows = sum(m.num_rows for m in metas)
+    return formats.hub_class_names(metas[0], source.label_column)
+
+
+def _tar_index(uri: str, name: str) -> int:
+    digits = re.sub(r"\D", "", formats.sample_key(name).rsplit("/", 1)[-1])
+    if not digits:
+        raise UserError(f"sample key {formats.sample_key(name)!r} in {storage.display(uri)} carries no index "
+                        "(expected s0000123)")
+    return int(digits)
+
+
+def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool) -> list[str] | None:
+    files = listing.files
+    sample = formats.first_sample(files[0])
+    images, labels, captions = readers.tar_members(source)
+    members = sorted(k for k in sample if not k.startswith("__"))
+    if not any(e in sample for e in images):
+        row.fails.append(f"first sample {sample['__key__']} has no image member ({', '.join(images[:2])}; "
+                         f"members: {', '.join(members)})")
+    if not any(m in sample for m in labels):
+        row.fails.append(f"first sample {sample['__key__']} has no label member ({', '.join(labels)}; "
+                         f"members: {', '.join(members)})")
+    if captions and not any(m in sample for m in captions):
+        row.notes.append(f"no caption member ({', '.join(captions)}): captions from the class list")
+    if row.fails:
+        return None
+    if count:
+        with ThreadPoolExecutor(FILE_THREADS) as pool:
+            firsts = [_tar_index(uri, name) for uri, name in zip(files, pool.map(formats.first_member, files))]
+        for a, b, uri in zip(firsts, firsts[1:], files[1:]):
+            if b <= a:
+                row.fails.append(f"{storage.display(uri).rsplit('/', 1)[-1]} starts at index {b}, not after {a}")
+                return None
+        last = formats.last_member(files[-1])
+        if last is None:
+            row.notes.append(f"rows not counted (no tar header in the tail of {storage.display(files[-1])})")
+        else:
+            row.rows = _tar_index(files[-1], last) + 1 - firsts[0]
+            row.notes.append("rows by keys")
+        if firsts[0] != 0:
+            row.notes.append(f"the first sample has index {firsts[0]}, not 0")
+    return readers.classnames(listing)
+
+
+def check_source(source: Source, sources: str, split: str = "train", count: bool = True,
+                 expected: int | None = -1) -> Row:
+    """One source's row. `count`: count rows (all footers, every tar's first header and the last tar's tail);
+    `expected`: the rows to compare with (default: the catalog's; None: shown, not compared). Never raises
+    for what it finds: an unreadable source is a FAIL row with the reason."""
+    row = Row(source.slug, source.repo, source.layout,
+              expected_rows(source, split) if expected == -1 else expected)
+    try:
+        listing = readers.detect(source, sources, split_of(source, split))
+        row.layout, row.files = listing.layout, len(listing.files)
+        if listing.layout != source.layout:
+            row.warnings.append(f"layout changed: expected {source.layout}, found {listing.layout}")
+        if listing.layout == PARQUET:
+            names = _check_parquet(source, listing.files, row, count)
+        else:
+            names = _check_tars(source, listing, row, count)
+        if not row.fails:
+            check_names(source, names, row)
+    except Exception as exc:  # a preflight reports, it does not crash: the reason goes in the table
+        row.fails.append(_one_line(exc, source.slug))
+    if row.rows is not None and row.expected_rows is not None and row.rows != row.expected_rows:
+        row.fails.append(f"{row.rows:,} rows, expected {row.expected_rows:,}")
+    return row
+
+
+def check_sources(selected: list[Source], sources: str, split: str = "train", count: bool = True,
+                  expected: dict[str, int | None] | None = None) -> list[Row]:
+    """Rows for the selected sources, in catalog order; `expected` overrides the catalog's rows by slug."""
+    expected = expected or {}
+    with ThreadPoolExecutor(SOURCE_THREADS) as pool:
+        return list(pool.map(lambda s: check_source(s, sources, split, count, expected.get(s.slug, -1)), selected))
+
+
+def failed(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if r.status == FAIL]
+
+
+def _rows_cell(row: Row) -> str:
+    found = "-" if row.rows is None else f"{row.rows:,}"
+    return found if row.expected_rows is None else f"{found} / {row.expected_rows:,}"
+
+
+def render(rows: list[Row]) -> str:
+    """One table: source, layout found, rows found/expected, OK or the reason."""
+    head = ("source", "repo", "layout", "files", "rows found / expected", "status", "reason")
+    cells = [(r.slug, r.repo, r.layout or "-", str(r.files) if r.layout else "-", _rows_cell(r), r.status,
+              r.reason) for r in rows]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head) - 1)]
+    lines = ["  ".join(c.ljust(w) if i != 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+             + "  " + line[-1] for line in [head, *cells]]
+    counts = {s: sum(r.status == s for r in rows) for s in (OK, WARN, FAIL)}
+    summary = f"{len(rows)} sources: {counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL"
+    return "\n".join([lines[0], "-" * len(lines[0].rstrip()), *lines[1:], summary]).rstrip()
+
+
+def error(rows: list[Row]) -> str:
+    """The one-line error of a failed check: the first failure, and how many more."""
+    bad = failed(rows)
+    first = bad[0].fails[0]
+    text = first if first.startswith(("cannot ", "unreadable ", "empty ")) else f"{bad[0].slug}: {first}"
+    return text + (f" (and {len(bad) - 1} more sources failed, see the table)" if len(bad) > 1 else "")
+
+
+def run(sources: str, datasets: str | list[str] | None = None, split: str = "train", count: bool = True,
+        compare_rows: bool = True, log=print) -> list[Row]:
+    """check-sources: print the table; a UserError (exit 1) when any source fails."""
+    from mieb_ray.sources import select
+
+    selected = select(datasets)
+    rows = check_sources(selected, sources, split, count, None if compare_rows else {s.slug: None for s in selected})
+    log(render(rows))
+    if failed(rows):
+        raise UserError(error(rows))
+    return rows

@@ -1,0 +1,153 @@
+"""check-sources: one row per source from file metadata, never a crash; the build runs its cheap part first."""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import tarfile
+
+import pyarrow.parquet as pq
+import pytest
+
+from mieb_ray import preflight
+from mieb_ray.cli import main
+from mieb_ray.errors import UserError
+from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.io import formats
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.sources import PARQUET, WEBDATASET, by_slug, select
+
+pytestmark = pytest.mark.timeout(300)
+SLUGS = ["gtsrb", "cifar100", "scimmir", "caltech101"]  # tars, parquet, row captions, a dropped class
+FLIPPED = {"gtsrb": PARQUET, "cifar100": WEBDATASET, "scimmir": WEBDATASET}
+
+
+@pytest.fixture(scope="module")
+def mirrors(tmp_path_factory):
+    """The same rows twice: in the catalog's layouts, and with three sources in the other layout."""
+    rows = {"gtsrb": 25, "cifar100": 17, "scimmir": 12, "caltech101": 9}
+    same, other = (str(tmp_path_factory.mktemp(n)) for n in ("same", "other"))
+    make_mirror(same, rows=rows, datasets=SLUGS, files=3)
+    make_mirror(other, rows=rows, datasets=SLUGS, files=3, layouts=FLIPPED)
+    return same, other, rows
+
+
+def by_slug_rows(rows):
+    return {r.slug: r for r in rows}
+
+
+def test_a_good_mirror_is_all_ok_with_exact_rows(mirrors):
+    same, _, written = mirrors
+    rows = by_slug_rows(preflight.check_sources(select(SLUGS), same, expected=written))
+    assert {s: (r.status, r.layout, r.files, r.rows) for s, r in rows.items()} == {
+        "gtsrb": ("OK", WEBDATASET, 3, 25), "cifar100": ("OK", PARQUET, 3, 17), "scimmir": ("OK", PARQUET, 3, 12),
+        "caltech101": ("OK", PARQUET, 3, 9)}
+    assert rows["gtsrb"].reason == "rows by keys" and rows["cifar100"].reason == ""
+
+
+def test_a_changed_layout_is_a_warning_and_counts_the_same(mirrors):
+    _, other, written = mirrors
+    rows = by_slug_rows(preflight.check_sources(select(SLUGS), other, expected=written))
+    assert {s: (r.status, r.layout, r.rows) for s, r in rows.items()} == {
+        "gtsrb": ("WARN", PARQUET, 25), "cifar100": ("WARN", WEBDATASET, 17), "scimmir": ("WARN", WEBDATASET, 12),
+        "caltech101": ("OK", PARQUET, 9)}
+    assert rows["cifar100"].warnings == ["layout changed: expected parquet, found webdataset"]
+    assert rows["gtsrb"].warnings == ["layout changed: expected webdataset, found parquet"]
+    table = preflight.render(list(rows.values()))
+    assert "layout changed: expected parquet, found webdataset" in table and table.endswith("3 WARN, 0 FAIL")
+
+
+def test_the_catalogs_counts_and_the_cli_table(mirrors, capsys):
+    same, _, _ = mirrors
+    assert main(["check-sources", "--sources", same, "--datasets", "gtsrb,cifar100"]) == 1
+    out, err = capsys.readouterr()
+    assert err.strip() == "mieb-ray: error: cifar100: 17 rows, expected 50,000 (and 1 more sources failed, see the " \
+                          "table)"
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["source", "repo", "layout"] and len(lines) == 5
+    assert "17 / 50,000  FAIL" in lines[2] and "25 / 26,640  FAIL" in lines[3]  # catalog order
+    assert main(["check-sources", "--sources", same, "--datasets", "gtsrb,cifar100", "--no-check-counts"]) == 0
+    assert "2 sources: 2 OK, 0 WARN, 0 FAIL" in capsys.readouterr().out
+    # the eval split, and caltech101's train split: 3,060 rows on the hub, 30 of them dropped by the build
+    assert preflight.expected_rows(by_slug("caltech101"), "train") == 3_060
+    row = preflight.check_source(by_slug("gtsrb"), same, split="eval", expected=3)
+    assert (row.status, row.rows, row.files) == ("OK", 3, 1)
+
+
+def _copy(src: str, dst, slug: str) -> str:
+    import shutil
+
+    shutil.copytree(os.path.join(src, by_slug(slug).repo), os.path.join(dst, by_slug(slug).repo))
+    return str(dst)
+
+
+def test_each_failure_is_a_row_with_its_reason(mirrors, tmp_path):
+    same, _, written = mirrors
+    root = str(tmp_path)
+    for slug in SLUGS:
+        _copy(same, tmp_path, slug)
+    cifar = sorted(glob.glob(f"{root}/mteb/cifar100/data/train-*.parquet"))
+    table = pq.read_table(cifar[1])
+    pq.write_table(table.rename_columns(["image" if c == "img" else c for c in table.column_names]), cifar[1])
+    with open(sorted(glob.glob(f"{root}/mteb/Caltech101/data/train-*.parquet"))[0], "r+b") as f:
+        f.truncate(100)
+    names = tmp_path / "mteb/wds_gtsrb/classnames.txt"
+    names.write_text("".join(names.read_text().splitlines(keepends=True)[:-1]))  # 42 names for 43 classes
+    for path in glob.glob(f"{root}/mteb/SciMMIR/data/train-*.parquet"):  # scimmir: tars without labels
+        os.unlink(path)
+    (tmp_path / "mteb/SciMMIR/train").mkdir()
+    with tarfile.open(tmp_path / "mteb/SciMMIR/train/0.tar", "w") as t:
+        info = tarfile.TarInfo("s0000000.png")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"png"))
+    rows = by_slug_rows(preflight.check_sources(select(SLUGS + ["dtd"]), root, expected=written))
+    assert {s: r.status for s, r in rows.items()} == dict.fromkeys(SLUGS + ["dtd"], "FAIL")
+    assert rows["cifar100"].fails == ["train-00001-of-00003.parquet has no column img (columns: image, fine_label, "
+                                      "coarse_label)"]
+    assert rows["caltech101"].fails[0].startswith("unreadable parquet file ")
+    assert rows["gtsrb"].fails == ["42 class names in the source, 43 in the catalog"]
+    assert rows["scimmir"].fails == ["first sample s0000000 has no label member (cls, class; members: png)"]
+    assert rows["scimmir"].warnings == ["layout changed: expected parquet, found webdataset"]
+    assert rows["dtd"].fails[0].startswith("no train .parquet or .tar files under ")
+    assert rows["dtd"].layout is None and "- / 3,760" in preflight.render([rows["dtd"]])
+
+
+def test_hub_class_names_out_of_order_warn_and_a_moved_rename_fails(mirrors, tmp_path):
+    same, _, written = mirrors
+    root = _copy(same, tmp_path, "cifar100")
+    path = sorted(glob.glob(f"{root}/mteb/cifar100/data/train-*.parquet"))[0]
+    table = pq.read_table(path)
+    meta = table.schema.metadata[b"huggingface"].replace(b'"apple", "aquarium_fish"', b'"aquarium_fish", "apple"')
+    pq.write_table(table.replace_schema_metadata({b"huggingface": meta}), path)
+    row = preflight.check_source(by_slug("cifar100"), root, expected=None)
+    assert row.status == "WARN" and row.warnings == [
+        "class name 0 is 'aquarium_fish' in the source, 'apple' in the catalog"]
+    meta = meta.replace(b'"cra"', b'"crab"')  # the catalog's rename of label 26 no longer lines up
+    pq.write_table(table.replace_schema_metadata({b"huggingface": meta}), path)
+    row = preflight.check_source(by_slug("cifar100"), root, expected=None)
+    assert row.status == "FAIL" and row.fails == ["renames expects label 26 to be 'cra' but the source has 'crab'"]
+
+
+def test_the_last_member_is_found_from_the_tail(tmp_path):
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w") as t:
+        for name, size in [("s0000000.cls", 1), ("s0000000.jpg", 10), ("s0000001.cls", 1), ("s0000001.jpg", 3 << 20)]:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            t.addfile(info, io.BytesIO(b"\0" * size))
+    assert formats.last_member(str(path)) == "s0000001.jpg"  # 3 MB past the 1 MB first look
+    assert formats.last_member(str(path), max_tail=1 << 20) is None
+    assert formats.first_sample(str(path)) == {"__key__": "s0000000", "cls": b"\0", "jpg": b"\0" * 10}
+
+
+def test_the_build_checks_the_sources_before_anything(mirrors, tmp_path, capsys):
+    """No Ray needed: the build stops in the check, prints the table and writes nothing."""
+    same, _, _ = mirrors
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"^food101: no train \.parquet or \.tar files under .*"
+                                        r"\(and 1 more sources failed, see the table\)$"):
+        build(BuildConfig(same, str(out), datasets="gtsrb,dtd,food101"))
+    printed = capsys.readouterr().out
+    assert "food101" in printed and "gtsrb" in printed and "3 sources: 1 OK, 0 WARN, 2 FAIL" in printed
+    assert not out.exists()
