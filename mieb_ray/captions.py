@@ -1,4 +1,4 @@
-"""Class names and captions for the 23 mieb-train sources: pure functions, no Ray.
+"""Class names and captions for the mieb-train sources: pure functions, no Ray.
 
 `class_table(source)` turns a source's class list into one normalised class name and one caption per label
 id, fixing mteb's caption defects (../shared/reference/mieb-train-sources.md sections 4 and 6):

@@ -16,7 +16,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="mirror root (local path or s3://bucket/prefix) holding <org>/<repo>/ folders, or 'hf' for "
                         "the Hugging Face hub at the pinned revisions (default: hf)")
     p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
-    p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: all 23)")
+    p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: every catalog source)")
     p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"])
     # no argparse `choices`: a wrong value is then the one-line UserError of BuildConfig.check()
     p.add_argument("--split", default="train", metavar="{train,eval}",
@@ -262,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, parents=[common])
 
-    b = command("build", help="build the mieb-train table from the 23 sources")
+    b = command("build", help="build the mieb-train table from the catalog's sources")
     add_build_flags(b)
     b.set_defaults(run=run_build)
     c = command("check-sources", help="check every source in minutes, from file metadata: files, layout, "

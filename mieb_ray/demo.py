@@ -1,4 +1,4 @@
-"""`mieb-ray demo`: the whole flow on a laptop, from a fixture mirror of the 23 sources made on the spot."""
+"""`mieb-ray demo`: the whole flow on a laptop, from a fixture mirror of every source made on the spot."""
 
 from __future__ import annotations
 

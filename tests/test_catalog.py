@@ -13,6 +13,7 @@ from mieb_ray.fixtures.mirror import expected_rows, hub_rows
 from mieb_ray.io.readers import repo_root
 from mieb_ray.pipelines.build import check_counts
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, by_slug, select
+from mieb_ray.sources.catalog import MIEB_TRAIN_ROWS
 
 
 def test_the_23_sources_make_mieb_train():
@@ -21,6 +22,25 @@ def test_the_23_sources_make_mieb_train():
     assert all(re.fullmatch(r"[0-9a-f]{40}", s.revision) and s.split == "train" for s in SOURCES)
     assert sum(expected_rows(hub_rows()).values()) == TOTAL_ROWS  # caltech101: 3,060 on the hub, 30 dropped
     assert hub_rows()["caltech101"] == 3_060
+
+
+def test_totals_are_the_sums_of_the_sources():
+    """Totals are derived, never typed twice: a new source changes them by its own entry."""
+    assert TOTAL_ROWS == sum(s.rows for s in SOURCES) == MIEB_TRAIN_ROWS
+    assert EVAL_TOTAL_ROWS == sum(s.eval_rows for s in SOURCES)
+    assert {s.slug: s.split_rows - s.rows for s in SOURCES if s.drop_rows} == {"caltech101": 30}
+    assert all(bool(s.drop) == bool(s.drop_rows) for s in SOURCES)
+
+
+def test_no_literal_totals_outside_the_catalog():
+    """No source count or row total typed outside sources/catalog.py, in the package or the jobs."""
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\b23\b|4,434,196|4_434_196|4434196")
+    hits = [f"{p.relative_to(root)}:{n}: {line.strip()}"
+            for p in [*(root / "mieb_ray").rglob("*.py"), *(root / "jobs").rglob("*.py")]
+            if p.name != "catalog.py"
+            for n, line in enumerate(p.read_text("utf-8").splitlines(), 1) if pattern.search(line)]
+    assert hits == []
 
 
 def test_eval_splits_are_mtebs():
