@@ -51,8 +51,10 @@ def init_ray(address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
+        from mieb_ray.hubfs import worker_runtime_env  # HF_TOKEN and hub settings to every worker, never logged
+
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=True,
-                 logging_level="WARNING")
+                 logging_level="WARNING", runtime_env=worker_runtime_env())
         signal.signal(signal.SIGTERM, _interrupt)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
 

@@ -5,6 +5,11 @@ S3 settings come from the standard AWS environment: `AWS_ENDPOINT_URL(_S3)`, `AW
 Reads go through pyarrow filesystems. Writes are atomic: a shard is written to a local temp file
 and committed whole, by rename on local disk and by one boto3 upload on S3 (a multipart upload
 is aborted on failure, so a half-written object is never visible).
+
+An S3 endpoint that cannot be reached at all (an unknown host, a refused connection) is told in seconds:
+the host is resolved once per process before the first S3 call, and check_output() (run by every job
+before any work) also connects to it; the SDK's retries (10, backoff up to 20 s) are for outages.
+The hub (`hf://`) is read through hubfs.HubFileSystem: token, bounded concurrency, retries.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import functools
 import hashlib
 import json
 import os
+import socket
 import tempfile
+import time
 import uuid
 from urllib.parse import urlparse
 
@@ -28,6 +35,23 @@ class StorageError(UserError):
     pass
 
 
+class TransientStorageError(StorageError):
+    """A remote error that may pass (the hub's 429/5xx, timeouts, resets) and outlasted the local retries: one
+    line for the user, and an error a Ray task may be retried on."""
+
+
+PROBE_TIMEOUT = 3.0  # seconds to resolve and connect to an S3 endpoint before its first use
+
+
+def redact(text: str) -> str:
+    """`text` without the secrets of this environment (the hub token, the AWS secret key) in it."""
+    for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        secret = os.environ.get(name)
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 
@@ -40,9 +64,52 @@ def _endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
+def _s3_address() -> tuple[str, str, int]:
+    """(endpoint as printed, host, port) of the S3 service this process talks to."""
+    if endpoint := _endpoint():
+        url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        return endpoint, url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    host = f"s3.{region}.amazonaws.com"
+    return f"https://{host}", host, 443
+
+
+def _resolve(host: str, port: int) -> list:
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        # no retry: a name that does not resolve now will not in the SDK's next 70 s either
+        raise StorageError(f"cannot reach S3 endpoint {_s3_address()[0]}: unknown host {host!r} "
+                           f"({exc.strerror if isinstance(exc, socket.gaierror) else exc})") from exc
+
+
+def probe_s3(connect: bool = True) -> None:
+    """One line within seconds when the S3 endpoint cannot be reached at all: its host does not resolve or
+    (`connect`) no address takes a TCP connection within PROBE_TIMEOUT s. Not for outages mid-job: those
+    the SDK retries."""
+    endpoint, host, port = _s3_address()
+    addresses = _resolve(host, port)
+    if not connect:
+        return
+    errors = []
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                sock.connect(address)
+                return
+        except OSError as exc:
+            errors.append(exc)
+    reason = "connection refused" if any(isinstance(e, ConnectionRefusedError) for e in errors) else \
+        f"no connection within {PROBE_TIMEOUT:g}s" if errors else "no address"
+    raise StorageError(f"cannot reach S3 endpoint {endpoint}: {reason}")
+
+
 @functools.lru_cache(maxsize=None)
 def _s3() -> pafs.S3FileSystem:
     # A bare S3FileSystem() ignores AWS_ENDPOINT_URL, so pass it on; the SDK resolves region and keys.
+    probe_s3(connect=False)  # an unknown host fails now, not after the SDK's retries
     kwargs = {}
     if endpoint := _endpoint():
         url = urlparse(endpoint)
@@ -51,14 +118,15 @@ def _s3() -> pafs.S3FileSystem:
         kwargs["region"] = region
     elif endpoint:
         kwargs["region"] = "us-east-1"
-    return pafs.S3FileSystem(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=10), **kwargs)
+    return pafs.S3FileSystem(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=10),
+                             connect_timeout=PROBE_TIMEOUT, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
 def _hf() -> pafs.FileSystem:
-    from huggingface_hub import HfFileSystem
+    from mieb_ray.hubfs import HubFileSystem  # token, bounded concurrency, retries
 
-    return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem()))
+    return pafs.PyFileSystem(pafs.FSSpecHandler(HubFileSystem()))
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -79,7 +147,7 @@ def _remote_error(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException) -> str:
     # pyarrow's S3 messages are long and multi-line; keep the first line, never any credential
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
 
 
 def list_files(uri: str) -> list[str]:
@@ -129,6 +197,7 @@ def check_output(uri: str) -> None:
         os.makedirs(os.path.abspath(uri), exist_ok=True)
         return
     bucket = uri[len("s3://"):].split("/", 1)[0]
+    probe_s3()
     fs = _s3()
     try:
         info = fs.get_file_info(bucket)
@@ -182,7 +251,7 @@ def commit(local: str, dest: str) -> None:
             try:
                 _boto3_s3().upload_file(local, bucket, key)
             except Exception as exc:  # boto3 raises several unrelated types; name the target, not the keys
-                raise StorageError(f"cannot write {dest}: {type(exc).__name__}: {str(exc).splitlines()[0]}") \
+                raise StorageError(f"cannot write {dest}: {type(exc).__name__}: {_describe(exc)}") \
                     from exc
         else:
             os.replace(local, os.path.abspath(dest))

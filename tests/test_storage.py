@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -77,3 +78,38 @@ def test_wrong_credentials_fail_without_leaking_the_secret(s3, fresh_clients, mo
 def test_display_drops_credentials_from_uris():
     assert storage.display("s3://key:secret@bucket/p") == "s3://bucket/p"
     assert storage.display("/data/mirror") == "/data/mirror"
+
+
+@pytest.mark.parametrize("endpoint, reason", [
+    ("http://127.0.0.1:{port}", "connection refused"),  # nothing listens there
+    ("http://nonexistent.invalid:8333", "unknown host 'nonexistent.invalid'"),  # the name does not resolve
+])
+def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(fresh_clients, monkeypatch, endpoint, reason):
+    """Not after the SDK's 10 retries (72-105 s): nothing can succeed, so say it now."""
+    import s3server
+
+    endpoint = endpoint.format(port=s3server.free_port())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    t0 = time.monotonic()
+    with pytest.raises(storage.StorageError) as err:
+        storage.check_output("s3://bucket/out")
+    assert str(err.value).startswith(f"cannot reach S3 endpoint {endpoint}: {reason}") and "\n" not in str(err.value)
+    if "unknown host" in reason:  # every S3 call, not only the output check: the host is resolved first
+        storage._s3.cache_clear()
+        with pytest.raises(storage.StorageError, match="unknown host"):
+            storage.list_files("s3://bucket/in")
+    assert time.monotonic() - t0 < 2 * storage.PROBE_TIMEOUT
+
+
+def test_a_reachable_s3_endpoint_passes_the_probe(s3, fresh_clients):
+    t0 = time.monotonic()
+    storage.probe_s3()
+    storage.check_output(f"s3://{s3.bucket}/probe")
+    assert time.monotonic() - t0 < 2
+
+
+def test_messages_never_hold_a_secret(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "awsSECRET123")
+    assert storage.redact("401: Bearer hf_abcdefSECRET, key awsSECRET123") == "401: Bearer ***, key ***"
+    assert storage._describe(OSError("bad token hf_abcdefSECRET\nmore")) == "bad token ***"

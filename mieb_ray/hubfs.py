@@ -1,0 +1,277 @@
+"""Hub access that survives the hub: the user's token, a bound on concurrent requests, retries with backoff.
+
+`HubFileSystem` is an fsspec filesystem around the hub's own (`huggingface_hub.HfFileSystem`, or the one
+a factory named by `MIEB_RAY_HUB_FS=package.module:factory` returns: the tests' fake hub). storage.py
+reads `hf://` through it. Every request to the inner filesystem (an info, a listing, one byte range):
+
+- holds one of `MIEB_RAY_HUB_CONCURRENCY` (default 8) slots of this process. A job makes at most that
+  many requests at once per process: the driver while it plans, and each shard builder
+  (so `--workers` x the bound, plus the driver's, for the whole job);
+- is retried, up to `MIEB_RAY_HUB_RETRIES` tries (default 6), on 408/429/5xx, timeouts, connection
+  resets and truncated reads (fewer bytes than asked before the end of the file), waiting what the hub
+  asks (`Retry-After`, the `RateLimit` header) or an exponential backoff from `MIEB_RAY_HUB_RETRY_WAIT`
+  seconds (default 1), doubling up to 30 s, with jitter so that workers do not retry in step;
+- when the tries run out, raises `storage.TransientStorageError`: a one-line error, which Ray may retry.
+
+A connection that cannot be made (no network, unknown host) fails at once unless the hub has answered
+this process before: nothing can succeed, so the user hears it in seconds, not after a backoff.
+Anything else (404, 401, a malformed file) is not retried and keeps its own error.
+
+The token is the standard `HF_TOKEN` (or the one `hf auth login` saved), which the hub client sends with
+every request; `worker_runtime_env()` gives it to the job's Ray workers without writing it in a log.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import random
+import threading
+import time
+
+import fsspec
+from fsspec.spec import AbstractBufferedFile
+
+from mieb_ray.storage import TransientStorageError, redact
+
+ENV_FS = "MIEB_RAY_HUB_FS"
+ENV_CONCURRENCY = "MIEB_RAY_HUB_CONCURRENCY"
+ENV_RETRIES = "MIEB_RAY_HUB_RETRIES"
+ENV_RETRY_WAIT = "MIEB_RAY_HUB_RETRY_WAIT"
+DEFAULT_CONCURRENCY = 8
+DEFAULT_TRIES = 6
+MAX_WAIT = 30.0
+MAX_RETRY_AFTER = 300.0  # the hub's rate-limit windows are 5 minutes
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# what the job's workers need to read the hub as the driver does
+WORKER_ENV = ("HF_TOKEN", "HF_ENDPOINT")
+WORKER_ENV_PREFIX = "MIEB_RAY_HUB_"
+
+
+class TruncatedRead(Exception):
+    """A byte range came back shorter than asked, before the end of the file."""
+
+
+def _int_env(name: str, default: int) -> int:
+    return max(1, int(os.environ.get(name) or default))
+
+
+@functools.lru_cache(maxsize=None)
+def _slots() -> threading.BoundedSemaphore:
+    return threading.BoundedSemaphore(_int_env(ENV_CONCURRENCY, DEFAULT_CONCURRENCY))
+
+
+_answered = threading.Event()  # the hub has answered this process at least once
+
+
+def load_inner() -> fsspec.AbstractFileSystem:
+    """The hub filesystem to wrap: the factory MIEB_RAY_HUB_FS names, else huggingface_hub's (token: HF_TOKEN)."""
+    spec = os.environ.get(ENV_FS)
+    if spec:
+        module, _, name = spec.partition(":")
+        return getattr(importlib.import_module(module), name or "factory")()
+    from huggingface_hub import HfFileSystem
+
+    return HfFileSystem()
+
+
+def _http_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(connection errors, other transient transport errors) of the hub client's HTTP library."""
+    connect, other = [], [TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError]
+    for name in ("httpx2", "httpx"):  # huggingface_hub 2 uses httpx2
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        connect += [mod.ConnectError, mod.ConnectTimeout]
+        other += [mod.TimeoutException, mod.NetworkError, mod.RemoteProtocolError]
+    return tuple(connect), tuple(other)
+
+
+def _wait_asked(response) -> float | None:
+    """Seconds the hub asked us to wait (RateLimit reset or Retry-After), if it did."""
+    try:
+        from huggingface_hub.utils import parse_ratelimit_headers
+
+        info = parse_ratelimit_headers(response.headers)
+        if info is not None and info.remaining == 0:
+            return float(info.reset_in_seconds)
+    except Exception:  # an older hub client, or a header it cannot parse
+        pass
+    value = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), None)
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff will do
+
+
+def classify(exc: BaseException) -> tuple[bool, float | None]:
+    """(whether `exc` may pass if we try again, the wait the server asked for)."""
+    if isinstance(exc, TruncatedRead):
+        return True, None
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):  # HfHubHTTPError and the like: the server answered
+        return status in RETRY_STATUS, _wait_asked(response) if status in RETRY_STATUS else None
+    connect, other = _http_errors()
+    if isinstance(exc, connect):
+        return _answered.is_set(), None  # nothing reached yet: no network, a wrong endpoint or host
+    return isinstance(exc, other), None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def call(fn, what: str, on_retry=None):
+    """`fn()` holding a slot, retried on transient errors with backoff; `on_retry()` before each retry."""
+    tries = _int_env(ENV_RETRIES, DEFAULT_TRIES)
+    base = float(os.environ.get(ENV_RETRY_WAIT) or 1.0)
+    t0 = time.monotonic()
+    for attempt in range(1, tries + 1):
+        try:
+            with _slots():
+                result = fn()
+            _answered.set()
+            return result
+        except Exception as exc:
+            transient, asked = classify(exc)
+            if not transient:
+                raise
+            if attempt == tries:
+                raise TransientStorageError(
+                    f"the hub kept failing on {what} ({tries} tries in {time.monotonic() - t0:.0f}s): "
+                    f"{_describe(exc)}") from exc
+            backoff = min(MAX_WAIT, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            time.sleep(min(MAX_RETRY_AFTER, asked) if asked is not None else backoff)  # outside the slot
+            if on_retry is not None:
+                on_retry()
+
+
+
+class HubFileSystem(fsspec.AbstractFileSystem):
+    """The inner hub filesystem, each request bounded and retried (see the module docstring)."""
+
+    protocol = "hf"
+    cachable = False
+
+    def __init__(self, inner: fsspec.AbstractFileSystem | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = inner if inner is not None else load_inner()
+
+    def _where(self, path: str) -> str:
+        return "hf://" + self._strip_protocol(path)
+
+    def info(self, path, **kwargs):
+        return call(lambda: self.inner.info(path, **kwargs), self._where(path))
+
+    def ls(self, path, detail=True, **kwargs):
+        return call(lambda: self.inner.ls(path, detail=detail, **kwargs), self._where(path))
+
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+        # the hub client lists a whole tree in a few paged calls: one request here, retried whole
+        return call(lambda: self.inner.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs),
+                    self._where(path))
+
+    # fsspec's defaults answer False on any error; only "not found" is False here, the rest is raised
+    def exists(self, path, **kwargs):
+        try:
+            self.info(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def isfile(self, path):
+        try:
+            return self.info(path)["type"] == "file"
+        except FileNotFoundError:
+            return False
+
+    def isdir(self, path):
+        try:
+            return self.info(path)["type"] == "directory"
+        except FileNotFoundError:
+            return False
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if mode != "rb":
+            raise NotImplementedError("the hub is read here, never written")
+        return HubFile(self, path, block_size=block_size or "default", cache_options=cache_options)
+
+
+class HubFile(AbstractBufferedFile):
+    """A file of the hub read by byte ranges, each one request of the inner filesystem: bounded, retried, and
+    checked against the file's size (a short range is a truncated read, retried on a fresh handle)."""
+
+    def __init__(self, fs: HubFileSystem, path: str, **kwargs):
+        super().__init__(fs, path, mode="rb", **kwargs)  # its size: one info() call, bounded and retried
+        self._handle = None
+        self._lock = threading.Lock()
+
+    def _inner(self):
+        if self._handle is None:
+            # no cache of its own: the range asked is the range fetched, one GET
+            self._handle = self.fs.inner.open(self.path, "rb", cache_type="none")
+        return self._handle
+
+    def _drop(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception:
+                pass
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if end <= start:
+            return b""
+
+        def once() -> bytes:
+            f = self._inner()
+            f.seek(start)
+            data = f.read(end - start)
+            if len(data) != end - start:
+                self._drop()
+                raise TruncatedRead(f"{len(data)} of {end - start} bytes at offset {start}")
+            return data
+
+        with self._lock:
+            return call(once, self.fs._where(self.path), on_retry=self._drop)
+
+    def close(self):
+        self._drop()
+        super().close()
+
+
+def worker_runtime_env() -> dict | None:
+    """A Ray runtime_env that gives the job's workers the hub settings of this process (HF_TOKEN, HF_ENDPOINT,
+    MIEB_RAY_HUB_*), or None when there is nothing to give.
+
+    Not as `env_vars`: Ray's runtime-env agent writes those, values and all, to runtime_env_agent.log on every
+    node. A `worker_process_setup_hook` closure is stored pickled in Ray's GCS and only its name is logged.
+    Values the job's own runtime_env (`ray job submit --runtime-env-json`) already sets are left to it, and a
+    job that has its own setup hook keeps it (its workers then need the variables from the job or the nodes).
+    """
+    import json
+
+    values = {k: v for k, v in os.environ.items() if v and (k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIX))}
+    job = {}
+    if raw := os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        try:
+            job = (json.loads(raw).get("runtime_env") or {})
+        except ValueError:
+            job = {}
+    if job.get("worker_process_setup_hook"):
+        return None
+    values = {k: v for k, v in values.items() if k not in (job.get("env_vars") or {})}
+    return {"worker_process_setup_hook": _env_hook(values)} if values else None
+
+
+def _env_hook(values: dict[str, str]):
+    def mieb_ray_hub_env():  # a closure: pickled by value with `values`, run first in every worker
+        os.environ.update(values)
+
+    return mieb_ray_hub_env

@@ -1,0 +1,194 @@
+"""Hub access through a fake hub (fixtures/fakehub.py) plugged in where the real client is: faults injected
+into every process of a build change nothing in its output; permanent errors are one line and fast; the
+token reaches every worker and no log, message or manifest; requests are bounded per process."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mieb_ray import hubfs, storage
+from mieb_ray.errors import UserError
+from mieb_ray.fixtures import fakehub
+from mieb_ray.io import readers
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.sources import by_slug
+
+pytestmark = pytest.mark.timeout(300)
+DATASETS = ("cifar10", "imagenet1k", "mnist")  # parquet and WebDataset tars
+TOKEN = "hf_TestTokenThatMustNeverBePrinted0123"
+
+
+@pytest.fixture
+def hub(tmp_path_factory, monkeypatch):
+    """`configure(**settings)` plugs the fake hub in here and, through the file conftest's ray_local names, in
+    the Ray workers; it returns the path of the fake's fault log. Unplugged afterwards."""
+    config = str(tmp_path_factory.getbasetemp() / "fakehub.json")  # conftest.fake_hub_config
+    log = str(tmp_path_factory.mktemp("fakehub") / "faults.log")
+
+    def configure(**settings) -> str:
+        fakehub.write_config(config, log=log, **settings)
+        monkeypatch.setenv(hubfs.ENV_FS, fakehub.FACTORY)
+        monkeypatch.setenv(fakehub.ENV_CONFIG, config)
+        monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.01")
+        storage._hf.cache_clear()
+        return log
+
+    yield configure
+    if os.path.exists(config):
+        os.unlink(config)
+    storage._hf.cache_clear()
+
+
+def shards(manifest: dict) -> list[tuple]:
+    return [(s["path"], s["rows"], s["sha256"]) for s in manifest["shards"]]
+
+
+def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hub, tmp_path):
+    root, _ = mirror
+    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=DATASETS, rows_per_shard=5),
+                  log=lambda _: None)
+    log = hub(root=root, every=3)  # every 3rd request of each process: 429, timeout, truncated range, reset, 503
+    faulty = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=DATASETS, rows_per_shard=5,
+                               verify_counts=False), log=lambda _: None)
+    assert shards(faulty) == shards(clean) and faulty["counts"]["datasets"] == clean["counts"]["datasets"]
+    faults = [line.split() for line in open(log)]
+    kinds = {kind for _, kind, _ in faults}
+    assert {"429", "timeout", "truncate", "reset", "503"} <= kinds, kinds
+    assert {pid for pid, _, _ in faults} - {str(os.getpid())}, "no fault in a worker: the test tested the driver only"
+
+
+def test_an_outage_that_outlasts_the_retries_is_one_transient_line(mirror, hub):
+    root, _ = mirror
+    hub(root=root, fail=["train-00000-of"])  # every request for that file: 503
+    source = by_slug("cifar10")
+    t0 = time.monotonic()
+    with pytest.raises(storage.TransientStorageError) as err:
+        readers.plan(source, "hf", 5)
+    assert time.monotonic() - t0 < 10
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("the hub kept failing on hf://datasets/mteb/cifar10@")
+    assert "6 tries" in message and "503" in message and isinstance(err.value, UserError)
+
+
+@pytest.mark.parametrize("case", ["missing repo", "wrong revision", "denied"])
+def test_a_permanent_error_is_one_line_at_once(mirror, hub, monkeypatch, tmp_path, case):
+    root, _ = mirror
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    hub(root=str(tmp_path) if case == "missing repo" else root, deny=["mteb/cifar10"] if case == "denied" else [])
+    source = by_slug("cifar10")
+    where = readers.repo_root(source, "hf")
+    if case == "wrong revision":
+        where = where.split("@")[0] + "@" + "0" * 40
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as err:
+        files = storage.list_files(where)
+        assert files == []  # the hub's 404: nothing there, which the readers name
+        storage.open_input(where + "/data/train-00000-of-00002.parquet")
+    assert time.monotonic() - t0 < 2, "a permanent error was retried"
+    message = str(err.value)
+    assert "\n" not in message and TOKEN not in message
+    assert message.startswith("no such file" if case != "denied" else "cannot list"), message
+
+
+def test_the_token_reaches_every_worker_and_no_log(ray_local, mirror, hub, tmp_path, tmp_path_factory):
+    """A driver that joins a running cluster (whose workers never had HF_TOKEN) builds from a hub that answers
+    401 to any other token: its workers got it. It is in no output, message or Ray log."""
+    root, _ = mirror
+    hub(root=root, token=TOKEN, every=4)
+    env = {**os.environ, "HF_TOKEN": TOKEN}
+    out = tmp_path / "out"
+    address = ray_local.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "build", "--sources", "hf", "--out", str(out),
+                           "--datasets", "cifar10,imagenet1k", "--rows-per-shard", "5", "--no-check-counts",
+                           "--address", address], env=env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert TOKEN not in done.stdout + done.stderr
+    leaks = [p for p in glob.glob(str(tmp_path_factory.getbasetemp() / "**"), recursive=True)
+             if os.path.isfile(p) and not p.endswith(".json") or p.endswith("_manifest.json")]
+    assert [p for p in leaks if TOKEN.encode() in open(p, "rb").read()] == []
+
+    # the same driver with a wrong token: a 401, one line, fast, without either token
+    env["HF_TOKEN"] = "hf_WrongTokenAlsoNeverPrinted"
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "build", "--sources", "hf", "--out", str(tmp_path / "o2"),
+                           "--datasets", "cifar10", "--address", address], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("mieb-ray: error: ")
+    assert "401" in done.stderr and env["HF_TOKEN"] not in done.stdout + done.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_requests_are_bounded_per_process_and_rate_limits_honoured(mirror, monkeypatch):
+    root, _ = mirror
+    monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "3")
+    hubfs._slots.cache_clear()
+    try:
+        fake = fakehub.FakeHub(root, delay=0.05)
+        fs = hubfs.HubFileSystem(fake)
+        path = readers.repo_root(by_slug("cifar10"), "hf")[len("hf://"):] + "/README.md"
+        threads = [threading.Thread(target=fs.info, args=(path,)) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert fake.max_inflight == 3 and fake.requests == 24
+
+        fake = fakehub.FakeHub(root, every=2, faults=["429"], retry_after=1)  # the 2nd request: wait 1 s
+        fs = hubfs.HubFileSystem(fake)
+        fs.info(path)
+        t0 = time.monotonic()
+        fs.info(path)
+        assert 1.0 <= time.monotonic() - t0 < 5 and fake.injected == ["429"]
+    finally:
+        hubfs._slots.cache_clear()
+
+
+def test_what_is_retried():
+    import httpx2
+
+    request = httpx2.Request("GET", "https://huggingface.co/x")
+    for status, transient in [(429, True), (503, True), (500, True), (404, False), (401, False), (403, False)]:
+        assert hubfs.classify(fakehub._http_error(status, "https://huggingface.co/x"))[0] is transient, status
+    assert hubfs.classify(fakehub._http_error(429, "https://h/x", headers={"Retry-After": "7"})) == (True, 7.0)
+    assert hubfs.classify(httpx2.ReadTimeout("t", request=request))[0]
+    assert hubfs.classify(httpx2.ReadError("reset", request=request))[0]
+    assert hubfs.classify(hubfs.TruncatedRead("short"))[0]
+    assert not hubfs.classify(ValueError("a bad file"))[0]
+    # no connection before the hub ever answered: no network or a wrong endpoint, said at once
+    answered = hubfs._answered.is_set()
+    try:
+        hubfs._answered.clear()
+        assert not hubfs.classify(httpx2.ConnectError("Name or service not known", request=request))[0]
+        hubfs._answered.set()  # it answered before: an outage, waited out
+        assert hubfs.classify(httpx2.ConnectError("Connection refused", request=request))[0]
+    finally:
+        (hubfs._answered.set if answered else hubfs._answered.clear)()
+
+
+def test_worker_runtime_env(monkeypatch):
+    for name in list(os.environ):
+        if name in hubfs.WORKER_ENV or name.startswith(hubfs.WORKER_ENV_PREFIX):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert hubfs.worker_runtime_env() is None
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "4")
+    env = hubfs.worker_runtime_env()
+    assert list(env) == ["worker_process_setup_hook"] and TOKEN not in repr(env)
+    monkeypatch.delenv("HF_TOKEN")
+    env["worker_process_setup_hook"]()  # what a worker runs first
+    assert os.environ["HF_TOKEN"] == TOKEN
+    # a submitted job that sets the token itself keeps it; one with its own setup hook keeps that
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"env_vars": {"HF_TOKEN": "x", '
+                                                      '"MIEB_RAY_HUB_CONCURRENCY": "4"}}}')
+    assert hubfs.worker_runtime_env() is None
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"worker_process_setup_hook": "m.f"}}')
+    assert hubfs.worker_runtime_env() is None
