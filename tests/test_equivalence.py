@@ -4,6 +4,7 @@ get_image_features, for real photos of several sizes and modes, with a tiny CLIP
 A tiny random CLIP maps every image to nearly the same direction, so a raw cosine of 0.99 proves nothing:
 embeddings are compared after subtracting the mean embedding of many different images (centred cosine), and
 the test shows that a rotated, mirrored, channel-swapped or squashed image falls below the bar.
+tests/test_families.py does the same for the other model families (SigLIP, SigLIP2, a generic model).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def centred(a: np.ndarray, mean: np.ndarray) -> np.ndarray:
 
 def test_resolve_and_info_of_a_local_dir(tiny, info):
     assert resolve(tiny) == tiny
-    assert info == ModelInfo(name=tiny, revision=None, architecture="CLIPModel", dim=32,
+    assert info == ModelInfo(name=tiny, revision=None, architecture="CLIPModel", family="clip", dim=32,
                              image_config=info.image_config, max_text_length=77)
     assert info.image_config["crop_size"] == {"height": 64, "width": 64}
     assert info.image_config["resample"] == 3 and info.to_dict()["dim"] == 32
@@ -151,9 +151,9 @@ def test_model_without_image_features_fails_from_its_config(tmp_path):
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32)
     BertModel(config).save_pretrained(str(tmp_path))
-    with pytest.raises(UserError, match=r"has no image features \(BertModel\)"):
+    with pytest.raises(UserError, match=r"\(BertModel\) cannot embed images: it has no get_image_features"):
         load_info(resolve(str(tmp_path)), str(tmp_path), None)
-    with pytest.raises(UserError, match=r"has no text features \(BertModel\)"):
+    with pytest.raises(UserError, match=r"\(BertModel\) cannot embed texts: it has no get_text_features"):
         load_info(str(tmp_path), str(tmp_path), None, modality="text")
 
 

@@ -249,6 +249,7 @@ def test_spec_from_processor_configs():
         height=224, width=224, resize_shortest_edge=None, resample=3, do_center_crop=False,
         mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), rescale_factor=1 / 255)
     assert spec_of(SiglipImageProcessorPil()).resize_shortest_edge is None
+    assert ImageSpec.from_processor_config({**CLIPImageProcessorPil().to_dict(), "do_pad": False}) == CLIP  # off: fine
 
 
 def test_spec_to_dict():
@@ -262,6 +263,9 @@ def test_spec_to_dict():
     {"do_center_crop": False},  # shortest edge without a crop: images of varying size
     {"size": {"height": 256, "width": 256}},  # fixed resize, then a crop
     {"do_resize": False},
+    {"do_pad": True},  # a step load_image does not do
+    {"crop_pct": 0.875},  # ConvNeXt-style resize-then-crop
+    {"rescale_offset": True},  # EfficientNet's [-1, 1] rescale
 ])
 def test_spec_refuses_what_it_cannot_reproduce(change):
     with pytest.raises(ValueError):

@@ -6,8 +6,9 @@ hub revision is fixed for the whole job; actors then `resolve(info.name, info.re
 
 Hub pinning: a hub name without --revision uses its PINNED commit when it has one, else the hub's current
 `main`, with a warning; either way ModelInfo.revision records the commit actually loaded, so the output names
-exactly which weights made it. Importing this module imports no torch: Ray's decode tasks import the
-pipeline module that imports it.
+exactly which weights made it. What differs between model families (CLIP, SigLIP, generic) lives in
+families.py: `load_info` picks the family and the Encoder calls through it. Importing this module imports no
+torch: Ray's decode tasks import the pipeline module that imports it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mieb_ray import storage
+from mieb_ray.encode import families
 from mieb_ray.errors import UserError
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ class ModelInfo:
     name: str
     revision: str | None
     architecture: str
+    family: str  # a name in families.BY_NAME
     dim: int
     image_config: dict | None
     max_text_length: int
@@ -167,8 +170,8 @@ def _read_json(path: str) -> dict | None:
 
 
 def load_info(path: str, name: str, revision: str | None, modality: str = "image") -> ModelInfo:
-    """Describe the model from its JSON files alone (no weights, no torch model), and fail early if it cannot
-    embed `modality` ("image" or "text")."""
+    """Describe the model from its config, tokenizer and processor files (no weights, no torch model), and fail
+    early, in one line, if it cannot embed `modality` ("image" or "text")."""
     shown = storage.display(name)
     config = _read_json(os.path.join(path, "config.json"))
     if config is None:
@@ -177,23 +180,60 @@ def load_info(path: str, name: str, revision: str | None, modality: str = "image
         raise UserError(f"model {shown} has no weights (*.safetensors or pytorch_model*.bin)")
     cls = _model_class(config)
     arch = cls.__name__ if cls else (config.get("architectures") or [config.get("model_type", "?")])[0]
-    if cls is None or not hasattr(cls, f"get_{modality}_features"):
-        raise UserError(f"model {shown} has no {modality} features ({arch})")
+    family = families.family_of(config.get("model_type"))
+    why = families.unsupported(family, cls, modality)
+    if why:
+        raise UserError(f"model {shown} ({arch}) cannot embed {modality}s: {why}")
 
-    text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
-    own = vision if modality == "image" else text
-    dim = config.get("projection_dim") or own.get("hidden_size") or config.get("hidden_size")
-    # transformers 5 saves the image processor inside processor_config.json; hub repos have preprocessor_config.json
-    image_config = _read_json(os.path.join(path, "preprocessor_config.json")) or \
-        (_read_json(os.path.join(path, "processor_config.json")) or {}).get("image_processor")
+    full = cls.config_class.from_dict(config)  # the class's defaults filled in: old hub configs omit them
+    try:
+        dim = family.dim(full, modality)
+    except ValueError as exc:
+        raise UserError(f"model {shown} ({arch}): {exc}") from None
+    image_config = _image_config(path, shown, required=modality == "image")
+    if modality == "text":
+        load_tokenizer(path, shown)  # a missing backend (sentencepiece) fails here, not in every actor
     tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
-    lengths = [n for n in (text.get("max_position_embeddings"), tokenizer_config.get("model_max_length"))
+    text = getattr(full, "text_config", None) or full
+    lengths = [n for n in (getattr(text, "max_position_embeddings", None), tokenizer_config.get("model_max_length"))
                if isinstance(n, int) and n < 1_000_000]  # tokenizers say 1e30 for "no limit"
     parent, leaf = os.path.split(os.path.abspath(path))
     snapshot = leaf if os.path.basename(parent) == "snapshots" and _SHA.match(leaf) else None
     return ModelInfo(name=shown, revision=(snapshot or revision) if _is_hub(name) else None, architecture=arch,
-                     dim=int(dim), image_config=image_config,
+                     family=family.name, dim=int(dim), image_config=image_config,
                      max_text_length=min(lengths, default=512))  # 512: BERT-style text models
+
+
+def _image_config(path: str, shown: str, required: bool) -> dict | None:
+    """The image processor's settings (families.image_config), checked against what preprocess can reproduce
+    when images are to be embedded; None for a model without an image processor."""
+    from mieb_ray.encode.preprocess import ImageSpec
+
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("preprocessor_config.json", "processor_config.json")):
+        return None
+    try:
+        config = families.image_config(path)
+        if required:
+            ImageSpec.from_processor_config(config)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not required:
+            return None
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise UserError(f"model {shown}: its image preprocessing cannot be reproduced: {first}") from None
+    return config
+
+
+def load_tokenizer(path: str, shown: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except ImportError as exc:  # e.g. SiglipTokenizer without sentencepiece: transformers' message is a paragraph
+        first = " ".join(str(exc).split()).split(". ")[0]
+        raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first} (pip install it)") from None
+    except (OSError, ValueError) as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first}") from None
 
 
 def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -209,13 +249,13 @@ def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 class Encoder:
-    """Loaded once per actor."""
+    """Loaded once per actor; the family (families.py) decides the tokenizer's arguments and the feature calls."""
 
     def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto"):
         import torch
         import transformers
 
-        self.path, self.info = path, info
+        self.path, self.info, self.family = path, info, families.BY_NAME[info.family]
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _torch_dtype(dtype, self.device)
         cls = getattr(transformers, info.architecture)  # load_info checked it is a transformers model class
@@ -229,22 +269,26 @@ class Encoder:
 
         with torch.inference_mode():
             pixel_values = pixel_values.to(self.device, self.dtype, non_blocking=True)
-            return _unit(self.model.get_image_features(pixel_values=pixel_values))
+            return self._checked(_unit(self.family.image_features(self.model, pixel_values)))
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        """Tokenised with truncation to the model's limit (77 for CLIP) -> L2-normalised float32 (n, dim)."""
+        """Tokenised as the family says (padded to the batch's longest for CLIP, to max_length for SigLIP),
+        truncated to the model's limit (77 for CLIP, 64 for SigLIP) -> L2-normalised float32 (n, dim)."""
         import torch
 
         if not len(texts):
             return np.zeros((0, self.info.dim), np.float32)
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
-        batch = self._tokenizer(list(texts), padding=True, truncation=True, max_length=self.info.max_text_length,
-                                return_tensors="pt").to(self.device)
+            self._tokenizer = load_tokenizer(self.path, self.info.name)
+        batch = self._tokenizer(list(texts), **self.family.tokenizer_kwargs(self.info.max_text_length))
         with torch.inference_mode():
-            return _unit(self.model.get_text_features(**batch))
+            return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device))))
+
+    def _checked(self, emb: np.ndarray) -> np.ndarray:
+        if emb.ndim != 2 or emb.shape[1] != self.info.dim:  # a generic model's dim is read from its config by name
+            raise RuntimeError(f"model {self.info.name} made embeddings of shape {tuple(emb.shape)}, not (n, "
+                               f"{self.info.dim}) as its config says")
+        return emb
 
 
 def _unit(out) -> np.ndarray:

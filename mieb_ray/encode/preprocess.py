@@ -55,6 +55,12 @@ class ImageError(ValueError):
     """An image that cannot be used; the message is a one-line reason for the errors table."""
 
 
+# The image processor steps load_image + normalize do; any other do_* flag set, or a key of _NOT_DONE set,
+# is a step they would silently skip.
+_DONE = {"do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb"}
+_NOT_DONE = {"crop_pct", "rescale_offset", "max_num_patches"}
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """What the model's image processor does to an image, in the terms load_image/normalize need."""
@@ -74,10 +80,17 @@ class ImageSpec:
 
         Supported: `size` {"shortest_edge": N} with a center crop (CLIP), {"height", "width"} (SigLIP),
         or a legacy int (shortest edge when there is a crop, as CLIP's old configs mean it; else square);
-        `crop_size` a dict or an int. Anything else raises ValueError rather than preprocess differently.
+        `crop_size` a dict or an int. Anything else, or a step this module does not do (padding, a crop
+        percentage, an offset rescale, ...), raises ValueError rather than preprocess differently.
+
+        Give it the processor's own `to_dict()` (families.image_config), not the raw JSON file: keys a file
+        leaves out take the processor class's defaults, which differ by family (CLIP crops, SigLIP does not).
         """
         if not config.get("do_resize", True):
             raise ValueError("image processors without a resize are not supported")
+        extra = [k for k, v in config.items() if v and (k.startswith("do_") and k not in _DONE or k in _NOT_DONE)]
+        if extra:
+            raise ValueError(f"the image processor's {', '.join(sorted(extra))} is not reproduced")
         crop = config.get("do_center_crop", False)
         size = config["size"]
         if isinstance(size, int):
