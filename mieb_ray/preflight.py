@@ -17,7 +17,6 @@ names; no per-tar reads) before it starts.
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -129,11 +128,7 @@ def _check_parquet(source: Source, files: tuple[str, ...], row: Row, count: bool
 
 
 def _tar_index(uri: str, name: str) -> int:
-    digits = re.sub(r"\D", "", formats.sample_key(name).rsplit("/", 1)[-1])
-    if not digits:
-        raise UserError(f"sample key {formats.sample_key(name)!r} in {storage.display(uri)} carries no index "
-                        "(expected s0000123)")
-    return int(digits)
+    return readers.sample_index(formats.sample_key(name), uri)
 
 
 def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool) -> list[str] | None:

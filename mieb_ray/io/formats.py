@@ -9,6 +9,7 @@ through here; they add only what their units and rows mean. Errors are one line 
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from collections.abc import Iterator
 
@@ -83,6 +84,28 @@ def read_row_groups(uri: str, row_groups: list[int] | None, columns: list[str], 
         raise FormatError(f"unreadable parquet file {storage.display(uri)}: {_first_line(exc)}") from exc
 
 
+def read_rows(uri: str, lo: int, hi: int, columns: list[str], max_rows: int = 0,
+              max_bytes: int = 0) -> Iterator[pa.Table]:
+    """Rows [lo, hi) of the file in order: only the row groups that hold them are read, a batch of groups
+    (max_rows, max_bytes; 0: one group) at a time."""
+    try:
+        pf = pq.ParquetFile(storage.open_input(uri))
+        groups, first, at = [], 0, None
+        for group in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(group).num_rows
+            if first < hi and first + n > lo:
+                groups.append(group)
+                at = first if at is None else at
+            first += n
+        for batch in row_group_batches(pf.metadata, groups, max_rows, max_bytes):
+            table = pf.read_row_groups(batch, columns=columns)
+            start, end = max(lo - at, 0), min(hi - at, table.num_rows)
+            at += table.num_rows
+            yield table.slice(start, end - start)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise FormatError(f"unreadable parquet file {storage.display(uri)}: {_first_line(exc)}") from exc
+
+
 def image_struct(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """An image column as HF Image structs {bytes, path}: structs pass through untouched; raw binary becomes
     {bytes, path: null}."""
@@ -115,6 +138,12 @@ def sample_key(name: str) -> str:
     """webdataset's grouping of members into samples: the path up to the first dot of the file name."""
     folder, _, base = name.rpartition("/")
     return f"{folder}/{base.split('.', 1)[0]}" if folder else base.split(".", 1)[0]
+
+
+def key_index(key: str) -> int | None:
+    """The row index a sample key carries (clip_benchmark writes `s%07d % index`): its file name's digits."""
+    digits = re.sub(r"\D", "", key.rsplit("/", 1)[-1])
+    return int(digits) if digits else None
 
 
 def _tar_error(uri: str, exc: BaseException) -> FormatError:

@@ -27,8 +27,6 @@ from mieb_ray.io import formats
 from mieb_ray.io.formats import IMAGE_EXTENSIONS, IMAGE_TYPE, hub_class_names
 from mieb_ray.sources import PARQUET, WEBDATASET, Source
 
-__all__ = ["CHUNK_BYTES", "CHUNK_ROWS", "HF", "IMAGE_TYPE", "Listing", "Piece", "SourceError", "Unit", "detect",
-           "hub_class_names", "plan", "read_unit", "repo_root", "split_files", "train_files"]
 CHUNK_ROWS = 1000
 CHUNK_BYTES = 64 << 20
 HF = "hf"
@@ -159,11 +157,11 @@ def plan_parquet(source: Source, files: list[str], rows_per_shard: int,
     return [units[k] for k in sorted(units)], hub_class_names(metas[0], source.label_column)
 
 
-def _key_index(key: str, uri: str) -> int:
-    digits = re.sub(r"\D", "", key.rsplit("/", 1)[-1])
-    if not digits:
+def sample_index(key: str, uri: str) -> int:
+    index = formats.key_index(key)
+    if index is None:
         raise SourceError(f"sample key {key!r} in {storage.display(uri)} carries no index (expected s0000123)")
-    return int(digits)
+    return index
 
 
 def _first_index(uri: str) -> int:
@@ -171,7 +169,7 @@ def _first_index(uri: str) -> int:
         name = formats.first_member(uri)
     except formats.FormatError as exc:
         raise SourceError(str(exc)) from exc
-    return _key_index(formats.sample_key(name), uri)
+    return sample_index(formats.sample_key(name), uri)
 
 
 def plan_webdataset(source: Source, files: list[str], rows_per_shard: int, split: str = "train") -> list[Unit]:
@@ -260,7 +258,7 @@ def _read_tar(source: Source, unit: Unit, piece: Piece):
     size = 0
     try:
         for sample in formats.samples(piece.uri):
-            index = _key_index(sample["__key__"], piece.uri)
+            index = sample_index(sample["__key__"], piece.uri)
             if index < unit.lo or (unit.hi is not None and index >= unit.hi):
                 continue
             ext = next((e for e in images if e in sample), images[0])

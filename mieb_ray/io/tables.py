@@ -4,6 +4,7 @@ An input is a mieb-train output (its `_manifest.json` lists the shards and their
 Parquet files or tars, or one file. The job cuts each file into units, row ranges [lo, hi) that become one
 embedding shard each: the planner needs each file's row count (parquet footers; a tar is counted, and
 indexed by the offset of each unit's first sample, by a worker) and a worker reads one unit's rows.
+The file formats themselves (footers, row groups, tar samples) are formats.py's, shared with the build.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
+from mieb_ray.io import formats
+from mieb_ray.io.formats import IMAGE_EXTENSIONS
 
 CHUNK_ROWS = 1000
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 WDS_NAMES = {"text": "txt", "key": "__key__"}  # mieb-train column names -> WebDataset member names
 
 
@@ -70,10 +71,9 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
 
 def _parquet_rows(uri: str) -> int:
     try:
-        with storage.open_input(uri) as f:
-            return pq.read_metadata(f).num_rows
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"unreadable parquet file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
+        return formats.parquet_footer(uri).num_rows
+    except formats.FormatError as exc:
+        raise InputError(str(exc)) from exc
 
 
 def count_parquet_rows(files: list[InputFile]) -> None:
@@ -87,28 +87,10 @@ def count_parquet_rows(files: list[InputFile]) -> None:
 def index_tar(uri: str, every: int) -> tuple[int, list[int]]:
     """(samples in the tar, byte offset of the first member of sample 0, every, 2*every, ...): a unit of the
     tar then starts reading at its own offset instead of at the top."""
-    import tarfile
-
-    samples, offsets, last_key = 0, [], None
     try:
-        with storage.open_input(uri) as f, tarfile.open(fileobj=f, mode="r|") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                key = _sample_key(member.name)
-                if key != last_key:
-                    if samples % every == 0:
-                        offsets.append(member.offset)
-                    samples, last_key = samples + 1, key
-    except (tarfile.TarError, OSError) as exc:
-        raise InputError(f"unreadable tar file {storage.display(uri)}: {str(exc).splitlines()[0]}") from exc
-    return samples, offsets
-
-
-def _sample_key(name: str) -> str:
-    """webdataset's grouping: the path up to the first dot of the file name."""
-    folder, _, base = name.rpartition("/")
-    return f"{folder}/{base.split('.', 1)[0]}" if folder else base.split(".", 1)[0]
+        return formats.index_tar(uri, every)
+    except formats.FormatError as exc:
+        raise InputError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -151,8 +133,10 @@ def check_columns(fmt: str, first: InputFile, columns: Columns) -> pa.Schema:
     """Fail before any work when a column is missing; the schema of the carried columns (for tars, as
     their first sample's values say)."""
     if fmt == "parquet":
-        with storage.open_input(first.uri) as f:
-            schema = pq.read_schema(f)
+        try:
+            schema = formats.parquet_footer(first.uri).schema.to_arrow_schema()
+        except formats.FormatError as exc:
+            raise InputError(str(exc)) from exc
         missing = [c for c in (columns.key, columns.data, *columns.carry) if c not in schema.names]
         if missing:
             raise InputError(f"{storage.display(first.uri)} has no column {', '.join(missing)} "
@@ -174,11 +158,10 @@ def check_columns(fmt: str, first: InputFile, columns: Columns) -> pa.Schema:
 
 
 def _samples(uri: str, offset: int = 0):
-    from webdataset.tariterators import group_by_keys, tar_file_iterator  # slow to import: only here
-
-    with storage.open_input(uri) as f:
-        f.seek(offset)  # a sample's first member header: a tar read from there is a tar
-        yield from group_by_keys({**m, "__url__": uri} for m in tar_file_iterator(f))
+    try:
+        yield from formats.samples(uri, offset)
+    except formats.FormatError as exc:
+        raise InputError(str(exc)) from exc
 
 
 def _member(sample: dict, name: str) -> str | None:
@@ -213,34 +196,18 @@ def _wds_row(sample: dict, columns: Columns) -> dict:
     return row
 
 
-def _image_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """HF Image structs {bytes, path} -> their bytes; raw binary as it is."""
-    if pa.types.is_struct(column.type):
-        return pa.chunked_array([c.field("bytes") for c in column.chunks], pa.binary())
-    return column
-
-
 def read_unit(unit: Unit, columns: Columns, modality: str):
     """The unit's rows in order, as chunks of at most CHUNK_ROWS: dicts of lists, one per column."""
     names = [columns.key, columns.data, *columns.carry]
     if unit.uri.endswith(".parquet"):
         try:
-            pf = pq.ParquetFile(storage.open_input(unit.uri))
-            first = 0
-            for group in range(pf.metadata.num_row_groups):  # only the row groups that hold [lo, hi)
-                n = pf.metadata.row_group(group).num_rows
-                lo, hi = max(unit.lo - first, 0), min(unit.hi - first, n)
-                first += n
-                if hi <= lo:
-                    continue
-                table = pf.read_row_group(group, columns=names).slice(lo, hi - lo)
+            for table in formats.read_rows(unit.uri, unit.lo, unit.hi, names):  # one row group at a time
                 for start in range(0, table.num_rows, CHUNK_ROWS):
                     part = table.slice(start, CHUNK_ROWS)
-                    data = _image_bytes(part[columns.data]) if modality == "image" else part[columns.data]
+                    data = formats.image_bytes(part[columns.data]) if modality == "image" else part[columns.data]
                     yield {**{c: part[c].to_pylist() for c in names}, columns.data: data.to_pylist()}
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"unreadable parquet file {storage.display(unit.uri)}: {str(exc).splitlines()[0]}") \
-                from exc
+        except formats.FormatError as exc:
+            raise InputError(str(exc)) from exc
         return
     rows, left = {c: [] for c in names}, unit.hi - unit.lo
     for sample in _samples(unit.uri, unit.offset):
