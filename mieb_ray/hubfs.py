@@ -13,8 +13,9 @@ reads `hf://` through it. Every request to the inner filesystem (an info, a list
   seconds (default 1), doubling up to 30 s, with jitter so that workers do not retry in step;
 - when the tries run out, raises `storage.TransientStorageError`: a one-line error, which Ray may retry.
 
-A connection that cannot be made (no network, unknown host) fails at once unless the hub has answered
-this process before: nothing can succeed, so the user hears it in seconds, not after a backoff.
+A connection that cannot be made (no network, unknown host) is tried 3 times within about 3 s and then
+raised as it is, unless the hub has answered this process before (then it is an outage, waited out like
+the rest): nothing can succeed, so the user hears it in seconds.
 Anything else (404, 401, a malformed file) is not retried and keeps its own error.
 
 The token is the standard `HF_TOKEN` (or the one `hf auth login` saved), which the hub client sends with
@@ -44,6 +45,7 @@ DEFAULT_TRIES = 6
 MAX_WAIT = 30.0
 MAX_RETRY_AFTER = 300.0  # the hub's rate-limit windows are 5 minutes
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+UNREACHED_TRIES = 3  # a connection error before the hub ever answered this process: a few seconds, then said
 # what the job's workers need to read the hub as the driver does
 WORKER_ENV = ("HF_TOKEN", "HF_ENDPOINT")
 WORKER_ENV_PREFIX = "MIEB_RAY_HUB_"
@@ -125,6 +127,11 @@ def _describe(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
+def _backoff(base: float, attempt: int) -> float:
+    # jittered, so that a job's workers do not come back in step
+    return min(MAX_WAIT, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
 def call(fn, what: str, on_retry=None):
     """`fn()` holding a slot, retried on transient errors with backoff; `on_retry()` before each retry."""
     tries = _int_env(ENV_RETRIES, DEFAULT_TRIES)
@@ -138,14 +145,16 @@ def call(fn, what: str, on_retry=None):
             return result
         except Exception as exc:
             transient, asked = classify(exc)
-            if not transient:
+            # a connection error before any answer: a blip at this process's first request, or no network
+            # at all, which is raised as it is after a few seconds
+            unreached = not transient and attempt < min(UNREACHED_TRIES, tries) and isinstance(exc, _http_errors()[0])
+            if not transient and not unreached:
                 raise
             if attempt == tries:
                 raise TransientStorageError(
                     f"the hub kept failing on {what} ({tries} tries in {time.monotonic() - t0:.0f}s): "
                     f"{_describe(exc)}") from exc
-            backoff = min(MAX_WAIT, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-            time.sleep(min(MAX_RETRY_AFTER, asked) if asked is not None else backoff)  # outside the slot
+            time.sleep(min(MAX_RETRY_AFTER, asked) if asked is not None else _backoff(base, attempt))  # no slot held
             if on_retry is not None:
                 on_retry()
 

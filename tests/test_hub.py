@@ -17,6 +17,7 @@ from mieb_ray import hubfs, storage
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures import fakehub
 from mieb_ray.io import readers
+from mieb_ray.pipelines import build as build_module
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import by_slug
 
@@ -62,6 +63,21 @@ def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hu
     kinds = {kind for _, kind, _ in faults}
     assert {"429", "timeout", "truncate", "reset", "503"} <= kinds, kinds
     assert {pid for pid, _, _ in faults} - {str(os.getpid())}, "no fault in a worker: the test tested the driver only"
+
+
+@pytest.mark.skipif(not hasattr(build_module, "UNIT_RETRIES"),
+                    reason="build.py does not yet hand TransientStorageError to Ray Data's map retries")
+def test_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, mirror, hub, tmp_path):
+    root, _ = mirror
+    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=["cifar10"], rows_per_shard=5),
+                  log=lambda _: None)
+    # in each worker, the first 6 requests for that file fail: as many as the local tries
+    log = hub(root=root, flaky={"train-00000-of": int(os.environ.get(hubfs.ENV_RETRIES) or hubfs.DEFAULT_TRIES)},
+              calm_pid=os.getpid())
+    out = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=["cifar10"], rows_per_shard=5, verify_counts=False),
+                log=lambda _: None)
+    assert shards(out) == shards(clean)
+    assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES
 
 
 def test_an_outage_that_outlasts_the_retries_is_one_transient_line(mirror, hub):
@@ -151,8 +167,10 @@ def test_requests_are_bounded_per_process_and_rate_limits_honoured(mirror, monke
         hubfs._slots.cache_clear()
 
 
-def test_what_is_retried():
+def test_what_is_retried(monkeypatch):
     import httpx2
+
+    monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.01")
 
     request = httpx2.Request("GET", "https://huggingface.co/x")
     for status, transient in [(429, True), (503, True), (500, True), (404, False), (401, False), (403, False)]:
@@ -162,11 +180,20 @@ def test_what_is_retried():
     assert hubfs.classify(httpx2.ReadError("reset", request=request))[0]
     assert hubfs.classify(hubfs.TruncatedRead("short"))[0]
     assert not hubfs.classify(ValueError("a bad file"))[0]
-    # no connection before the hub ever answered: no network or a wrong endpoint, said at once
+    # no connection before the hub ever answered: no network or a wrong endpoint, said within seconds
     answered = hubfs._answered.is_set()
     try:
         hubfs._answered.clear()
         assert not hubfs.classify(httpx2.ConnectError("Name or service not known", request=request))[0]
+        calls = []
+
+        def unreachable():
+            calls.append(1)
+            raise httpx2.ConnectError("[Errno -2] Name or service not known", request=request)
+
+        with pytest.raises(httpx2.ConnectError):  # as it is: storage makes it one line ("cannot list ...")
+            hubfs.call(unreachable, "hf://x")
+        assert len(calls) == hubfs.UNREACHED_TRIES
         hubfs._answered.set()  # it answered before: an outage, waited out
         assert hubfs.classify(httpx2.ConnectError("Connection refused", request=request))[0]
     finally:
