@@ -91,7 +91,9 @@ def family_of(model_type: str | None) -> Family:
 def unsupported(family: Family, model_class, modality: str) -> str | None:
     """Why a model of this family and class cannot embed `modality` ("image" or "text"), or None."""
     method = f"get_{modality}_features"
-    if model_class is None or not callable(getattr(model_class, method, None)):
+    if model_class is None:
+        return f"transformers has no class for it (remote code is never run); supported: {SUPPORTED}"
+    if not callable(getattr(model_class, method, None)):
         return f"it has no {method}; supported: {SUPPORTED}"
     if modality == "image" and family.no_images:
         return family.no_images

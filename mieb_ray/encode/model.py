@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
@@ -223,6 +224,7 @@ def _image_config(path: str, shown: str, required: bool) -> dict | None:
     return config
 
 
+@functools.lru_cache(maxsize=1)  # load_info's check and the actor's Encoder share one load (Gemma's takes seconds)
 def load_tokenizer(path: str, shown: str):
     from transformers import AutoTokenizer
 
