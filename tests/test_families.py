@@ -193,7 +193,7 @@ def test_a_missing_tokenizer_backend_is_one_line(saved, monkeypatch):
     with pytest.raises(UserError) as caught:
         load_info(path, path, None, modality="text")
     message = str(caught.value)
-    assert "\n" not in message and "SentencePiece" in message and "pip install" in message
+    assert "\n" not in message and "SentencePiece" in message and "(pip install sentencepiece)" in message
     assert load_info(path, path, None, modality="image").family == "siglip"  # images need no tokenizer
 
 

@@ -186,10 +186,10 @@ def load_info(path: str, name: str, revision: str | None, modality: str = "image
     if why:
         raise UserError(f"model {shown} ({arch}) cannot embed {modality}s: {why}")
 
-    full = cls.config_class.from_dict(config)  # the class's defaults filled in: old hub configs omit them
     try:
+        full = cls.config_class.from_dict(config)  # the class's defaults filled in: old hub configs omit them
         dim = family.dim(full, modality)
-    except ValueError as exc:
+    except (ValueError, TypeError, AttributeError) as exc:
         raise UserError(f"model {shown} ({arch}): {exc}") from None
     image_config = _image_config(path, shown, required=modality == "image")
     if modality == "text":
@@ -232,7 +232,8 @@ def load_tokenizer(path: str, shown: str):
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except ImportError as exc:  # e.g. SiglipTokenizer without sentencepiece: transformers' message is a paragraph
         first = " ".join(str(exc).split()).split(". ")[0]
-        raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first} (pip install it)") from None
+        fix = "pip install sentencepiece" if "sentencepiece" in first.lower() else "install the package it names"
+        raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first} ({fix})") from None
     except (OSError, ValueError) as exc:
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first}") from None
