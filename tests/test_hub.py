@@ -219,3 +219,36 @@ def test_worker_runtime_env(monkeypatch):
     assert hubfs.worker_runtime_env() is None
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"worker_process_setup_hook": "m.f"}}')
     assert hubfs.worker_runtime_env() is None
+
+
+def test_the_real_hub_client_through_a_local_http_hub(mirror, monkeypatch):
+    """huggingface_hub's own HfFileSystem, as used on the real hub, against an HTTP server in the hub's image that
+    cuts ranges short, drops connections, rate-limits and fails: the rows read equal the mirror's, and every
+    request carried the token."""
+    import huggingface_hub.constants
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    from huggingface_hub import HfFileSystem
+
+    root, _ = mirror
+    server = fakehub.HttpHub(root, every=4, token=TOKEN)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.01")
+    client = pafs.PyFileSystem(pafs.FSSpecHandler(hubfs.HubFileSystem(HfFileSystem(endpoint=server.url))))
+    monkeypatch.setattr(storage, "_hf", lambda: client)
+    try:
+        for slug in ("cifar10", "imagenet1k"):
+            source = by_slug(slug)
+
+            def rows(where):
+                units, _ = readers.plan(source, where, 5)
+                table = pa.concat_tables(chunk for unit in units for _, chunk in readers.read_unit(source, unit))
+                return table.select(["index", "image", "label"]).to_pylist()
+
+            assert rows("hf") == rows(root), slug
+    finally:
+        server.stop()
+    hub_requests = [r for r in server.requests if not r[1].startswith("/api/agent-harnesses")]
+    assert {auth for _, _, auth, _ in hub_requests} == {f"Bearer {TOKEN}"}
+    assert {fault for *_, fault in hub_requests} >= {"429", "truncate", "503", "drop"}
