@@ -45,18 +45,11 @@ def _interrupt(signum, frame):
 
 
 def init_ray(address: str | None = None) -> None:
-    """Join the cluster a job was submitted to (RAY_ADDRESS), or start a local one."""
-    import logging
+    """Where the job's Ray is: the pipeline joins it (or starts a local one) when its Ray work begins, after
+    the checks that need no Ray."""
+    from mieb_ray.connect import configure
 
-    import ray
-
-    if not ray.is_initialized():
-        from mieb_ray.hubfs import worker_runtime_env  # HF_TOKEN and hub settings to every worker, never logged
-
-        ray.init(address=address or os.environ.get("RAY_ADDRESS"), log_to_driver=True,
-                 logging_level="WARNING", runtime_env=worker_runtime_env())
-        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installed its own, which exits on the spot
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
+    configure(address)
 
 
 def run_build(args: argparse.Namespace) -> None:
@@ -238,7 +231,8 @@ def run_audit(args: argparse.Namespace) -> None:
                          model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
                          against_embeddings=args.against_embeddings,
                          threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
-                         resume=args.resume, overwrite=args.overwrite, workers=args.workers,
+                         allow_mixed_models=args.allow_mixed_models, resume=args.resume, overwrite=args.overwrite,
+                         workers=args.workers,
                          gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
     config.check()  # before Ray starts
     init_ray(args.address)

@@ -1,0 +1,51 @@
+"""Ray starts when a job first needs it, not before: a check that needs no Ray (a wrong path, a complete
+output, an unknown name) fails in a second rather than after Ray's start-up.
+
+The command line calls `configure` with the cluster address; the pipelines call `ray_up()` where their Ray
+work begins (pools.read_cluster, the top-k engine, ...). A caller that started Ray itself keeps its Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+
+from mieb_ray.errors import UserError
+
+_address: list[str | None] = [None]
+
+
+def configure(address: str | None = None) -> None:
+    """Where `ray_up` connects: `address`, else RAY_ADDRESS (a job submitted to a cluster), else a new local Ray."""
+    _address[0] = address
+
+
+def ray_up() -> None:
+    """Join the configured cluster, or start a local Ray, unless Ray is up already."""
+    import ray
+
+    if not ray.is_initialized():
+        from mieb_ray.hubfs import worker_runtime_env  # HF_TOKEN and hub settings to every worker, never logged
+
+        address = _address[0] or os.environ.get("RAY_ADDRESS")
+        _reachable(address)
+        handler = signal.getsignal(signal.SIGTERM)
+        ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env())
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
+
+
+def _reachable(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT that takes no connection is one line now; ray.init would retry it for minutes."""
+    found = re.fullmatch(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?", address or "")
+    if not found:  # "auto", "local" or none: Ray finds (or starts) the cluster itself
+        return
+    try:
+        socket.create_connection((found.group(1), int(found.group(2))), timeout=timeout).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
