@@ -69,8 +69,12 @@ def launcher_capacity(config: dict) -> dict[str, float]:
 
 
 def read_cluster() -> Cluster:
-    """What the connected Ray cluster has now and can grow to."""
+    """What the Ray cluster has now and can grow to (joining it, or starting a local Ray, on first use)."""
     import ray
+
+    from mieb_ray.connect import ray_up
+
+    ray_up()
 
     now = ray.cluster_resources()
     cpus, gpus = float(now.get("CPU", 0)), float(now.get("GPU", 0))

@@ -1,9 +1,15 @@
-"""The command line's promises that hold for every job: a failed run leaves no empty output folder behind."""
+"""The command line's promises that hold for every job: a check that needs no Ray fails before Ray starts, and a
+failed run leaves no empty output folder behind."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from mieb_ray.cli import main
@@ -23,3 +29,41 @@ def test_a_failed_run_leaves_no_folder_it_made(ray_local, tmp_path, capsys):
     assert main(["eval-biovita", "--data", str(tmp_path / "missing"), "--image-embeddings", str(tmp_path / "x"),
                  "--text-embeddings", str(tmp_path / "y"), "--out", str(kept)]) == 1
     assert kept.is_dir() and not os.listdir(kept)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["build", "--sources", "{tmp}/missing", "--datasets", "mnist", "--out", "{tmp}/o"], "no train"),
+    (["embed", "--input", "{tmp}/missing", "--model", "{tmp}/missing-model", "--out", "{tmp}/o"], "{tmp}/missing"),
+    (["embed", "--input", "{tmp}/table", "--model", "{tmp}/missing-model", "--out", "{tmp}/o"], "model path"),
+    (["eval-biovita", "--data", "{tmp}/missing", "--image-embeddings", "{tmp}/x", "--text-embeddings", "{tmp}/y",
+      "--out", "{tmp}/o"], "{tmp}/"),
+    (["eval-zeroshot", "--data", "{tmp}/missing", "--image-embeddings", "{tmp}/x", "--text-embeddings", "{tmp}/y",
+      "--tasks", "CIFAR10ZeroShot", "--out", "{tmp}/o"], "{tmp}/"),
+    (["audit", "--train", "{tmp}/missing", "--against", "{tmp}/missing2", "--out", "{tmp}/o"], "{tmp}/missing"),
+    (["audit", "--train", "{tmp}/table", "--against", "{tmp}/table", "--out", "{tmp}/done"], "complete"),
+])
+def test_checks_that_need_no_ray_fail_before_ray_starts(tmp_path, args, says):
+    """RAY_ADDRESS names no cluster: had the job started (or joined) Ray first, it would fail on that instead."""
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "_manifest.json").write_text('{"shards": [], "counts": {}}')
+    (tmp_path / "table").mkdir()
+    pq.write_table(pa.table({"key": ["a"], "image": [b"not read"]}), tmp_path / "table" / "data.parquet")
+    args = [a.format(tmp=tmp_path) for a in args]
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and lines and lines[-1].startswith("mieb-ray: error: "), done.stderr[-2000:]
+    assert says.format(tmp=tmp_path) in lines[-1] and "Ray" not in lines[-1], lines[-1]
+    assert time.time() - t0 < 30
+
+
+def test_a_cluster_address_that_takes_no_connection_is_one_line(mirror, tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}  # the discard port: nothing listens
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "build", "--sources", mirror[0], "--datasets", "mnist",
+                           "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == \
+        "mieb-ray: error: cannot reach the Ray cluster at 127.0.0.1:9: Connection refused"
+    assert not (tmp_path / "o").exists()

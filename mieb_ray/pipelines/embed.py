@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import ray
 
 from mieb_ray import __version__, commit, storage
+from mieb_ray.connect import ray_up
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings, tables
@@ -142,6 +143,8 @@ def table_units(files: list[tables.InputFile], rows_per_unit: int) -> list[table
     starts) by a read of every tar, in worker tasks."""
     tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
     tars = [f for f in files if f.uri.endswith(".tar")]
+    if tars:
+        ray_up()
     index = ray.remote(num_cpus=0.5)(tables.index_tar)
     counted = ray.get([index.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):
