@@ -151,3 +151,25 @@ def test_the_build_checks_the_sources_before_anything(mirrors, tmp_path, capsys)
     printed = capsys.readouterr().out
     assert "food101" in printed and "gtsrb" in printed and "3 sources: 1 OK, 0 WARN, 2 FAIL" in printed
     assert not out.exists()
+
+
+def test_the_hub_path_through_a_faulty_fake_hub(mirrors, tmp_path, monkeypatch):
+    """`--sources hf` reads the same metadata as the mirror it serves, retries and all (tail reads included).
+    Every 5th request fails: at every 3rd, with hundreds of requests, some read fails its 6 tries by chance."""
+    from mieb_ray import hubfs, storage
+    from mieb_ray.fixtures import fakehub
+
+    same, _, written = mirrors
+    config = fakehub.write_config(str(tmp_path / "fakehub.json"), root=same, every=5, log=str(tmp_path / "log"))
+    monkeypatch.setenv(hubfs.ENV_FS, fakehub.FACTORY)
+    monkeypatch.setenv(fakehub.ENV_CONFIG, config)
+    monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.01")
+    storage._hf.cache_clear()
+    try:
+        hub = preflight.check_sources(select(SLUGS), "hf", expected=written)
+    finally:
+        storage._hf.cache_clear()
+    local = preflight.check_sources(select(SLUGS), same, expected=written)
+    assert [(r.slug, r.status, r.layout, r.files, r.rows, r.reason) for r in hub] == \
+        [(r.slug, r.status, r.layout, r.files, r.rows, r.reason) for r in local]
+    assert os.path.getsize(tmp_path / "log") > 0  # faults were injected
