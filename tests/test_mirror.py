@@ -213,6 +213,28 @@ def test_rows_files_and_image_override(tmp_path):
     assert [Path(f).name for f in parquet_files(tmp_path, "dtd")] == ["train-00000-of-00001.parquet"]
 
 
+def test_either_layout_for_a_source(tmp_path, hf_cache):
+    """layouts= writes a source as the other kind of repo: the same rows, labels and image bytes."""
+    from mieb_ray.sources import WEBDATASET
+
+    make_mirror(tmp_path, rows=7, datasets=["gtsrb", "cifar100", "scimmir"], files=2,
+                layouts={"gtsrb": PARQUET, "cifar100": WEBDATASET, "scimmir": WEBDATASET})
+    gtsrb = datasets.load_dataset("parquet", data_files={"train": parquet_files(tmp_path, "gtsrb")}, split="train",
+                                  cache_dir=hf_cache)
+    assert gtsrb.column_names == ["__key__", "__url__", "webp", "cls"] and gtsrb["cls"] == [
+        label_of(by_slug("gtsrb"), i) for i in range(7)]
+    assert gtsrb[0]["__key__"] == "s0000000" and gtsrb[0]["webp"].format == "WEBP"
+    assert not tars(tmp_path, "gtsrb") and (tmp_path / "mteb/wds_gtsrb/data/test-00000-of-00001.parquet").is_file()
+    samples = list(wds.WebDataset(tars(tmp_path, "cifar100"), shardshuffle=False))
+    assert [int(s["cls"]) for s in samples] == [label_of(by_slug("cifar100"), i) for i in range(7)]
+    assert Image.open(io.BytesIO(samples[0]["png"])).size == (32, 32)
+    assert (tmp_path / "mteb/cifar100/classnames.txt").read_text().splitlines() == hub_names("cifar100")
+    assert (tmp_path / "mteb/cifar100/test/0.tar").is_file() and not parquet_files(tmp_path, "cifar100")
+    scimmir = list(wds.WebDataset(tars(tmp_path, "scimmir"), shardshuffle=False))
+    assert {"txt", "cls", "png"} <= set(scimmir[0]) and scimmir[5]["txt"] == b""  # a null caption: empty
+    assert scimmir[0]["txt"].decode().startswith(("Fig", "Table"))
+
+
 def test_eval_split_sizes_and_labels(tmp_path):
     make_mirror(tmp_path, rows=4, datasets=["caltech101", "food101", "gtsrb"], eval_rows={"caltech101": 5, "gtsrb": 7})
     caltech = pq.read_table(parquet_files(tmp_path, "caltech101", "test"))
