@@ -32,6 +32,7 @@ from mieb_ray.sources.catalog import HUB
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 SOURCE_THREADS = 8  # sources checked at once
 FILE_THREADS = 8  # footers or tar headers read at once per source
+CATALOG = -1  # check_source(expected=CATALOG): compare the rows with the catalog's
 
 
 @dataclass
@@ -165,12 +166,12 @@ def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool)
 
 
 def check_source(source: Source, sources: str, split: str = "train", count: bool = True,
-                 expected: int | None = -1) -> Row:
+                 expected: int | None = CATALOG) -> Row:
     """One source's row. `count`: count rows (all footers, every tar's first header and the last tar's tail);
     `expected`: the rows to compare with (default: the catalog's; None: shown, not compared). Never raises
     for what it finds: an unreadable source is a FAIL row with the reason."""
     row = Row(source.slug, source.repo, source.layout,
-              expected_rows(source, split) if expected == -1 else expected)
+              expected_rows(source, split) if expected == CATALOG else expected)
     try:
         listing = readers.detect(source, sources, split_of(source, split))
         row.layout, row.files = listing.layout, len(listing.files)
@@ -194,7 +195,8 @@ def check_sources(selected: list[Source], sources: str, split: str = "train", co
     """Rows for the selected sources, in catalog order; `expected` overrides the catalog's rows by slug."""
     expected = expected or {}
     with ThreadPoolExecutor(SOURCE_THREADS) as pool:
-        return list(pool.map(lambda s: check_source(s, sources, split, count, expected.get(s.slug, -1)), selected))
+        return list(pool.map(lambda s: check_source(s, sources, split, count, expected.get(s.slug, CATALOG)),
+                             selected))
 
 
 def failed(rows: list[Row]) -> list[Row]:
