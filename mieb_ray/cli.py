@@ -4,7 +4,6 @@ No logic of its own."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
@@ -134,7 +133,14 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help="taxon-aligned corpus partitions, each scored by its own tasks (default: one per 256 MB "
                         "of image embeddings)")
+    add_mixed_models_flag(p)
     add_pool_flags(p, "with --model: ")
+
+
+def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-mixed-models", action="store_true",
+                   help="score embeddings whose manifests name different models (name or revision), with a warning "
+                        "(default: refused)")
 
 
 def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -157,7 +163,7 @@ def run_eval(args: argparse.Namespace) -> None:
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
-                        partitions=args.partitions))
+                        partitions=args.partitions, allow_mixed_models=args.allow_mixed_models))
 
 
 def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
@@ -173,6 +179,7 @@ def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
                                    "prompts with this model first (complete embeddings of the same model are reused)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
     p.add_argument("--out", required=True, help="output folder: <Task>.json per task, summary.json, report.html")
+    add_mixed_models_flag(p)
     add_pool_flags(p, "with --model: ")
 
 
@@ -198,7 +205,7 @@ def run_zeroshot(args: argparse.Namespace) -> None:
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
     images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
-    protocol.run(suite, args.out, images, texts)
+    protocol.run(suite, args.out, images, texts, allow_mixed_models=args.allow_mixed_models)
 
 
 def add_audit_flags(p: argparse.ArgumentParser) -> None:
@@ -221,6 +228,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
                    help="near-duplicate cosine, at or above which a pair is reported (default: 0.95)")
     p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the units it hashed")
     p.add_argument("--overwrite", action="store_true", help="replace a complete audit already at --out")
+    add_mixed_models_flag(p)
     add_pool_flags(p, "with --model: ")
 
 

@@ -46,6 +46,7 @@ class EvalConfig:
     query_block: int = 256  # queries per score task
     partitions: int | None = None  # taxon-aligned corpus partitions (None: the engine's default)
     gallery: int = 12  # query cards per subset in the report
+    allow_mixed_models: bool = False  # score image and text embeddings whose manifests name different models
 
 
 def scored_queries(q: biovita.Queries) -> biovita.Queries:
@@ -157,7 +158,7 @@ class BioVITASuite:
     def submit(self, images: str, texts: str, log) -> dict[str, _Run]:
         c = self.config
         queries = {name: scored_queries(biovita.load_queries(c.data, name)) for name in c.subsets}
-        image_shards = embeddings.shard_uris(images)  # the manifest's list: no shard is opened here
+        image_shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
         self.images, self.texts, self.t_score = images, texts, time.time()
         runs = {name: self._submit(q, image_shards, texts) for name, q in queries.items()}
         photos = dict(zip(runs, get([r.photos for r in runs.values()])))
@@ -219,8 +220,8 @@ class BioVITASuite:
         seconds = time.time() - self.t_score
         task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
         result = task_result(scores, seconds, phases)
-        models = {k: embeddings.manifest_model(storage.read_manifest(u)) for k, u in (("image", self.images),
-                                                                                       ("text", self.texts))}
+        models = {k: embeddings.manifest_model(embeddings.read_manifest(u)) for k, u in (("image", self.images),
+                                                                                          ("text", self.texts))}
         result["mieb_ray"] = {
             "version": __version__, "task_score": task_score, "data": storage.display(self.config.data),
             "image_embeddings": {"uri": storage.display(self.images), "model": models["image"]},
@@ -242,7 +243,7 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     t0 = time.time()
     storage.check_output(config.out)
     result = protocol.run(BioVITASuite(config), config.out, config.image_embeddings, config.text_embeddings,
-                          log)[biovita.TASK]
+                          log, config.allow_mixed_models)[biovita.TASK]
     log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return result
 

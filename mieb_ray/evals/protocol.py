@@ -75,9 +75,7 @@ def get(refs):
 def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray]:
     """The dim and the (n, d) float32 embeddings of `texts` from an embed output keyed by the text (in a task)."""
     tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
-    dims = sorted({t["embedding"].type.list_size for t in tables})
-    if len(dims) > 1:
-        raise storage.StorageError(f"{storage.display(uri)} mixes embedding dimensions {dims}")
+    dim = embeddings.common_dim(tables, storage.display(uri)) or 0
     where = {}
     for n, table in enumerate(tables):
         where.update({k: (n, r) for r, k in enumerate(table["key"].to_pylist())})
@@ -88,8 +86,7 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
     if missing:
         shown = ", ".join(repr(k) for k in missing[:5])
         raise UserError(f"{len(missing)} {what} have no embedding in {storage.display(uri)} (e.g. {shown})")
-    matrices = [embeddings.matrix(t) for t in tables]
-    dim = dims[0] if dims else 0
+    matrices = [embeddings.matrix(t, dim) for t in tables]
     rows = [matrices[where[k][0]][where[k][1]] for k in texts]
     return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
 
@@ -100,9 +97,9 @@ def embed_table(source: str, key: str, target: str, model: str, revision: str | 
     there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
     from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
 
-    done = storage.read_manifest(target) or {}
-    if embeddings.manifest_model(done).get("name") == model and done.get("config", {}).get("input") == \
-            storage.display(source):
+    done = embeddings.read_manifest(target) or {}
+    config = done.get("config") if isinstance(done.get("config"), dict) else {}
+    if embeddings.manifest_model(done).get("name") == model and config.get("input") == storage.display(source):
         log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
         return target
     run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
@@ -120,9 +117,13 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
             embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, **pools))
 
 
-def run(suite: EvalSuite, out: str, images: str, texts: str, log=print) -> dict[str, dict]:
-    """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest."""
+def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
+        allow_mixed_models: bool = False) -> dict[str, dict]:
+    """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
+    Image and text embeddings of different models are refused unless allow_mixed_models."""
     t0 = time.time()
+    for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
+        log(f"[eval] warning: {note}")
     pending = suite.submit(images, texts, log)
     results = suite.collect(pending, log)
     storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends

@@ -81,7 +81,7 @@ def _image_block(uris: list[str], prefixes: list[str]):
     for uri in uris:
         table = embeddings.open_shard(uri)
         rows += table.num_rows
-        dims.add(table["embedding"].type.list_size)
+        dims |= {embeddings.dim(table)} - {None}
         keys = table["key"].combine_chunks() if table.num_rows else pa.array([], pa.string())
         matrix = embeddings.matrix(table) if table.num_rows else None
         for t, prefix in enumerate(prefixes):
@@ -202,7 +202,7 @@ class ZeroShotSuite:
             ranges.append(TaskPrompts(spans["mteb"], spans["fixed"], p.task.scorer))
         dim, chunk = _prompt_corpus.remote(texts, corpus)
         lay = engine.layout(chunks=[chunk], partitions=1)
-        shards = embeddings.shard_uris(images)  # the manifest's list: no shard is opened here
+        shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
         sizes = engine.file_sizes(shards) if shards else []
         prefixes = [p.task.key_prefix() for p in planned]
         reader = _image_block.options(num_returns=3)
@@ -320,7 +320,7 @@ class ZeroShotSuite:
                           "difference": fixed["accuracy"] - mteb["accuracy"]})
         mean = {s: float(np.mean([t[s]["accuracy"] for t in tasks])) if tasks else 0.0 for s in PROMPT_SETS}
         return {"title": "MIEB zero-shot classification",
-                "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),
+                "model": embeddings.manifest_model(embeddings.read_manifest(pending.images_uri)),
                 "evaluation_time": time.time() - pending.start, "tasks": tasks,
                 "mean": {**mean, "difference": mean["fixed"] - mean["mteb"]}}
 

@@ -55,6 +55,7 @@ class AuditConfig:
     train_embeddings: str | None = None
     against_embeddings: str | None = None
     threshold: float = DEFAULT_THRESHOLD
+    allow_mixed_models: bool = False  # with --train-embeddings: compare embeddings of different models
     resume: bool = False
     overwrite: bool = False
     workers: int | None = None
@@ -117,6 +118,10 @@ def audit(config: AuditConfig, log=print) -> dict:
     """Run the audit on the connected Ray cluster; return the manifest."""
     t0 = time.time()
     config.check()
+    if config.train_embeddings:  # before any hashing: embeddings of two models are refused at once
+        for note in embeddings.check_inputs({"train": config.train_embeddings, "eval": config.against_embeddings},
+                                            config.allow_mixed_models):
+            log(f"[audit] warning: {note}")
     commit.prepare(config.out, config.overwrite, "a complete audit")
     train = Side("train", (config.train,), (None,))
     against = _against(config, log)
@@ -289,17 +294,11 @@ def _embeddings(config: AuditConfig, train: Side, against: Side, log) -> tuple[s
                                    "image", log, **pools) for n, uri in enumerate(against.uris)]
 
 
-def _manifest_of(uri: str, what: str) -> dict:
-    manifest = storage.read_manifest(uri)
-    if manifest is None:
-        raise UserError(f"{what} {storage.display(uri)} has no {storage.MANIFEST}: not a complete embed output")
-    return manifest
-
-
-@ray.remote(num_cpus=1, num_returns=2)
+@ray.remote(num_cpus=1, num_returns=3)
 def _query_block(uri: str):
+    """An eval shard's vectors, keys and dim (None: an empty shard whose type gives none)."""
     table = embeddings.open_shard(uri)
-    return embeddings.matrix(table).astype(np.float32), table["key"].combine_chunks()
+    return embeddings.matrix(table).astype(np.float32), table["key"].combine_chunks(), embeddings.dim(table)
 
 
 @ray.remote(num_cpus=1)
@@ -313,20 +312,29 @@ def _doc_keys(uri: str, rows: np.ndarray) -> list[str]:
     return embeddings.open_shard(uri)["key"].take(pa.array(rows)).to_pylist()
 
 
+def _check_dims(train_uri: str, lay: engine.Layout, eval_dims: list[int | None]) -> None:
+    """One dim on both sides, read from the shards (a manifest's `dim` may be missing or wrong)."""
+    _get(lay.stat_refs)  # a train shard's one-line error, raised as itself
+    train = lay.stats()["dim"]
+    if isinstance(train, list):
+        raise storage.StorageError(f"{storage.display(train_uri)} mixes embedding dimensions {train}")
+    dims = sorted({d for d in [train, *eval_dims] if d is not None})
+    if len(dims) > 1:
+        raise UserError(f"train and eval embeddings differ in dim ({dims})")
+
+
 def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int = NEAR_K) -> tuple[pa.Table, dict]:
     """(train_key, eval_key, score) of each eval embedding's k nearest train embeddings at cosine >= threshold,
     on the top-k engine: the train shards laid out once (every row its own group), each eval shard one query
     block. And the search's statistics."""
-    corpus = _manifest_of(train_uri, "--train-embeddings")
-    queries = [_manifest_of(u, "--against-embeddings") for u in against_uris]
-    dims = {m.get("dim") for m in [corpus, *queries]}
-    if len(dims) > 1:
-        raise UserError(f"train and eval embeddings differ in dim ({sorted(dims, key=str)})")
     shards = embeddings.shard_uris(train_uri)
     query_shards = [s for u in against_uris for s in embeddings.shard_uris(u)]
     lay = engine.layout(shards, group_column=engine.ROWS)
     parts = len(lay.partitions)
     blocks = [_query_block.remote(u) for u in query_shards]
+    dims = _get([b[2] for b in blocks])
+    _check_dims(train_uri, lay, dims)
+    blocks = [b for b, d in zip(blocks, dims) if d is not None]  # empty shards of no dim: nothing to query
     found = engine.search(lay, [b[0] for b in blocks], TopRows(k))
     rows = pa.concat_tables(_get([_near_rows.remote(r, b[1], threshold) for r, b in zip(found, blocks)]))
     docs = rows["doc"].to_numpy()
@@ -340,7 +348,7 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
     info = {"corpus_rows": stats["rows"], "partitions": parts, "query_blocks": len(blocks),
             "read_ratio": stats["read_ratio"], "k": k,
             "saturated": int(pc.sum(pc.equal(counts, k)).as_py() or 0) if counts is not None else 0,
-            "model": embeddings.manifest_model(corpus).get("name")}
+            "model": embeddings.manifest_model(embeddings.read_manifest(train_uri)).get("name")}
     return pa.table({"train_key": pa.array(list(keys), pa.string()), "eval_key": rows["eval_key"],
                      "score": rows["score"]}), info
 

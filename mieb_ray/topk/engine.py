@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import ray
 
 from mieb_ray import storage
@@ -88,9 +89,14 @@ def default_partitions(corpus_bytes: int) -> int:
 
 
 def file_sizes(uris: list[str]) -> list[int]:
-    """Sizes of files from the filesystem's listing (never opened)."""
+    """Sizes of files from the filesystem's listing (never opened); a listed shard that is not there is a
+    one-line error (a manifest may list files another tool never wrote)."""
     fs, _ = storage.filesystem(uris[0])
-    return [i.size for i in fs.get_file_info([storage.filesystem(u)[1] for u in uris])]
+    infos = fs.get_file_info([storage.filesystem(u)[1] for u in uris])
+    for uri, info in zip(uris, infos):
+        if info.type != pafs.FileType.File:
+            raise storage.StorageError(f"no such embedding shard: {storage.display(uri)}")
+    return [i.size for i in infos]
 
 
 def layout(shards: list[str] | None = None, *, chunks: list | None = None, group_column: str | None = None,
@@ -157,6 +163,7 @@ def _stats(rows: int, shards: int, bytes_opened: int, dim: int | None, matched: 
 def _map_shards(uris: list[str], first: int, partitions: int, group_column: str | None, lookup: KeyLookup | None):
     """Shards first, first + 1, ... each opened once: its rows normalised, labelled, split by group % P."""
     tables = [embeddings.open_shard(u) for u in uris]
+    dim = embeddings.common_dim(tables, storage.display(uris[0].rsplit("/", 1)[0])) if tables else None
     opened = sum(file_sizes(uris))
     if lookup is not None:  # one hash of the lookup for the whole batch
         at = pc.fill_null(pc.index_in(pa.chunked_array([c for t in tables for c in t["key"].chunks],
@@ -168,12 +175,12 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
         if lookup is None:
             docs = ((first + n) << 32) | np.arange(table.num_rows, dtype=np.int64)
             group = docs if group_column == ROWS else table[group_column].to_numpy().astype(np.int64)
-            blocks.append((embeddings.matrix(table), None, group, docs))
+            blocks.append((embeddings.matrix(table, dim), None, group, docs))
         else:
             keep = np.flatnonzero(at[n] >= 0)
             matched.append(at[n][keep])
-            blocks.append((embeddings.matrix(table), keep, lookup.groups[at[n][keep]], lookup.docs[at[n][keep]]))
-    dim = tables[0]["embedding"].type.list_size if tables else None
+            blocks.append((embeddings.matrix(table, dim), keep, lookup.groups[at[n][keep]],
+                           lookup.docs[at[n][keep]]))
     matched = np.concatenate(matched) if matched else np.zeros(0, np.int64)
     stats = _stats(sum(t.num_rows for t in tables), len(uris), opened, dim, len(matched))
     return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
