@@ -75,12 +75,17 @@ def _s3_address() -> tuple[str, str, int]:
 
 
 def _resolve(host: str, port: int) -> list:
-    try:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        # no retry: a name that does not resolve now will not in the SDK's next 70 s either
-        raise StorageError(f"cannot reach S3 endpoint {_s3_address()[0]}: unknown host {host!r} "
-                           f"({exc.strerror if isinstance(exc, socket.gaierror) else exc})") from exc
+    for attempt in range(3):
+        try:
+            return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            # a name that does not resolve now will not in the SDK's next 70 s either; only a resolver that
+            # says "try again" (EAI_AGAIN) gets another second
+            if getattr(exc, "errno", None) == socket.EAI_AGAIN and attempt < 2:
+                time.sleep(0.5)
+                continue
+            raise StorageError(f"cannot reach S3 endpoint {_s3_address()[0]}: unknown host {host!r} "
+                               f"({exc.strerror if isinstance(exc, socket.gaierror) else exc})") from exc
 
 
 def probe_s3(connect: bool = True) -> None:
@@ -264,6 +269,7 @@ def _boto3_s3():
     import boto3  # reads AWS_ENDPOINT_URL, region and credentials from the environment itself
     from botocore.config import Config
 
+    probe_s3(connect=False)  # an unknown host fails now, not after the retries below
     # not boto3's default session, which keeps old credentials; retries as the pyarrow filesystem's (10,
     # standard backoff up to 20 s), so that an S3 hiccup of a few seconds does not fail the job
     return boto3.session.Session().client("s3", config=Config(retries={"mode": "standard", "max_attempts": 10}))

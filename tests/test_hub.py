@@ -22,7 +22,7 @@ from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import by_slug
 
 pytestmark = pytest.mark.timeout(300)
-DATASETS = ("cifar10", "imagenet1k", "mnist")  # parquet and WebDataset tars
+DATASETS = ("cifar10", "imagenet1k")  # parquet and WebDataset tars
 TOKEN = "hf_TestTokenThatMustNeverBePrinted0123"
 
 

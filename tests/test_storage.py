@@ -84,7 +84,7 @@ def test_display_drops_credentials_from_uris():
     ("http://127.0.0.1:{port}", "connection refused"),  # nothing listens there
     ("http://nonexistent.invalid:8333", "unknown host 'nonexistent.invalid'"),  # the name does not resolve
 ])
-def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(fresh_clients, monkeypatch, endpoint, reason):
+def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(fresh_clients, monkeypatch, tmp_path, endpoint, reason):
     """Not after the SDK's 10 retries (72-105 s): nothing can succeed, so say it now."""
     import s3server
 
@@ -98,6 +98,9 @@ def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(fresh_clients, monkey
         storage._s3.cache_clear()
         with pytest.raises(storage.StorageError, match="unknown host"):
             storage.list_files("s3://bucket/in")
+        (tmp_path / "shard").write_bytes(b"x")
+        with pytest.raises(storage.StorageError, match="unknown host"):  # a worker's commit (boto3)
+            storage.commit(str(tmp_path / "shard"), "s3://bucket/out/shard")
     assert time.monotonic() - t0 < 2 * storage.PROBE_TIMEOUT
 
 
