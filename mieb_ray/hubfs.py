@@ -13,6 +13,9 @@ reads `hf://` through it. Every request to the inner filesystem (an info, a list
   seconds (default 1), doubling up to 30 s, with jitter so that workers do not retry in step;
 - when the tries run out, raises `storage.TransientStorageError`: a one-line error, which Ray may retry.
 
+(huggingface_hub retries a byte range itself, 5 times on 429/5xx/timeouts; its listings and infos it does not
+retry, and it takes a short body for the whole range: those are what this layer adds.)
+
 A connection that cannot be made (no network, unknown host) is tried 3 times within about 3 s and then
 raised as it is, unless the hub has answered this process before (then it is an outage, waited out like
 the rest): nothing can succeed, so the user hears it in seconds.
