@@ -255,15 +255,17 @@ def _label(raw: bytes | None, strict: bool = True) -> int | str | None:
 def _read_tar(source: Source, unit: Unit, piece: Piece):
     images, labels, captions = tar_members(source)
     rows: dict[str, list] = {"index": [], "image": [], "label": [], **({"caption": []} if captions else {})}
-    size = 0
+    size, ext, label = 0, None, None
     try:
         for sample in formats.samples(piece.uri):
             index = sample_index(sample["__key__"], piece.uri)
             if index < unit.lo or (unit.hi is not None and index >= unit.hi):
                 continue
-            ext = next((e for e in images if e in sample), images[0])
+            if ext not in sample:  # the members are looked for once, and again only in a sample that lacks them
+                ext = next((e for e in images if e in sample), images[0])
+            if label not in sample:
+                label = next((m for m in labels if m in sample), "cls")
             data = sample.get(ext)
-            label = next((m for m in labels if m in sample), "cls")
             rows["index"].append(index)
             rows["image"].append({"bytes": data, "path": f"{sample['__key__']}.{ext}" if data else None})
             rows["label"].append(_label(sample.get(label), strict=label == "cls"))
