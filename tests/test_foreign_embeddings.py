@@ -125,6 +125,9 @@ SCHEMAS = {  # name -> (transform, the error it must give or None)
 }
 
 
+LISTED = {"none", "empty-object", "shards-str", "entry-without-path", "not-json", "a-list"}  # no usable list
+
+
 def write_ipc(path, table, stream=False):
     with pa.OSFile(str(path), "wb") as sink:
         writer = pa.ipc.new_stream(sink, table.schema) if stream else pa.ipc.new_file(sink, table.schema)
@@ -197,8 +200,7 @@ def test_read_all_by_the_contract(small, tmp_path, manifest, schema):
     got_keys, got_vectors = embeddings.read_all(out)
     assert got_keys == keys and got_vectors.dtype == np.float32 and np.array_equal(got_vectors, vectors)
     notes = embeddings.check_inputs({"image": out})
-    listed = manifest in ("none", "empty-object", "shards-str", "entry-without-path", "not-json", "a-list")
-    assert any("reading its" in n and "IPC files" in n for n in notes) == listed
+    assert any("reading its" in n and "IPC files" in n for n in notes) == (manifest in LISTED)
     assert all("\n" not in n for n in notes)
 
 
@@ -210,10 +212,14 @@ def test_other_contract_breaches_are_one_line(small, tmp_path):
         "a-string-embedding": pa.table({"key": ["a"], "embedding": ["0.1,0.2"]}),
         "null-value": pa.table({"key": ["a"], "embedding": pa.array([[1.0, None]], pa.list_(pa.float32()))}),
         "other-dim": pa.table({"key": ["a"], "embedding": pa.array([[1.0] * 5], pa.list_(pa.float32(), 5))}),
+        "no-values": pa.table({"key": ["a"], "embedding": pa.array([[]], pa.list_(pa.float32()))}),
+        "two-keys": pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"]), pa.array([[1.0] * 4])],
+                                         ["key", "key", "embedding"]),
     }
     want = {"int-key": "`key` is int64, not strings", "int-values": "not a list of floats",
             "a-string-embedding": "not a list of floats", "null-value": "null values",
-            "other-dim": "mixes embedding dimensions [4, 5]"}
+            "other-dim": "mixes embedding dimensions [4, 5]", "no-values": "embeddings of no values",
+            "two-keys": "has more than one `key` column"}
     for name, table in bad.items():
         out = foreign(clean, str(tmp_path / name), "none", "clean")
         write_ipc(Path(out, "zz.arrow"), table)
@@ -291,7 +297,10 @@ def test_eval_biovita(ray_local, bio, tmp_path, capsys, manifest, schema):
         one_line_error(capsys, main(argv), error)
     else:
         assert _bio_result(str(tmp_path / "out"), data, images, texts) == clean
-        assert "Traceback" not in capsys.readouterr().err
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err
+        warned = [line for line in captured.out.splitlines() if "IPC files by the shard contract" in line]
+        assert len(warned) == (2 if manifest in LISTED else 0), captured.out  # one line per output
 
 
 @pytest.fixture(scope="module")

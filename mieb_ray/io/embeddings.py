@@ -96,8 +96,9 @@ def normalise(table: pa.Table, where: str) -> pa.Table:
     An empty shard whose list type fixes no dim gets dim 0 (dim() says None)."""
     names = table.schema.names
     for column in ("key", "embedding"):
-        if column not in names:
-            raise storage.StorageError(f"{where} has no `{column}` column (it has {', '.join(names) or 'none'}); "
+        if names.count(column) != 1:
+            has = "has no" if column not in names else "has more than one"
+            raise storage.StorageError(f"{where} {has} `{column}` column (it has {', '.join(names) or 'none'}); "
                                        "embedding shards hold `key` (string) and `embedding` (list of floats)")
     key, embedding = table["key"], table["embedding"]
     if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type) or pa.types.is_string_view(key.type)
@@ -120,6 +121,8 @@ def normalise(table: pa.Table, where: str) -> pa.Table:
             raise storage.StorageError(f"{where}: ragged embeddings, rows of {sizes['min']} to {sizes['max']} "
                                        "values; every row needs the same dim")
         dim = sizes["max"] or 0
+    if dim == 0 and table.num_rows:
+        raise storage.StorageError(f"{where}: embeddings of no values")
     want = pa.list_(pa.float32() if value == pa.float64() else value, dim)
     if key.type != pa.string():
         table = table.set_column(names.index("key"), "key", pc.cast(key, pa.string()))
