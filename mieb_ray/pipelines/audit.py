@@ -155,8 +155,9 @@ def _against(config: AuditConfig, log) -> Side:
     from mieb_ray.pipelines.build import build_eval_splits
     from mieb_ray.retrieval import biovita
 
-    train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its own sources
-    slugs = train.get("config", {}).get("datasets") if train.get("format") == "mieb-train" else None
+    train = embeddings.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
+    settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
+    slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
     uris, tasks, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
     try:  # and the BioVITA corpus, keyed by photo id
         uris.append(biovita.corpus_files(config.data, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
