@@ -19,6 +19,7 @@ import numpy as np
 import ray
 
 from mieb_ray import __version__, storage
+from mieb_ray.connect import ray_up
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings
 
@@ -124,6 +125,7 @@ def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
     t0 = time.time()
     for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
         log(f"[eval] warning: {note}")
+    ray_up()  # after the checks that need no Ray
     pending = suite.submit(images, texts, log)
     results = suite.collect(pending, log)
     storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends

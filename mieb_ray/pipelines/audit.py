@@ -28,6 +28,7 @@ import ray
 
 from mieb_ray import __version__, commit, storage
 from mieb_ray.audit import matches
+from mieb_ray.connect import ray_up
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, tables
 from mieb_ray.topk import engine
@@ -138,6 +139,7 @@ def audit(config: AuditConfig, log=print) -> dict:
         progress.clear()
     log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
         f"{partitions} join partitions; {len(done)} units already hashed")
+    ray_up()  # after the checks that need no Ray
     results = _hash(config, (train, against), planned, names, partitions, progress, done, log)
     pairs, errors = _join(config, results, partitions, log)
     near_info = {}
