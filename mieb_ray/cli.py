@@ -1,5 +1,5 @@
-"""`mieb-ray build | embed | eval-biovita | eval-zeroshot | audit | demo`: parse flags, connect to Ray, call a pipeline.
-No logic of its own."""
+"""`mieb-ray build | check-sources | embed | eval-biovita | eval-zeroshot | audit | demo`: parse flags, connect to
+Ray, call a pipeline. No logic of its own."""
 
 from __future__ import annotations
 
