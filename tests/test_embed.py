@@ -223,7 +223,7 @@ def test_bad_setup_fails_in_one_line_before_any_work(mieb_train, tiny_clip, tmp_
                          vocab_size=99)).save_pretrained(bert)
     cases = [
         (["--model", str(tmp_path / "nowhere")], "model path"),
-        (["--model", str(bert)], "has no image features (BertModel)"),
+        (["--model", str(bert)], "(BertModel) cannot embed images: it has no get_image_features"),
         (["--model", tiny_clip, "--image-column", "picture"], "has no column picture"),
         (["--model", tiny_clip, "--input", str(tmp_path / "empty")], "no .parquet or .tar files under"),
     ]
