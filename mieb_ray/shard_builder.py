@@ -56,6 +56,8 @@ class ShardBuilder:
         # a bad source is the user's to fix: hand the driver its one-line message, not a worker traceback
         try:
             result = self.build(unit)
+        except storage.TransientStorageError:
+            raise  # the hub or S3 failing for a while: Ray runs the unit again (build.py)
         except UserError as exc:
             return {"user_error": str(exc)}
         if self.progress is not None:

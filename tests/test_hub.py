@@ -17,7 +17,6 @@ from mieb_ray import hubfs, storage
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures import fakehub
 from mieb_ray.io import readers
-from mieb_ray.pipelines import build as build_module
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import by_slug
 
@@ -65,8 +64,6 @@ def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hu
     assert {pid for pid, _, _ in faults} - {str(os.getpid())}, "no fault in a worker: the test tested the driver only"
 
 
-@pytest.mark.skipif(not hasattr(build_module, "UNIT_RETRIES"),
-                    reason="build.py does not yet hand TransientStorageError to Ray Data's map retries")
 def test_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, mirror, hub, tmp_path):
     root, _ = mirror
     clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=["cifar10"], rows_per_shard=5),
