@@ -311,8 +311,16 @@ def write_manifest(root: str, manifest: dict) -> None:
 
 
 def read_manifest(root: str) -> dict | None:
+    """An output's manifest; None when it has none, {} when it is not a JSON object (broken, or another tool's):
+    callers then read what they need by its own contract."""
     uri = join(root, MANIFEST)
-    return json.loads(read_text(uri)) if exists(uri) else None
+    if not exists(uri):
+        return None
+    try:
+        manifest = json.loads(read_text(uri))
+    except ValueError:  # not JSON, not UTF-8
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def display(uri: str) -> str:

@@ -220,7 +220,7 @@ class BioVITASuite:
         seconds = time.time() - self.t_score
         task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
         result = task_result(scores, seconds, phases)
-        models = {k: embeddings.manifest_model(embeddings.read_manifest(u)) for k, u in (("image", self.images),
+        models = {k: embeddings.manifest_model(storage.read_manifest(u)) for k, u in (("image", self.images),
                                                                                           ("text", self.texts))}
         result["mieb_ray"] = {
             "version": __version__, "task_score": task_score, "data": storage.display(self.config.data),

@@ -98,7 +98,7 @@ def embed_table(source: str, key: str, target: str, model: str, revision: str | 
     there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
     from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
 
-    done = embeddings.read_manifest(target) or {}
+    done = storage.read_manifest(target) or {}
     config = done.get("config") if isinstance(done.get("config"), dict) else {}
     if embeddings.manifest_model(done).get("name") == model and config.get("input") == storage.display(source):
         log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")

@@ -320,7 +320,7 @@ class ZeroShotSuite:
                           "difference": fixed["accuracy"] - mteb["accuracy"]})
         mean = {s: float(np.mean([t[s]["accuracy"] for t in tasks])) if tasks else 0.0 for s in PROMPT_SETS}
         return {"title": "MIEB zero-shot classification",
-                "model": embeddings.manifest_model(embeddings.read_manifest(pending.images_uri)),
+                "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),
                 "evaluation_time": time.time() - pending.start, "tasks": tasks,
                 "mean": {**mean, "difference": mean["fixed"] - mean["mteb"]}}
 

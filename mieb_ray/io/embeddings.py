@@ -160,16 +160,6 @@ def model_metadata(table_or_schema) -> dict:
     return json.loads(schema_.metadata[b"mieb_ray"])
 
 
-def read_manifest(root: str) -> dict | None:
-    """An output's manifest; None when it has none, {} when it is not a JSON object (broken, or another tool's):
-    the shards are then read by their contract."""
-    try:
-        manifest = storage.read_manifest(root)
-    except ValueError:  # not JSON, not UTF-8
-        return {}
-    return manifest if manifest is None or isinstance(manifest, dict) else {}
-
-
 def manifest_model(manifest: dict | None) -> dict:
     """The model an embed output's manifest names, as a dict ({} when none): another tool's manifest may give
     a bare string, or nothing."""
@@ -198,7 +188,7 @@ def shards(root: str) -> tuple[list[str], str | None]:
     """The shards of an embedding output and, when its manifest did not list them, why they were listed from
     the folder (a warning to print). An output of ours still running (progress records, no manifest) is an
     error: its shards are not all there yet."""
-    manifest = read_manifest(root)
+    manifest = storage.read_manifest(root)
     paths = _listed(manifest)
     if paths is not None:
         return [p if "://" in p or p.startswith("/") else storage.join(root, p) for p in paths], None
@@ -253,7 +243,7 @@ def check_inputs(outputs: dict[str, str], allow_mixed_models: bool = False) -> l
         note = shards(root)[1]
         if note:
             notes.append(f"{what} embeddings: {note}")
-        models[what] = manifest_model(read_manifest(root))
+        models[what] = manifest_model(storage.read_manifest(root))
         if not models[what].get("name"):
             notes.append(f"{what} embeddings at {storage.display(root)} name no model: cannot check that they "
                          "match the others'")

@@ -48,15 +48,15 @@ def _rel(root: str, uri: str) -> str:
 
 
 def input_files(root: str) -> tuple[str, list[InputFile]]:
-    """("parquet" | "webdataset", the input files in order). A mieb-train manifest, when present, is trusted."""
-    manifest = storage.read_manifest(root) if not root.endswith((".parquet", ".tar")) else None
-    if manifest is not None and manifest.get("format") == "mieb-train":
-        fmt = manifest["config"]["format"]
-        return fmt, [InputFile(storage.join(root, s["path"]), s["path"], s["rows"]) for s in manifest["shards"]]
+    """("parquet" | "webdataset", the input files in order). A mieb-train build's manifest, when present, is
+    trusted; anything else (another tool's, a broken one) is not, and the folder's files are listed."""
     if root.endswith((".parquet", ".tar")):
         if not storage.exists(root):
             raise InputError(f"no such input: {storage.display(root)}")
         uris = [root]
+    elif built := _built(storage.read_manifest(root) or {}):
+        fmt, shards = built
+        return fmt, [InputFile(storage.join(root, s["path"]), s["path"], s["rows"]) for s in shards]
     else:
         uris = [u for u in storage.list_files(root)
                 if not re.search(r"(^|/)[._]", _rel(root, u))]  # not _errors/, .staging files or hidden folders
@@ -67,6 +67,18 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
     if parquet and tars:
         raise InputError(f"{storage.display(root)} mixes .parquet and .tar files; point --input at one kind")
     return ("parquet" if parquet else "webdataset"), [InputFile(u, _rel(root, u)) for u in (parquet or tars)]
+
+
+def _built(manifest: dict) -> tuple[str, list[dict]] | None:
+    """(format, shards) of a mieb-train build's manifest; None for any other."""
+    config, shards = manifest.get("config"), manifest.get("shards")
+    if manifest.get("format") != "mieb-train" or not isinstance(config, dict) or not isinstance(shards, list) \
+            or config.get("format") not in ("parquet", "webdataset"):
+        return None
+    if not all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
+               for s in shards):
+        return None
+    return config["format"], shards
 
 
 def _parquet_rows(uri: str) -> int:
@@ -145,12 +157,12 @@ def check_columns(fmt: str, first: InputFile, columns: Columns) -> pa.Schema:
     sample = next(_samples(first.uri), None)
     if sample is None:
         raise InputError(f"{storage.display(first.uri)} holds no samples")
-    meta = json.loads(sample["json"]) if "json" in sample else {}
+    meta = _meta(sample, first.uri)
     missing = [c for c in (columns.data, *columns.carry) if _member(sample, c) is None and c not in meta]
     if missing:
         raise InputError(f"{storage.display(first.uri)} has no member or json field for {', '.join(missing)} "
                          f"(members: {', '.join(k for k in sample if not k.startswith('__'))})")
-    row = _wds_row(sample, columns)
+    row = _wds_row(sample, columns, first.uri)
     return pa.schema([(c, pa.array([row[c]]).type if row[c] is not None else pa.string()) for c in columns.carry])
 
 
@@ -185,9 +197,23 @@ def _wds_value(member: str, data: bytes, strict: bool):
     return text
 
 
-def _wds_row(sample: dict, columns: Columns) -> dict:
-    """A sample as a row: members by name, else fields of its .json (mieb-train's label, dataset_name...)."""
-    meta = json.loads(sample["json"]) if "json" in sample else {}
+def _meta(sample: dict, uri: str) -> dict:
+    """A sample's .json member (mieb-train's label, dataset_name...), {} when it has none."""
+    if "json" not in sample:
+        return {}
+    try:
+        meta = json.loads(sample["json"])
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise InputError(f"{storage.display(uri)}: sample {sample['__key__']} has a .json member that is not a JSON "
+                         "object")
+    return meta
+
+
+def _wds_row(sample: dict, columns: Columns, uri: str) -> dict:
+    """A sample as a row: members by name, else fields of its .json."""
+    meta = _meta(sample, uri)
     row = {columns.key: sample["__key__"]}
     for name in (columns.data, *columns.carry):
         member = _member(sample, name)
@@ -213,7 +239,7 @@ def read_unit(unit: Unit, columns: Columns, modality: str):
     for sample in _samples(unit.uri, unit.offset):
         if left == 0:
             break
-        for name, value in _wds_row(sample, columns).items():
+        for name, value in _wds_row(sample, columns, unit.uri).items():
             rows[name].append(value)
         left -= 1
         if len(rows[columns.key]) == CHUNK_ROWS:

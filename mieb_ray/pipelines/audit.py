@@ -157,7 +157,7 @@ def _against(config: AuditConfig, log) -> Side:
     from mieb_ray.pipelines.build import build_eval_splits
     from mieb_ray.retrieval import biovita
 
-    train = embeddings.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
+    train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
     slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
     uris, tasks, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
@@ -351,7 +351,7 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
     info = {"corpus_rows": stats["rows"], "partitions": parts, "query_blocks": len(blocks),
             "read_ratio": stats["read_ratio"], "k": k,
             "saturated": int(pc.sum(pc.equal(counts, k)).as_py() or 0) if counts is not None else 0,
-            "model": embeddings.manifest_model(embeddings.read_manifest(train_uri)).get("name")}
+            "model": embeddings.manifest_model(storage.read_manifest(train_uri)).get("name")}
     return pa.table({"train_key": pa.array(list(keys), pa.string()), "eval_key": rows["eval_key"],
                      "score": rows["score"]}), info
 

@@ -1,0 +1,130 @@
+"""Other people's tables as embed and audit inputs: every Parquet or tar variant is read into the rows it holds or
+stops with one line naming what is wrong, never a traceback.
+
+The reads are the jobs' own (tables.input_files, check_columns, the planner's row counts and tar index,
+read_unit for every unit), without Ray: a worker's UserError reaches the user as the same one line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mieb_ray.errors import UserError
+from mieb_ray.io import tables
+
+KEYS = [f"k{i}" for i in range(5)]
+IMAGES = [bytes([i]) * (10 + i) for i in range(5)]  # opaque bytes: decoding is the encoder's business
+IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def read(root: str, rows_per_unit: int = 2, key: str = "key", data: str = "image") -> dict[str, bytes | None]:
+    """What the embed job reads of `root`, key -> image bytes, in order."""
+    fmt, files = tables.input_files(root)
+    columns = tables.Columns(key, data)
+    tables.check_columns(fmt, files[0], columns)
+    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+    offsets = {}
+    for f in files:
+        if f.uri.endswith(".tar"):
+            f.rows, offsets[f.uri] = tables.index_tar(f.uri, rows_per_unit)
+    out = {}
+    for unit in tables.plan_units(files, rows_per_unit, offsets):
+        for chunk in tables.read_unit(unit, columns, "image"):
+            out.update(zip(chunk[key], chunk[data]))
+    return out
+
+
+def parquet(path, **columns) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path, row_group_size=2)
+
+
+def tar(path, samples: list[dict[str, bytes]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as t:
+        for sample in samples:
+            for name, data in sample.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+
+
+CLEAN = dict(zip(KEYS, IMAGES))
+structs = pa.array([{"bytes": b, "path": f"{k}.jpg"} for k, b in zip(KEYS, IMAGES)], IMAGE)
+
+
+def _parquet_cases():
+    """(name, writer of the input under a folder, what it reads: CLEAN, another dict, or the error's words)."""
+    return [
+        ("struct images", lambda d: parquet(d / "a.parquet", key=KEYS, image=structs), CLEAN),
+        ("binary images", lambda d: parquet(d / "a.parquet", key=KEYS, image=pa.array(IMAGES, pa.binary())), CLEAN),
+        ("large_binary images", lambda d: parquet(d / "a.parquet", key=pa.array(KEYS, pa.large_string()),
+                                                  image=pa.array(IMAGES, pa.large_binary())), CLEAN),
+        ("extra columns", lambda d: parquet(d / "a.parquet", key=KEYS, image=structs, other=list(range(5))), CLEAN),
+        ("two files", lambda d: (parquet(d / "a.parquet", key=KEYS[:3], image=IMAGES[:3]),
+                                 parquet(d / "b.parquet", key=KEYS[3:], image=IMAGES[3:])), CLEAN),
+        ("a null image", lambda d: parquet(d / "a.parquet", key=KEYS, image=[None, *IMAGES[1:]]),
+         {**CLEAN, "k0": None}),
+        ("no rows", lambda d: parquet(d / "a.parquet", key=pa.array([], pa.string()),
+                                      image=pa.array([], pa.binary())), {}),
+        ("no key column", lambda d: parquet(d / "a.parquet", id=KEYS, image=IMAGES), "has no column key"),
+        ("no image column", lambda d: parquet(d / "a.parquet", key=KEYS, picture=IMAGES), "has no column image"),
+        ("not parquet", lambda d: (d.mkdir(), (d / "a.parquet").write_bytes(b"PAR1 not really" * 10)), "a.parquet"),
+        ("truncated parquet", lambda d: (parquet(d / "a.parquet", key=KEYS, image=structs),
+                                         (d / "a.parquet").write_bytes((d / "a.parquet").read_bytes()[:-40])),
+         "a.parquet"),
+        ("an empty file", lambda d: (d.mkdir(), (d / "a.parquet").write_bytes(b"")), "a.parquet"),
+        ("parquet and tars", lambda d: (parquet(d / "a.parquet", key=KEYS, image=IMAGES),
+                                        tar(d / "b.tar", [{"k0.jpg": IMAGES[0]}])), "mixes .parquet and .tar"),
+        ("a foreign manifest", lambda d: (parquet(d / "a.parquet", key=KEYS, image=IMAGES),
+                                          (d / "_manifest.json").write_text('{"format": "mieb-train"}')), CLEAN),
+        ("a manifest that is not JSON", lambda d: (parquet(d / "a.parquet", key=KEYS, image=IMAGES),
+                                                   (d / "_manifest.json").write_text("{")), CLEAN),
+    ]
+
+
+def _tar_cases():
+    good = [{f"{k}.jpg": b, f"{k}.txt": b"a caption"} for k, b in zip(KEYS, IMAGES)]
+    return [
+        ("jpg members", lambda d: tar(d / "a.tar", good), CLEAN),
+        ("png and webp members", lambda d: tar(d / "a.tar", [{f"{k}.{'png' if i % 2 else 'webp'}": b}
+                                                            for i, (k, b) in enumerate(CLEAN.items())]), CLEAN),
+        ("a json member", lambda d: tar(d / "a.tar", [{**s, f"{k}.json": b'{"label": 1}'}
+                                                     for s, k in zip(good, KEYS)]), CLEAN),
+        ("a json member that is not JSON", lambda d: tar(d / "a.tar", [{**s, f"{k}.json": b"{"}
+                                                                      for s, k in zip(good, KEYS)]), "json"),
+        ("a sample without its image", lambda d: tar(d / "a.tar", [*good[:2], {"k2.txt": b"only text"}, *good[3:]]),
+         {**CLEAN, "k2": None}),
+        ("not a tar", lambda d: (d.mkdir(), (d / "a.tar").write_bytes(b"not a tar file " * 100)), "a.tar"),
+        ("truncated tar", lambda d: (tar(d / "a.tar", good),
+                                     (d / "a.tar").write_bytes((d / "a.tar").read_bytes()[:700])), "a.tar"),
+        ("an empty tar file", lambda d: (d.mkdir(), (d / "a.tar").write_bytes(b"")), "a.tar"),
+    ]
+
+
+@pytest.mark.parametrize("name, write, expected", _parquet_cases() + _tar_cases(),
+                         ids=[c[0] for c in _parquet_cases() + _tar_cases()])
+def test_a_foreign_table_reads_its_rows_or_fails_in_one_line(tmp_path, name, write, expected):
+    root = tmp_path / "in"
+    write(root)
+    if isinstance(expected, str):
+        with pytest.raises(UserError) as caught:
+            read(str(root))
+        message = str(caught.value)
+        assert expected in message and "\n" not in message, message
+    else:
+        assert read(str(root)) == expected
+
+
+def test_a_manifest_of_another_tool_is_not_trusted(tmp_path):
+    """A `mieb-train` manifest without the fields a build writes: the folder's files are read instead."""
+    root = tmp_path / "in"
+    parquet(root / "a.parquet", key=KEYS, image=IMAGES)
+    (root / "_manifest.json").write_text(json.dumps({"format": "mieb-train", "config": "x", "shards": "a.parquet"}))
+    assert read(str(root)) == CLEAN
