@@ -37,6 +37,7 @@ import time
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
+from mieb_ray.errors import UserError
 from mieb_ray.storage import TransientStorageError, redact
 
 ENV_FS = "MIEB_RAY_HUB_FS"
@@ -58,13 +59,18 @@ class TruncatedRead(Exception):
     """A byte range came back shorter than asked, before the end of the file."""
 
 
-def _int_env(name: str, default: int) -> int:
-    return max(1, int(os.environ.get(name) or default))
+def _env(name: str, default, kind=int):
+    """A count (at least 1) or, with kind=float, seconds (at least 0) from the environment; one line if it is not."""
+    try:
+        value = kind(os.environ.get(name) or default)
+    except ValueError:
+        raise UserError(f"{name}={os.environ[name]!r} is not a{'n integer' if kind is int else ' number'}") from None
+    return max(1, value) if kind is int else max(0.0, value)
 
 
 @functools.lru_cache(maxsize=None)
 def _slots() -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(_int_env(ENV_CONCURRENCY, DEFAULT_CONCURRENCY))
+    return threading.BoundedSemaphore(_env(ENV_CONCURRENCY, DEFAULT_CONCURRENCY))
 
 
 _answered = threading.Event()  # the hub has answered this process at least once
@@ -137,8 +143,8 @@ def _backoff(base: float, attempt: int) -> float:
 
 def call(fn, what: str, on_retry=None):
     """`fn()` holding a slot, retried on transient errors with backoff; `on_retry()` before each retry."""
-    tries = _int_env(ENV_RETRIES, DEFAULT_TRIES)
-    base = float(os.environ.get(ENV_RETRY_WAIT) or 1.0)
+    tries = _env(ENV_RETRIES, DEFAULT_TRIES)
+    base = _env(ENV_RETRY_WAIT, 1.0, float)
     t0 = time.monotonic()
     for attempt in range(1, tries + 1):
         try:

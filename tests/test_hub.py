@@ -249,3 +249,11 @@ def test_the_real_hub_client_through_a_local_http_hub(mirror, monkeypatch):
     hub_requests = [r for r in server.requests if not r[1].startswith("/api/agent-harnesses")]
     assert {auth for _, _, auth, _ in hub_requests} == {f"Bearer {TOKEN}"}
     assert {fault for *_, fault in hub_requests} >= {"429", "truncate", "503", "drop"}
+
+
+def test_a_hub_setting_that_is_not_a_number_is_one_line(monkeypatch):
+    monkeypatch.setenv(hubfs.ENV_RETRIES, "six")
+    with pytest.raises(UserError, match="MIEB_RAY_HUB_RETRIES='six' is not an integer"):
+        hubfs._env(hubfs.ENV_RETRIES, hubfs.DEFAULT_TRIES)
+    monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.5")
+    assert hubfs._env(hubfs.ENV_RETRY_WAIT, 1.0, float) == 0.5
