@@ -92,7 +92,7 @@ def photo_table(root, files: int, rows: int) -> str:
 
 def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path):
     root = photo_table(tmp_path / "table", 8, 200)  # long enough to be killed in the middle
-    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=2), log=lambda _: None)
+    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=64), log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()
     killer = kill_worker_when("EncodeStage", lambda: committed(out, ".arrow") >= 1, stop)
@@ -156,15 +156,23 @@ def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mir
     assert {f"{prefix}/{p}" for p, _, _ in shards(manifest)} <= listed
 
 
-def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3, mieb_train, tiny_clip, tmp_path):
+@pytest.fixture(scope="module")
+def reference(ray_local, mieb_train, tiny_clip, tmp_path_factory) -> tuple[str, dict]:
+    """mieb_train's embeddings from an uninterrupted run (another batch size: the same vectors to float32
+    rounding): what every interrupted run must end with. (folder, manifest)"""
+    out = str(tmp_path_factory.mktemp("reference"))
+    return out, embed(EmbedConfig(mieb_train[0], out, tiny_clip, batch_size=64), log=lambda _: None)
+
+
+def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3, mieb_train, tiny_clip, reference):
     root, _ = mieb_train
-    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4), log=lambda _: None)
+    ref, reference = reference
     manifest = run_through_outage(
         s3, "outage/embeddings", 2,
         lambda out: embed(EmbedConfig(root, out, tiny_clip, batch_size=4), log=lambda _: None),
         lambda out: embed(EmbedConfig(root, out, tiny_clip, batch_size=4, resume=True), log=lambda _: None))
     assert manifest["counts"] == reference["counts"]
-    same_embeddings(f"s3://{s3.bucket}/outage/embeddings", str(tmp_path / "ref"))
+    same_embeddings(f"s3://{s3.bucket}/outage/embeddings", ref)
 
 
 def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> None:
@@ -200,9 +208,9 @@ def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mi
 
 
 def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_local, mieb_train, tiny_clip,
-                                                                           tmp_path):
+                                                                           reference, tmp_path):
     root, train = mieb_train
-    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4), log=lambda _: None)
+    ref, reference = reference
     out = tmp_path / "out"
     interrupt_cli(ray_local, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4"],
                   out, ".arrow", 2)
@@ -212,7 +220,7 @@ def test_interrupted_driver_leaves_only_complete_shards_and_resume_finishes(ray_
         assert embeddings.open_shard(str(out / name)).num_rows == rows[name]  # what is visible is whole
     manifest = embed(EmbedConfig(root, str(out), tiny_clip, batch_size=4, resume=True), log=lambda _: None)
     assert manifest["counts"] == reference["counts"]
-    same_embeddings(str(out), str(tmp_path / "ref"))
+    same_embeddings(str(out), ref)
     assert not [f for _, _, fs in os.walk(out) for f in fs if f.endswith(".tmp")]
 
 

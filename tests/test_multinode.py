@@ -49,18 +49,18 @@ def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str,
 
 
 def test_embed_finishes_when_a_whole_node_dies(cluster, ray_local, tiny_clip, tmp_path):
-    root = photo_table(tmp_path / "table", 6, 120)  # cut into 30-row shards: 24 units
-    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=4, rows_per_shard=30)
+    root = photo_table(tmp_path / "table", 6, 60)  # cut into 30-row shards: 12 units
+    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=32, rows_per_shard=30)
     reference = embed(config, log=lambda _: None)  # uninterrupted, on the test session's local Ray
     out = tmp_path / "out"
     output, victim = run_and_lose_a_node(
         cluster, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
                   "--rows-per-shard", "30", "--gpus-per-worker", "0", "--workers", "2", "--cpus-per-worker", "0.5"],
         out, ".arrow", "EncodeStage", after=3)
-    assert "[embed] done: 720 embeddings in 24 shards, 0 errors" in output
+    assert "[embed] done: 360 embeddings in 12 shards, 0 errors" in output
     keys, vectors = embeddings.read_all(str(out))
     ref_keys, ref_vectors = embeddings.read_all(str(tmp_path / "ref"))
-    assert keys == ref_keys and len(set(keys)) == len(keys) == 720  # every key exactly once
+    assert keys == ref_keys and len(set(keys)) == len(keys) == 360  # every key exactly once
     assert np.allclose(vectors, ref_vectors, atol=1e-6)
     manifest = embeddings.storage.read_manifest(str(out))
     assert [(s["path"], s["rows"]) for s in manifest["shards"]] == [(s["path"], s["rows"]) for s in reference["shards"]]
