@@ -2,7 +2,8 @@
 
 The two baselines the build is compared with:
   copy_floor(files, out)        one process, no Ray: pq.read_table + pq.write_table of each file, unchanged;
-  minimal_pipeline(files, out)  ray.data.read_parquet -> map_batches(CaptionTake, 1 actor, pyarrow) -> write_parquet.
+  minimal_pipeline(files, out)  ray.data.read_parquet -> map_batches(CaptionTake, CORES actors, pyarrow) ->
+                                write_parquet: as many actors as the build's pool gets.
 and start_ray(), MemorySampler, train_files(), parquet_rows(), machine_facts(), footer(), markdown_table().
 
 Ray's workers import CaptionTake by its module name, `_baselines`: start_ray() puts bench/ on their PYTHONPATH.
@@ -43,7 +44,7 @@ def start_ray(work: Path, num_cpus: int = 4) -> None:
     """Start local Ray once, before anything is timed (num_cpus logical CPUs; see below for the default)."""
     # 4 logical CPUs on this 2-core machine: an actor pool whose actors reserve every CPU leaves none for the
     # read tasks feeding it and Ray Data deadlocks (platform notes, section 2). 4 logical CPUs let the
-    # 1-actor baseline run beside its read and write tasks; the build is given workers=CORES explicitly.
+    # baseline's CORES actors run beside its read and write tasks; the build is given workers=CORES explicitly.
     pythonpath = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
              _temp_dir=str((work / "ray").resolve()),  # session files inside the work folder, not /tmp/ray
@@ -82,9 +83,9 @@ class CaptionTake:
 
 
 def minimal_pipeline(files: list[str], out: Path) -> int:
-    """read_parquet -> 1-actor pyarrow take -> write_parquet (the issue's baseline). Returns rows written."""
+    """read_parquet -> pyarrow take in CORES actors, the build's pool size -> write_parquet. Returns rows written."""
     ds = ray.data.read_parquet(files)
-    ds = ds.map_batches(CaptionTake, compute=ray.data.ActorPoolStrategy(size=1), batch_format="pyarrow")
+    ds = ds.map_batches(CaptionTake, compute=ray.data.ActorPoolStrategy(size=CORES), batch_format="pyarrow")
     ds.write_parquet(str(out))
     return parquet_rows(out)
 

@@ -5,7 +5,7 @@ birdsnap; rows in proportion to the hub's), each image 10-70 KB of random bytes 
 deterministic per (slug, index)), train files of about 375 MB like the hub's. On the same train files, each
 writing to a fresh output folder (deleted after it is measured), in this order:
   1. copy floor        one process, no Ray: pq.read_table + pq.write_table of each file, unchanged;
-  2. minimal pipeline  ray.data.read_parquet -> map_batches(1-actor pyarrow take of a caption) -> write_parquet
+  2. minimal pipeline  ray.data.read_parquet -> map_batches(pyarrow take of a caption, CORES actors) -> write_parquet
                        (the baseline named in the issue);
   3. mieb-ray build    build(BuildConfig(mirror, out, datasets=..., rows_per_shard=10_000)), parquet output.
 Ray starts once before any timing (its start-up is excluded); each contender's own actor start-up is included.
@@ -98,7 +98,7 @@ def main() -> None:
         return manifest["counts"]["total"]
 
     contenders = [("copy floor (pyarrow read_table + write_table, 1 process)", b.copy_floor),
-                  ("minimal Ray Data pipeline (read_parquet -> 1-actor take -> write_parquet)", b.minimal_pipeline),
+                  ("minimal Ray Data pipeline (read_parquet -> take in as many actors as the build -> write_parquet)", b.minimal_pipeline),
                   ("mieb-ray build (parquet, rows_per_shard=10,000)", run_build)]
     times = {name: [] for name, _ in contenders}
     rows_out = {}

@@ -3,7 +3,7 @@
 A synthetic mirror of the 23 sources (parquet and WebDataset) with the hub's train rows (hub_rows(), 4,434,196
 rows after the build's drops, at scale 1.0; at scale s each source gets max(1, int(rows * s))) and tiny images
 (one fixed 80-byte payload), so that per-row costs dominate. For each scale in --scales (default 0.1,1.0):
-  1. minimal pipeline        ray.data.read_parquet -> map_batches(1-actor pyarrow take) -> write_parquet, on the
+  1. minimal pipeline        ray.data.read_parquet -> map_batches(pyarrow take, as many actors as the build) -> write_parquet, on the
                              train files of the 15 parquet sources (read_parquet reads only parquet);
   2. build, parquet sources  build(BuildConfig(mirror, out, datasets=<the same 15>)): the like-for-like comparison;
   3. build, all 23 sources   build(BuildConfig(mirror, out)).
