@@ -16,12 +16,13 @@ import threading
 
 from mieb_ray.errors import UserError
 
-_address: list[str | None] = [None]
+_address: str | None = None
 
 
 def configure(address: str | None = None) -> None:
     """Where `ray_up` connects: `address`, else RAY_ADDRESS (a job submitted to a cluster), else a new local Ray."""
-    _address[0] = address
+    global _address
+    _address = address
 
 
 def ray_up() -> None:
@@ -31,7 +32,7 @@ def ray_up() -> None:
     if not ray.is_initialized():
         from mieb_ray.hubfs import worker_runtime_env  # HF_TOKEN and hub settings to every worker, never logged
 
-        address = _address[0] or os.environ.get("RAY_ADDRESS")
+        address = _address or os.environ.get("RAY_ADDRESS")
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env())
