@@ -74,10 +74,11 @@ def _s3_address() -> tuple[str, str, int]:
     return f"https://{host}", host, 443
 
 
-def _resolve(host: str, port: int) -> list:
+def _resolve(host: str, port: int) -> None:
     for attempt in range(3):
         try:
-            return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            return
         except (socket.gaierror, UnicodeError) as exc:
             # a name that does not resolve now will not in the SDK's next 70 s either; only a resolver that
             # says "try again" (EAI_AGAIN) gets another second
@@ -93,22 +94,15 @@ def probe_s3(connect: bool = True) -> None:
     (`connect`) no address takes a TCP connection within PROBE_TIMEOUT s. Not for outages mid-job: those
     the SDK retries."""
     endpoint, host, port = _s3_address()
-    addresses = _resolve(host, port)
+    _resolve(host, port)
     if not connect:
         return
-    errors = []
-    deadline = time.monotonic() + PROBE_TIMEOUT
-    for family, kind, proto, _, address in addresses:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                sock.connect(address)
-                return
-        except OSError as exc:
-            errors.append(exc)
-    reason = "connection refused" if any(isinstance(e, ConnectionRefusedError) for e in errors) else \
-        f"no connection within {PROBE_TIMEOUT:g}s" if errors else "no address"
-    raise StorageError(f"cannot reach S3 endpoint {endpoint}: {reason}")
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()  # tries each address in turn
+    except OSError as exc:
+        reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else \
+            f"no connection within {PROBE_TIMEOUT:g}s"
+        raise StorageError(f"cannot reach S3 endpoint {endpoint}: {reason}") from None
 
 
 @functools.lru_cache(maxsize=None)

@@ -275,10 +275,13 @@ def bio(tmp_path_factory):
     return data, images, texts, _bio_result(str(root / "clean"), data, images, texts)
 
 
+def _bio_argv(out, data, images, texts, *flags):
+    return ["eval-biovita", "--data", data, "--image-embeddings", images, "--text-embeddings", texts,
+            "--out", out, "--query-block", "4", *flags]
+
+
 def _bio_result(out, data, images, texts, *flags):
-    code = main(["eval-biovita", "--data", data, "--image-embeddings", images, "--text-embeddings", texts,
-                 "--out", out, "--query-block", "4", *flags])
-    assert code == 0
+    assert main(_bio_argv(out, data, images, texts, *flags)) == 0
     result = json.loads(Path(out, "BioVITAT2IReranking.json").read_text())
     return [{k: v for k, v in s.items()} for s in result["scores"]["test"]], \
         pq.read_table(Path(out, "ranks.parquet")).to_pylist()
@@ -290,11 +293,9 @@ def test_eval_biovita(ray_local, bio, tmp_path, capsys, manifest, schema):
     images = foreign(images, str(tmp_path / "img"), manifest, schema)
     texts = foreign(texts, str(tmp_path / "txt"), manifest, schema)
     capsys.readouterr()
-    argv = ["eval-biovita", "--data", data, "--image-embeddings", images, "--text-embeddings", texts,
-            "--out", str(tmp_path / "out"), "--query-block", "4"]
     error = SCHEMAS[schema][1]
     if error:
-        one_line_error(capsys, main(argv), error)
+        one_line_error(capsys, main(_bio_argv(str(tmp_path / "out"), data, images, texts)), error)
     else:
         assert _bio_result(str(tmp_path / "out"), data, images, texts) == clean
         captured = capsys.readouterr()
@@ -318,10 +319,13 @@ def zs(tmp_path_factory):
     return data, images, texts, _zs_result(str(root / "clean"), data, images, texts)
 
 
+def _zs_argv(out, data, images, texts, *flags):
+    return ["eval-zeroshot", "--tasks", ZS_TASK, "--data", data, "--image-embeddings", images,
+            "--text-embeddings", texts, "--out", out, *flags]
+
+
 def _zs_result(out, data, images, texts, *flags):
-    code = main(["eval-zeroshot", "--tasks", ZS_TASK, "--data", data, "--image-embeddings", images,
-                 "--text-embeddings", texts, "--out", out, *flags])
-    assert code == 0
+    assert main(_zs_argv(out, data, images, texts, *flags)) == 0
     return json.loads(Path(out, f"{ZS_TASK}.json").read_text())["scores"], \
         pq.read_table(Path(out, "predictions.parquet")).to_pylist()
 
@@ -334,8 +338,7 @@ def test_eval_zeroshot(ray_local, zs, tmp_path, capsys, manifest, schema):
     capsys.readouterr()
     error = SCHEMAS[schema][1]
     if error:
-        one_line_error(capsys, main(["eval-zeroshot", "--tasks", ZS_TASK, "--data", data, "--image-embeddings",
-                                     images, "--text-embeddings", texts, "--out", str(tmp_path / "out")]), error)
+        one_line_error(capsys, main(_zs_argv(str(tmp_path / "out"), data, images, texts)), error)
     else:
         assert _zs_result(str(tmp_path / "out"), data, images, texts) == clean
         assert "Traceback" not in capsys.readouterr().err
