@@ -1,0 +1,162 @@
+"""`embed --decode gpu`: the device path (mieb_ray/encode/gpu_decode.py) against the CPU path.
+
+What needs no torchvision runs everywhere: routing by header, EXIF orientation, the torch resize and crop, and
+the embeddings of its pixels against the processor + model (test_equivalence's bar). The decoder itself needs
+torchvision: on the CPU where it imports, and nvJPEG only where CUDA is (skipped otherwise, never faked).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from test_equivalence import BAR, centred_cosine, decoded, photos, reference
+from test_preprocess import bad_inputs, encode, picture, with_orientation
+
+from mieb_ray.encode import gpu_decode
+from mieb_ray.encode.gpu_decode import DeviceDecoder, resize_crop, route, upright
+from mieb_ray.encode.preprocess import ImageError, ImageSpec, load_image, normalize
+from mieb_ray.errors import UserError
+
+SPEC = ImageSpec(height=224, width=224, resize_shortest_edge=224, resample=3, do_center_crop=True,
+                 mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
+                 rescale_factor=1 / 255)
+needs_torchvision = pytest.mark.skipif(gpu_decode.device_decode_available("cpu") is not None,
+                                       reason="torchvision's decode_jpeg is not importable here")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def device_path_pixels(data: bytes, spec: ImageSpec) -> torch.Tensor:
+    """The device path after its decode: a full decode (here Pillow's libjpeg-turbo; on a GPU nvJPEG) as
+    stored, made upright, resized and cropped by gpu_decode. Images route() sends to the CPU go there."""
+    orientation = route(data)
+    if orientation is None:
+        return torch.from_numpy(load_image(data, spec))
+    stored = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
+    return resize_crop([upright(torch.from_numpy(stored).permute(2, 0, 1), orientation)], spec)[0]
+
+
+def test_route_sends_rgb_and_grey_jpegs_to_the_device_and_the_rest_to_the_cpu():
+    photo = picture("coffee.jpg")
+    assert route(encode(photo, "JPEG")) == 1
+    assert route(encode(photo.convert("L"), "JPEG")) == 1
+    assert route(with_orientation(photo, "JPEG", 6)) == 6
+    assert route(encode(photo, "PNG")) is None
+    assert route(encode(photo.convert("CMYK"), "JPEG")) is None
+    assert route(encode(photo, "JPEG")[:-100]) is None  # truncated: the CPU path says so
+    assert route(b"not an image") is None and route(b"") is None and route(None) is None
+    assert route(encode(photo, "JPEG"), max_pixels=100) is None  # too large: the CPU path names it
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_upright_is_pils_exif_transpose(orientation):
+    data = with_orientation(picture("astronaut.jpg").resize((60, 40)), "PNG", orientation)
+    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
+    want = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert np.array_equal(upright(stored, orientation).permute(1, 2, 0).numpy(), want)
+
+
+@pytest.mark.parametrize("size", [(1600, 1200), (320, 240), (500, 375), (32, 32), (120, 300), (224, 224)])
+def test_resize_crop_is_within_a_few_levels_of_the_cpu_path(size):
+    """Against load_image on a PNG (decoded in full, PIL's bicubic): the same size and crop offsets, and
+    only the filter's small difference. A crop off by one pixel would fail the mean."""
+    data = encode(picture("chelsea.jpg").resize(size), "PNG")
+    ours = device_path_pixels(encode(picture("chelsea.jpg").resize(size), "JPEG", quality=95), SPEC)
+    theirs = load_image(data, SPEC).astype(np.int16)
+    jpeg_only = load_image(encode(picture("chelsea.jpg").resize(size), "JPEG", quality=95), SPEC).astype(np.int16)
+    diff = np.abs(ours.numpy().astype(np.int16) - theirs)
+    assert ours.shape == (224, 224, 3) and ours.dtype == torch.uint8
+    # the JPEG's own loss plus the filter's difference
+    assert diff.mean() <= np.abs(jpeg_only - theirs).mean() + 1.5, diff.mean()
+
+
+def test_crop_larger_than_the_resize_pads_with_zeros():
+    spec = ImageSpec(height=8, width=8, resize_shortest_edge=4, resample=3, do_center_crop=True,
+                     mean=(0, 0, 0), std=(1, 1, 1), rescale_factor=1 / 255)
+    data = encode(Image.new("RGB", (8, 4), (200, 100, 50)), "PNG")
+    ours = resize_crop([torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)], spec)[0]
+    assert np.array_equal(ours.numpy(), load_image(data, spec))
+
+
+def test_images_of_one_size_are_resized_together_as_alone():
+    images = [torch.from_numpy(np.array(picture(n).convert("RGB").resize((96, 64)))).permute(2, 0, 1)
+              for n in ("coffee.jpg", "rocket.jpg", "brick.jpg")]
+    together = resize_crop(images + [images[0][:, :50]], SPEC)
+    for i, x in enumerate(images + [images[0][:, :50]]):
+        assert torch.equal(together[i], resize_crop([x], SPEC)[0])
+
+
+def test_device_path_embeddings_match_the_processor_and_model(tiny_clip):
+    """test_equivalence's photos and bar (centred cosine >= 0.95), through the device path's pixels."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    from mieb_ray.encode.model import Encoder, load_info
+
+    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None))
+    spec = ImageSpec.from_processor_config(encoder.info.image_config)
+    models = (encoder, spec, CLIPProcessor.from_pretrained(tiny_clip), CLIPModel.from_pretrained(tiny_clip).eval())
+    cases = photos()
+    ref = reference(models, [decoded(b) for b in cases.values()])
+    pixels = torch.stack([device_path_pixels(b, spec) for b in cases.values()])
+    scores = centred_cosine(encoder.encode_pixel_values(normalize(pixels, spec)), ref, ref.mean(0))
+    print(dict(zip(cases, np.round(scores, 4))))
+    assert scores.min() >= BAR
+
+
+def test_resolve():
+    assert gpu_decode.resolve("auto", 0) == "cpu"
+    assert gpu_decode.resolve("gpu", 0) == "gpu" and gpu_decode.resolve("cpu", 1) == "cpu"
+    with pytest.raises(ValueError, match="unknown decode mode"):
+        gpu_decode.resolve("nvjpeg", 1)
+    if gpu_decode.device_decode_available("cuda") is not None:
+        assert gpu_decode.resolve("auto", 1) == "cpu"
+
+
+@pytest.mark.skipif(gpu_decode.device_decode_available("cuda") is None, reason="this machine can decode on CUDA")
+def test_a_device_that_cannot_decode_is_one_line():
+    with pytest.raises(UserError, match="--decode gpu cannot decode on cuda: .*; use --decode cpu"):
+        DeviceDecoder(SPEC, "cuda")
+
+
+def check_decoder(device: str):
+    photo = picture("china.jpg")
+    items = {
+        "jpeg": encode(photo, "JPEG", quality=90),
+        "grey jpeg": encode(photo.convert("L"), "JPEG", quality=90),
+        "rotated jpeg": with_orientation(photo, "JPEG", 8, quality=90),
+        "png": encode(photo.resize((64, 48)), "PNG"),
+        "cmyk jpeg": encode(photo.convert("CMYK"), "JPEG", quality=90),
+        **{name: data for name, (data, _) in bad_inputs().items()},
+        "missing": None,
+    }
+    decoder = DeviceDecoder(SPEC, device, batch=2)
+    pixels, errors = decoder(list(items.values()))
+    assert pixels.device.type == torch.device(device).type and pixels.shape == (len(items), 224, 224, 3)
+    assert decoder.device_rows == 3 and decoder.cpu_rows == len(items) - 3
+    for (name, data), got, error in zip(items.items(), pixels.cpu(), errors):
+        if data is None or name in bad_inputs():
+            want = "missing image" if data is None else None
+            if want is None:
+                with pytest.raises(ImageError) as exc:
+                    load_image(data, SPEC)
+                want = str(exc.value)
+            assert error == want, name
+            assert not got.any(), name
+        else:
+            assert error is None, name
+            diff = (got.numpy().astype(np.int16) - device_path_pixels(data, SPEC).numpy()).__abs__()
+            assert diff.mean() < 1.0, (name, diff.mean())
+
+
+@needs_torchvision
+def test_decoder_on_the_cpu_with_torchvision():
+    check_decoder("cpu")
+
+
+@needs_cuda
+@needs_torchvision
+def test_decoder_on_cuda_with_nvjpeg():
+    check_decoder("cuda")
