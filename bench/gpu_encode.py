@@ -5,8 +5,11 @@ to a temp dir and loaded with mieb_ray's Encoder, as an embed actor loads them. 
   synthetic   model.get_image_features on a bf16 batch already on the GPU: the model alone;
   pipeline    what an actor does per batch: uint8 NHWC pixels (pageable host memory, as Ray hands them over) ->
               GPU -> normalise + cast -> Encoder.encode_pixel_values (model, float32 L2-normalise, copy back).
-Then JPEG decode + resize + centre crop of real pictures in a CPU process pool: the per-core rate that sizes
-the CPU pool feeding one GPU.
+  gpu decode  raw JPEG bytes -> DeviceDecoder (header read on the CPU, batched nvJPEG decode, resize and crop
+              on the GPU) -> normalise -> encode (`embed --decode gpu`), on photos of two sizes; its host CPU
+              seconds per image give the CPU cores per GPU that path needs.
+Then JPEG decode + resize + centre crop of real pictures in a CPU process pool (`--decode cpu`): the per-core
+rate that sizes the CPU pool feeding one GPU.
 
 FLOPs per image (forward, 2 FLOPs per multiply-add; the counting of open_clip's model_profile.csv: 8.82 GFLOP
 for B/32 and 162.0 for L/14 at 224 px). With n = (image/patch)^2 + 1 tokens, width d, MLP width m, L layers,
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import math
 import multiprocessing
 import os
@@ -44,6 +48,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, without installing
 
+from mieb_ray.encode.gpu_decode import DeviceDecoder, device_decode_available  # noqa: E402
 from mieb_ray.encode.model import Encoder, load_info  # noqa: E402
 from mieb_ray.encode.preprocess import ImageSpec, load_image, normalize  # noqa: E402
 from mieb_ray.fixtures.models import make_clip_b32, make_clip_l14, make_tiny_clip  # noqa: E402
@@ -111,6 +116,15 @@ def decode_rate(files: list[bytes], spec: ImageSpec, workers: int, seconds: floa
         return done / (time.perf_counter() - t)
 
 
+def large_jpeg(data: bytes) -> bytes:
+    """A picture upscaled to 1600x1200, JPEG quality 90: the size of BioVITA's photos."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").resize((1600, 1200), Image.BICUBIC).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
@@ -142,7 +156,9 @@ def main() -> int:
     peak = peak_tflops(device, args.peak_tflops)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     print(f"[gpu_encode] device {gpu}; peak {peak or 'unknown'} TFLOP/s", flush=True)
-    rows, notes = [], []
+    rows, notes, gpu_feed = [], [], []
+    files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(PICTURES, "*.jpg")))]
+    large = [large_jpeg(f) for f in files]
     with tempfile.TemporaryDirectory(prefix="gpu-encode-") as work:
         for label, make in models:
             t = time.perf_counter()
@@ -180,6 +196,34 @@ def main() -> int:
                                  f"{peak * 1e12 / flops:,.0f}" if peak else "n/a"])
                     print(f"[gpu_encode] {label} {kind} batch {bs}: {rate:,.0f} img/s, {achieved:.1f} TFLOP/s, "
                           f"{share} of peak", flush=True)
+            why_not = device_decode_available(str(device))
+            for size, photos in (("400x300", files), ("1600x1200", large)):
+                if why_not:
+                    rows.append([label, f"gpu decode {size}", "", f"not run: {why_not}", "", "", ""])
+                    continue
+                bs = batch_sizes[-1]
+                decoder, batch = DeviceDecoder(spec, str(device)), [photos[i % len(photos)] for i in range(bs)]
+
+                def gpu_decode_pipeline():
+                    pixels, _ = decoder(batch)
+                    encoder.encode_pixel_values(normalize(pixels, spec, encoder.dtype))
+
+                try:
+                    cpu0 = time.process_time()
+                    iters, elapsed = timed(gpu_decode_pipeline, device, seconds, warmup)
+                    cpu_per_image = (time.process_time() - cpu0) / ((iters + warmup + 1) * bs)
+                except Exception as exc:
+                    rows.append([label, f"gpu decode {size}", bs, f"failed: {type(exc).__name__}", "", "", ""])
+                    print(f"[gpu_encode] {label} gpu decode {size} FAILED: {exc}", flush=True)
+                    continue
+                rate = iters * bs / elapsed
+                share = f"{100 * rate * flops / 1e12 / peak:.1f}%" if peak else "n/a"
+                rows.append([label, f"gpu decode {size}", bs, f"{rate:,.0f}", f"{rate * flops / 1e12:.1f}", share,
+                             f"{peak * 1e12 / flops:,.0f}" if peak else "n/a"])
+                gpu_feed.append(f"{label}, gpu decode of {size} JPEGs: {rate:,.0f} img/s end to end with "
+                                f"{cpu_per_image * 1e3:.2f} ms of host CPU per image (one process), so "
+                                f"{rate * cpu_per_image:.2f} cores per GPU")
+                print(f"[gpu_encode] {gpu_feed[-1]}", flush=True)
             if device.type == "cuda":
                 notes.append(f"{label}: peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
                 torch.cuda.reset_peak_memory_stats(device)
@@ -187,7 +231,6 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(PICTURES, "*.jpg")))]
     workers = max(1, args.decode_workers)
     # decoded to the last model's input (224 px, bicubic, centre crop: the same for both CLIPs)
     one = decode_rate(files, spec, 1, decode_seconds)
@@ -211,7 +254,7 @@ def main() -> int:
         "## CPU decode: mieb_ray.encode.preprocess.load_image to 224 px (as the embed job's decode tasks)\n\n"
         f"{len(files)} pictures of about 400x300 px, {sum(map(len, files)) / len(files) / 1e3:.0f} KB each.\n\n"
         + table(["processes", "images/s", "images/s per process"], decode_rows)
-        + "\n\n" + "\n".join(f"- {f}" for f in feed),
+        + "\n\n" + "\n".join(f"- {f}" for f in feed + gpu_feed),
     ]) + "\n"
     print("\n" + report)
     if os.environ.get("OUT"):
