@@ -18,6 +18,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -252,44 +253,95 @@ def _label(raw: bytes | None, strict: bool = True) -> int | str | None:
         return None if strict else text
 
 
+def _sample_index(key: str, uri: str) -> int:
+    """sample_index, with clip_benchmark's `s%07d` keys read without a regular expression."""
+    digits = key[1:]
+    if key[:1] == "s" and digits.isdigit() and digits.isascii():
+        return int(digits)
+    return sample_index(key, uri)
+
+
 def _read_tar(source: Source, unit: Unit, piece: Piece):
+    """The piece's rows in [unit.lo, unit.hi) as chunks of CHUNK_ROWS rows (or CHUNK_BYTES of images): the
+    members' bytes go from the read ranges into each chunk's Arrow buffers in one copy, no row dicts."""
     images, labels, captions = tar_members(source)
-    rows: dict[str, list] = {"index": [], "image": [], "label": [], **({"caption": []} if captions else {})}
-    size, ext, label = 0, None, None
+    lo, hi = unit.lo, unit.hi
+    rows = _TarRows(bool(captions))
+    size, ext, label, parsed = 0, None, None, {}
     try:
-        for sample in formats.samples(piece.uri):
-            index = sample_index(sample["__key__"], piece.uri)
-            if index < unit.lo or (unit.hi is not None and index >= unit.hi):
+        for key, sample in formats.tar_samples(piece.uri):
+            index = _sample_index(key, piece.uri)
+            if index < lo or (hi is not None and index >= hi):
                 continue
             if ext not in sample:  # the members are looked for once, and again only in a sample that lacks them
                 ext = next((e for e in images if e in sample), images[0])
             if label not in sample:
                 label = next((m for m in labels if m in sample), "cls")
+                known = parsed.setdefault(label, {})  # label member bytes -> label: labels repeat
             data = sample.get(ext)
-            rows["index"].append(index)
-            rows["image"].append({"bytes": data, "path": f"{sample['__key__']}.{ext}" if data else None})
-            rows["label"].append(_label(sample.get(label), strict=label == "cls"))
+            raw = sample.get(label)
+            if raw is None:
+                value = None
+            else:
+                value = known.get(raw, _MISSING)
+                if value is _MISSING:
+                    raw = bytes(raw)
+                    value = _label(raw, strict=label == "cls")
+                    if len(known) < 100_000:
+                        known[raw] = value
+            rows.index.append(index)
+            rows.data.append(data)
+            rows.path.append(f"{key}.{ext}" if data else None)
+            rows.label.append(value)
             if captions:
                 text = next((sample[m] for m in captions if m in sample), None)
-                rows["caption"].append(None if text is None else text.decode("utf-8", errors="replace"))
-            size += len(data or b"")
-            if len(rows["index"]) >= CHUNK_ROWS or size >= CHUNK_BYTES:
-                yield piece.uri, _tar_chunk(rows)
-                rows, size = {k: [] for k in rows}, 0
+                rows.caption.append(None if text is None else str(text, "utf-8", "replace"))
+            if data is not None:
+                size += len(data)
+            if len(rows.index) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+                yield piece.uri, rows.table()
+                rows, size = _TarRows(bool(captions)), 0
     except formats.FormatError as exc:
         raise SourceError(str(exc)) from exc
-    if rows["index"]:
-        yield piece.uri, _tar_chunk(rows)
+    if rows.index:
+        yield piece.uri, rows.table()
 
 
-def _tar_chunk(rows: dict[str, list]) -> pa.Table:
-    labels = rows["label"]
-    # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
-    label = (pa.array([None if v is None else str(v) for v in labels], pa.string())
-             if any(isinstance(v, str) for v in labels) else pa.array(labels, pa.int64()))
-    return pa.table({"index": pa.array(rows["index"], pa.int64()), "image": pa.array(rows["image"], IMAGE_TYPE),
-                     "label": label, **({"caption": pa.array(rows["caption"], pa.string())} if "caption" in rows
-                                        else {})})
+_MISSING = object()
+
+
+class _TarRows:
+    """One chunk's rows from tar samples, column by column."""
+
+    def __init__(self, captions: bool):
+        self.index, self.data, self.path, self.label = [], [], [], []
+        self.caption = [] if captions else None
+
+    def table(self) -> pa.Table:
+        labels = self.label
+        # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
+        label = (pa.array([None if v is None else str(v) for v in labels], pa.string())
+                 if any(isinstance(v, str) for v in labels) else pa.array(labels, pa.int64()))
+        image = pa.StructArray.from_arrays([_binary(self.data), pa.array(self.path, pa.string())],
+                                           fields=list(IMAGE_TYPE))
+        return pa.table({"index": pa.array(self.index, pa.int64()), "image": image, "label": label,
+                         **({"caption": pa.array(self.caption, pa.string())} if self.caption is not None else {})})
+
+
+def _binary(values: list) -> pa.Array:
+    """A binary array of bytes-likes (None: null), built from one join of them rather than one object each."""
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 1 << 31:  # past binary's 32-bit offsets: pyarrow says so, as it did before
+        return pa.array([None if v is None else bytes(v) for v in values], pa.binary())
+    valid = np.fromiter((v is not None for v in values), np.bool_, n)
+    nulls = n - int(valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    data = b"".join(v for v in values if v is not None)
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+                                 null_count=nulls)
 
 
 def read_unit(source: Source, unit: Unit):
