@@ -270,7 +270,10 @@ READ_BYTES = 16 << 20  # a tar is read in ranges of this size (more where one me
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = frozenset(b"0\x007")  # tarfile's regular files (REGTYPE, AREGTYPE, CONTTYPE)
 _NO_DATA = frozenset(b"123456")  # links, devices, folders, fifos: tarfile skips no data after their headers
-_TARFILE = frozenset(b"LKSxgX")  # GNU long names and links, GNU sparse files, pax headers: read by tarfile
+_EXTENDED = frozenset(b"xXLK")  # pax headers, GNU long names and links: about the header after them
+_LONGNAME, _LONGLINK = b"LK"
+_TARFILE = frozenset(b"Sg")  # GNU sparse files, pax global headers: read by tarfile
+_PAX_RECORD = re.compile(br"(\d+) ([^=]+)=")  # tarfile's: "<length> <keyword>=<value>\n"
 _SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset's meta members (tar_file_iterator's skip_meta)
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 
@@ -293,6 +296,39 @@ def _name(head: bytes) -> str:
     if head[345]:
         return f"{tarfile.nts(head[345:500], tarfile.ENCODING, 'surrogateescape')}/{name}"
     return name
+
+
+def _pax_text(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode(tarfile.ENCODING, "surrogateescape")
+
+
+def _pax(data: bytes) -> tuple[str | None, int | None] | None:
+    """(path, size) of a pax extended header's records (None where it has none), as tarfile applies them to the
+    member after it; the other records (mtime, uid, ...) change neither. None: one tarfile should read (another
+    charset, GNU sparse files, a bad record)."""
+    if b"hdrcharset=" in data or b"GNU.sparse" in data:
+        return None
+    path = size = None
+    at = 0
+    while True:
+        match = _PAX_RECORD.match(data, at)
+        if not match:
+            return path, size
+        length = int(match.group(1))
+        if length == 0:
+            return None
+        keyword = match.group(2)
+        if keyword == b"path":
+            path = _pax_text(data[match.end(2) + 1:match.start(1) + length - 1]).rstrip("/")
+        elif keyword == b"size":
+            try:
+                size = int(_pax_text(data[match.end(2) + 1:match.start(1) + length - 1]))
+            except ValueError:
+                size = 0
+        at += length
 
 
 def _v7_folder(head: bytes) -> bool:
@@ -352,18 +388,20 @@ def _read_at_least(f, n: int, size: int) -> bytes:
     return data
 
 
-def tar_files(f, start: int = 0, read_bytes: int = READ_BYTES) -> Iterator[list[tuple[int, str, object]]]:
+def tar_files(f, start: int = 0, read_bytes: int | None = None) -> Iterator[list[tuple[int, str, object]]]:
     """The regular files of the tar open in `f` (seekable), from the member header at byte `start` to the end of
     the archive, in batches: [(byte offset of the member's header, name, data)]. `data` is a read-only
-    memoryview into the range read (bytes where tarfile read it); a batch holds the members of one range.
+    memoryview into the range read (bytes where tarfile read it); a batch holds the members of one range of
+    `read_bytes` (default READ_BYTES).
     Raises tarfile.ReadError (or ValueError) for a tar that is cut short or whose headers are not tar headers."""
+    read_bytes = read_bytes or READ_BYTES
     f.seek(start)
     buf = _read_at_least(f, BLOCK, read_bytes)
     if len(buf) < BLOCK or not _valid(buf[:BLOCK]):  # not a tar header: tarfile says what it is (or unpacks it)
         yield from _tarfile_files(f, start, "r|*")
         return
     base, pos = start, 0  # base: the file offset of buf[0]; pos: the next header's offset in buf
-    regular, no_data, to_tarfile, zero = _REGULAR, _NO_DATA, _TARFILE, _ZERO_BLOCK
+    regular, no_data, extended, to_tarfile, zero = _REGULAR, _NO_DATA, _EXTENDED, _TARFILE, _ZERO_BLOCK
     while True:
         view, n, batch, heads, need, done, handover = memoryview(buf), len(buf), [], [], BLOCK, False, False
         append, add_head = batch.append, heads.append
@@ -372,24 +410,53 @@ def tar_files(f, start: int = 0, read_bytes: int = READ_BYTES) -> Iterator[list[
             if head == zero:
                 done = True
                 break
-            kind = head[156]
-            if kind in to_tarfile:
+            kind, at, name, size = head[156], pos, None, None
+            if kind in extended:  # a pax header or a GNU long name or link: applies to the header after it
+                ext_size = _nti(head[124:136])
+                nxt = pos + BLOCK + ext_size + (-ext_size % BLOCK)
+                if nxt + BLOCK > n:
+                    if not _valid(head):
+                        raise tarfile.ReadError(f"bad checksum in the member header at byte {base + pos}")
+                    need = nxt + BLOCK - pos
+                    break
+                ext = buf[pos + BLOCK:pos + BLOCK + ext_size]
+                if kind == _LONGNAME:
+                    end = ext.find(b"\0")
+                    name = (ext if end < 0 else ext[:end]).decode(tarfile.ENCODING, "surrogateescape")
+                elif kind != _LONGLINK:
+                    fields = _pax(ext)
+                    if fields is None:
+                        handover = True
+                        break
+                    name, size = fields
+                add_head(pos)
+                pos = nxt
+                head = buf[pos:pos + BLOCK]
+                kind = head[156]
+                if kind in extended or kind in to_tarfile or head == zero:  # a chain: tarfile reads it
+                    heads.pop()
+                    pos, handover = at, True
+                    break
+            elif kind in to_tarfile:
                 handover = True
                 break
             if kind in no_data or (kind == 0 and _v7_folder(head)):
                 add_head(pos)
                 pos += BLOCK
                 continue
-            size = _nti(head[124:136])
+            if size is None:
+                size = _nti(head[124:136])
             stop = pos + BLOCK + size
-            if stop > n:  # the member runs past the range: read on from its header
+            if stop > n:  # the member runs past the range: read on from its (first) header
                 if not _valid(head):  # before trusting its size
                     raise tarfile.ReadError(f"bad checksum in the member header at byte {base + pos}")
-                need = BLOCK + size
+                if at != pos:
+                    heads.pop()
+                need, pos = stop - at, at
                 break
             add_head(pos)
             if kind in regular:
-                append((base + pos, _name(head), view[pos + BLOCK:stop]))
+                append((base + at, _name(head) if name is None else name, view[pos + BLOCK:stop]))
             pos = stop + (-size % BLOCK)
         _check_sums(buf, heads, base)
         if batch:
