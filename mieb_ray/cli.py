@@ -134,7 +134,15 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
                    help="taxon-aligned corpus partitions, each scored by its own tasks (default: one per 256 MB "
                         "of image embeddings)")
     add_mixed_models_flag(p)
+    add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
+
+
+def add_executor_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
+                   help="where scoring runs: ray (Ray tasks), local (in this process, Ray never started) or auto "
+                        "(default): local when the embeddings total at most 256 MiB, no cluster was asked for "
+                        "(--address, RAY_ADDRESS) and Ray is not running yet (as after --model's embedding)")
 
 
 def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
@@ -163,7 +171,8 @@ def run_eval(args: argparse.Namespace) -> None:
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
-                        partitions=args.partitions, allow_mixed_models=args.allow_mixed_models))
+                        partitions=args.partitions, allow_mixed_models=args.allow_mixed_models,
+                        executor=args.executor))
 
 
 def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
@@ -180,6 +189,7 @@ def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", default=None, help="hub commit of --model")
     p.add_argument("--out", required=True, help="output folder: <Task>.json per task, summary.json, report.html")
     add_mixed_models_flag(p)
+    add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
 
 
@@ -205,7 +215,8 @@ def run_zeroshot(args: argparse.Namespace) -> None:
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
     images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
-    protocol.run(suite, args.out, images, texts, allow_mixed_models=args.allow_mixed_models)
+    protocol.run(suite, args.out, images, texts, allow_mixed_models=args.allow_mixed_models,
+                 executor_name=args.executor)
 
 
 def add_audit_flags(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,11 @@ def configure(address: str | None = None) -> None:
     _address = address
 
 
+def address() -> str | None:
+    """The cluster address the command line gave (--address), if any."""
+    return _address
+
+
 def ray_up() -> None:
     """Join the configured cluster, or start a local Ray, unless Ray is up already."""
     import ray

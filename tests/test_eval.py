@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +64,7 @@ def test_scores_equal_mteb(ray_local, data, tmp_path, grid):
 
 def test_the_driver_never_opens_an_image_embedding(ray_local, data, tmp_path, monkeypatch):
     """Corpus, pools and embeddings are read by Ray workers (other processes): in this process every shard
-    reader raises, and the scores are still mteb's."""
+    reader raises, and the scores are still mteb's (executor ray: in-process, the driver reads them itself)."""
     root, _ = data
     images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
     make_biovita_embeddings(root, images, texts, grid=None, image_shards=3)
@@ -75,11 +77,57 @@ def test_the_driver_never_opens_an_image_embedding(ray_local, data, tmp_path, mo
     monkeypatch.setattr(embeddings, "open_shard", forbidden)
     monkeypatch.setattr(embeddings, "read_all", forbidden)
     monkeypatch.setattr(embeddings, "matrix", forbidden)
-    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=50, partitions=2, log=lambda _: None)
+    result = evaluate(root, images, texts, str(tmp_path / "out"), query_block=50, partitions=2, executor="ray",
+                      log=lambda _: None)
     got = {e["hf_subset"]: e for e in result["scores"]["test"]}
     for name in biovita.SUBSETS:
         for key in TAXON_KEYS:
             assert got[name][key] == round(want[name][key], 6), (name, key)
+
+
+def _outputs(out: Path) -> tuple[list[dict], list[dict]]:
+    """The results' scores and the per-query ranks: what must not change with the executor."""
+    result = json.loads((out / RESULTS_FILE).read_text())
+    return result["scores"]["test"], pq.read_table(out / "ranks.parquet").to_pylist()
+
+
+def test_in_process_equals_ray_and_mteb(ray_local, data, tmp_path):
+    """executor local (the engine's tasks inline, several partitions and query blocks) = executor ray = mteb,
+    score for score and rank for rank; auto keeps the Ray this process already runs."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts, grid=None)
+    lines = []
+    for where in ("local", "ray", "auto"):
+        evaluate(root, images, texts, str(tmp_path / where), query_block=7, partitions=3, executor=where,
+                 log=lines.append)
+    assert any(line.startswith("[eval] in-process (--executor local") for line in lines)
+    assert any(line.startswith("[eval] on Ray (Ray already running in this process") for line in lines)
+    local = _outputs(tmp_path / "local")
+    assert local == _outputs(tmp_path / "ray") == _outputs(tmp_path / "auto")
+    subsets = {name: biovita.load_subset(root, name) for name in biovita.SUBSETS}
+    want = mteb_scores(subsets, lookup(texts), lookup(images))
+    for entry in local[0]:
+        for key in TAXON_KEYS + ["main_score"]:
+            assert entry[key] == round(want[entry["hf_subset"]][key], 6), (entry["hf_subset"], key)
+
+
+def test_a_small_eval_never_starts_ray(data, tmp_path):
+    """The command line, no cluster asked for, a small corpus: scored in this process, Ray not even imported,
+    the same outputs as on Ray (as test_in_process_equals_ray_and_mteb shows)."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    script = ("import sys; from mieb_ray.cli import main; code = main(sys.argv[1:]); "
+              "print('ray imported' if 'ray' in sys.modules else 'no ray'); sys.exit(code)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", script, "eval-biovita", "--data", root, "--image-embeddings",
+                           images, "--text-embeddings", texts, "--out", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "no ray" and lines[0].startswith("[eval] in-process (") and "Ray not started" in lines[0]
+    assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "_manifest.json").exists()
 
 
 def test_ties_and_repeated_genus_queries_rank_as_designed(ray_local, data, tmp_path):
@@ -113,7 +161,8 @@ def test_outputs_and_report(ray_local, data, tmp_path):
     assert sorted(os.listdir(out)) == sorted([RESULTS_FILE, "_manifest.json", "ranks.parquet", "report.html"])
 
 
-def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, tmp_path):
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, tmp_path, where):
     root, _ = data
     images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
     make_biovita_embeddings(root, images, texts)
@@ -124,19 +173,19 @@ def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, t
     embeddings.write_ipc(shard + ".tmp", table.slice(1))
     os.replace(shard + ".tmp", shard)
     with pytest.raises(UserError, match=r"^1 unseen_species corpus ids have no embedding in .*img \(e\.g\. '"):
-        evaluate(root, images, texts, out, log=lambda _: None)
+        evaluate(root, images, texts, out, executor=where, log=lambda _: None)
     # dimensions that differ between texts and images
     make_biovita_embeddings(root, images, texts, dim=16)
     make_biovita_embeddings(root, str(tmp_path / "img32"), str(tmp_path / "txt32"), dim=32)
     with pytest.raises(UserError, match=r"text embeddings have dim 32 but image embeddings dim 16"):
-        evaluate(root, images, str(tmp_path / "txt32"), out, log=lambda _: None)
+        evaluate(root, images, str(tmp_path / "txt32"), out, executor=where, log=lambda _: None)
     # a subset whose queries file is empty
     empty = str(tmp_path / "empty")
     make_biovita_mirror(empty)
     path = biovita.config_files(empty, "unseen_species-queries")[0]
     pq.write_table(pq.read_table(path).slice(0, 0), path)
     with pytest.raises(UserError, match=r"unseen_species: no queries"):
-        evaluate(empty, images, texts, out, log=lambda _: None)
+        evaluate(empty, images, texts, out, executor=where, log=lambda _: None)
 
 
 def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The top-k engine: the pure kernels against brute force (ties included), and the Ray engine reading every
-shard once, exact with many partitions and a deep merge tree, on float16 shards, with sparse pools."""
+shard once, exact with many partitions and a deep merge tree, on float16 shards, with sparse pools; the same
+engine run inline (executor "local", no Ray) gives the same bits."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import ray
 
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
-from mieb_ray.topk import engine
-from mieb_ray.topk.kernels import (Candidates, CandidateMax, TopK, TopRows, batches, build_partition, group_maxima, split,
-                                   top_rows)
+from mieb_ray.errors import UserError
+from mieb_ray.topk import engine, executor
+from mieb_ray.topk.kernels import (Candidates, CandidateMax, PoolMask, TopK, TopRows, batches, build_partition,
+                                   group_maxima, split, top_rows)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -153,6 +155,11 @@ def test_kernels_match_brute_force_with_ties(tied):
     part = build_partition(split([(docs, None, groups, doc_ids)], 1))
     assert all(np.array_equal(a, b) for a, b in zip(group_maxima(part, q, argmax=True, chunk_rows=1),
                                                     group_maxima(part, q, argmax=True, chunk_rows=10 ** 6)))
+    # nor with pools: one chunk takes every pool pair unsorted, small chunks take them sorted by row
+    pool = dict(indptr=indptr, docs=pool_docs)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=7),
+        group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=10 ** 6)))
 
 
 def test_top_rows_equals_topk_when_every_row_is_its_own_group(tied):
@@ -185,13 +192,15 @@ def test_every_shard_is_opened_once(ray_local, corpus, tmp_path):
     assert np.array_equal(got[1], want[1])
 
 
-def test_many_partitions_and_a_deep_merge_tree_are_exact(ray_local, corpus):
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_many_partitions_and_a_deep_merge_tree_are_exact(ray_local, corpus, where):
     queries, docs, groups = corpus
     chunks = [(docs[i:i + 500], groups[i:i + 500]) for i in range(0, len(docs), 500)]
-    lay = engine.layout(chunks=chunks, partitions=20)
-    # 20 partials per block, fan-in 3: merged 20 -> 7 -> 3 -> 1, a tree of depth 3
-    refs = engine.search(lay, [queries[:30], ray.put(queries[30:])], TopK(10), fan_in=3)
-    got = [np.concatenate(a) for a in zip(*ray.get(refs))]
+    with executor.using(where):
+        lay = engine.layout(chunks=chunks, partitions=20)
+        # 20 partials per block, fan-in 3: merged 20 -> 7 -> 3 -> 1, a tree of depth 3
+        refs = engine.search(lay, [queries[:30], executor.put(queries[30:])], TopK(10), fan_in=3)
+        got = [np.concatenate(a) for a in zip(*executor.get(refs))]
     want = brute_topk(queries, docs, groups, 10)
     assert np.array_equal(got[1], want[1]) and np.allclose(got[0], want[0], atol=1e-6)
 
@@ -206,7 +215,13 @@ def test_float16_shards(ray_local, corpus, tmp_path):
     assert lay.stats()["read_ratio"] == 1.0
 
 
-def test_candidate_max_over_a_key_lookup_with_pools(ray_local, tied, tmp_path):
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_candidate_max_over_a_key_lookup_with_pools(ray_local, tied, tmp_path, where):
+    with executor.using(where):
+        _candidate_max_over_a_key_lookup_with_pools(tied, tmp_path)
+
+
+def _candidate_max_over_a_key_lookup_with_pools(tied, tmp_path):
     queries, docs, groups, doc_ids, candidates, pools = tied
     keys = [f"photo-{d}" for d in doc_ids]
     # shards hold every doc but two, plus a row that is not in the corpus (dropped)
@@ -225,7 +240,61 @@ def test_candidate_max_over_a_key_lookup_with_pools(ray_local, tied, tmp_path):
     refs = engine.search(lay, [queries[a:b] for a, b in blocks], CandidateMax(),
                          [Candidates(candidates[a:b], indptr[a:b + 1] - indptr[a], pool_docs[indptr[a]:indptr[b]])
                           for a, b in blocks], fan_in=2)
-    got_s, got_d = (np.concatenate(x) for x in zip(*ray.get(refs)))
+    got_s, got_d = (np.concatenate(x) for x in zip(*executor.get(refs)))
     keep = np.array(present)
     want_s, want_d = brute_candidates(queries, docs[keep], groups[keep], doc_ids[keep], candidates, pools)
     assert np.array_equal(got_s, want_s) and np.array_equal(got_d, want_d)
+
+
+# ---------------------------------------------------------------------------------------------- executor
+
+
+@executor.remote(num_cpus=1, num_returns=2)
+def _two(a, b):
+    return a + b, a * b
+
+
+@executor.remote(num_cpus=1)
+def _fails(what):
+    raise UserError(what)
+
+
+def test_local_executor_runs_tasks_inline_as_ray_would():
+    """Refs as arguments are resolved (top level), num_returns splits the one list, a task runs once and only
+    when fetched, its error surfaces at get (as Ray's), and Ray is never touched."""
+    calls = []
+
+    @executor.remote(num_cpus=1)
+    def counted(x):
+        calls.append(x)
+        return x
+
+    with executor.using("local"):
+        s, p = _two.remote(executor.put(3), 4)
+        total = _two.options(num_returns=2).remote(s, p)[0]
+        ref = counted.remote(total)
+        failing = _fails.remote("bad input")  # not fetched: not run
+        assert executor.is_ref(ref) and not calls
+        assert executor.get([ref, s]) == [19, 7] and executor.get(ref) == 19 and calls == [19]
+        with pytest.raises(UserError, match="bad input"):
+            executor.get(failing)
+        assert executor.mode() == "local"
+    assert executor.mode() == "ray"
+
+
+def test_choose_keeps_ray_for_clusters_big_corpora_and_a_running_ray(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(executor, "ray_running", lambda: False)
+    assert executor.choose("auto", 100, 1000, None)[0] == "local"
+    assert executor.choose("auto", 1001, 1000, None)[0] == "ray"
+    assert executor.choose("auto", 100, 1000, "auto")[0] == "ray"
+    assert executor.choose("ray", 100, 1000, None)[0] == "ray"
+    assert executor.choose("local", 10 ** 12, 1000, "auto")[0] == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a `ray job submit` job: stays on its cluster
+    assert executor.choose("auto", 100, 1000, None) == ("ray", "a cluster was asked for (RAY_ADDRESS), 0.0 MiB "
+                                                                "of embeddings")
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(executor, "ray_running", lambda: True)
+    assert executor.choose("auto", 100, 1000, None)[0] == "ray"
+    with pytest.raises(UserError, match="--executor must be one of auto, ray, local"):
+        executor.choose("gpu", 100, 1000, None)

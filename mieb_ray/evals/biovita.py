@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
@@ -27,7 +26,7 @@ from mieb_ray.evals.protocol import EmbedInputs, get
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval import biovita
 from mieb_ray.retrieval.groupmax import NEG, rank_of, ranked
-from mieb_ray.topk import engine
+from mieb_ray.topk import engine, executor
 from mieb_ray.topk.kernels import CandidateMax, Candidates
 
 K_VALUES = (1, 5, 10)
@@ -47,6 +46,7 @@ class EvalConfig:
     partitions: int | None = None  # taxon-aligned corpus partitions (None: the engine's default)
     gallery: int = 12  # query cards per subset in the report
     allow_mixed_models: bool = False  # score image and text embeddings whose manifests name different models
+    executor: str = "auto"  # ray, local (in this process, no Ray) or auto (local for a small corpus, no cluster)
 
 
 def scored_queries(q: biovita.Queries) -> biovita.Queries:
@@ -78,7 +78,7 @@ def task_result(scores: dict[str, dict], seconds: float, phases: list[dict]) -> 
 # ---------------------------------------------------------------------------------------------- tasks
 
 
-@ray.remote(num_cpus=1, num_returns=3)
+@executor.remote(num_cpus=1, num_returns=3)
 def _corpus(data: str, name: str):
     """The key lookup (corpus id -> doc = row, group = taxon id), the taxon vocabulary, the photo count."""
     ids, taxa = biovita.read_corpus(data, name)
@@ -87,7 +87,7 @@ def _corpus(data: str, name: str):
         vocabulary, len(ids)
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
                 blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str]):
     """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs."""
@@ -98,14 +98,14 @@ def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list
     return out if len(out) > 1 else out[0]
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _query_vectors(uri: str, blocks: list[list[str]], what: str):
     """The dim, then per block the (q, d) float32 embeddings of its texts."""
     dim, vectors = protocol.text_vectors(uri, [t for b in blocks for t in b], what)
     return [dim, *np.split(vectors, np.cumsum([len(b) for b in blocks])[:-1])]
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _photos(data: str, name: str, docs: list[int]) -> dict[int, tuple[str, bytes | None]]:
     """Corpus id and image bytes of a few docs (rows of the corpus), for the report."""
     ids, _ = biovita.read_corpus(data, name)
@@ -243,7 +243,7 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     t0 = time.time()
     storage.check_output(config.out)
     result = protocol.run(BioVITASuite(config), config.out, config.image_embeddings, config.text_embeddings,
-                          log, config.allow_mixed_models)[biovita.TASK]
+                          log, config.allow_mixed_models, config.executor)[biovita.TASK]
     log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return result
 

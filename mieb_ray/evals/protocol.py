@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import ray
 
-from mieb_ray import __version__, storage
-from mieb_ray.connect import ray_up
+from mieb_ray import __version__, connect, storage
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings
+from mieb_ray.topk import engine, executor
 
 MTEB_VERSION = "2.26.24"  # the scorers we equal
 
@@ -63,10 +62,13 @@ def task_result(task: str, revision: str, split: str, entries: list[dict], secon
 
 
 def get(refs):
-    """ray.get, a UserError raised in a task re-raised as itself (one line, no task traceback)."""
+    """executor.get (ray.get, or inline), a UserError raised in a Ray task re-raised as itself (one line, no
+    task traceback)."""
     try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as exc:
+        return executor.get(refs)
+    except Exception as exc:
+        if not executor.is_task_error(exc):
+            raise
         user = find_user_error(exc.cause) if exc.cause is not None else None
         if user is None:
             raise
@@ -90,6 +92,21 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
     matrices = [embeddings.matrix(t, dim) for t in tables]
     rows = [matrices[where[k][0]][where[k][1]] for k in texts]
     return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+
+
+def embedding_bytes(*uris: str) -> int:
+    """The embedding shards' total size, from the listing (no shard opened)."""
+    shards = [embeddings.shard_uris(uri) for uri in uris]  # one listing each: they may be on different stores
+    return sum(sum(engine.file_sizes(s)) for s in shards if s)
+
+
+def pick_executor(requested: str, images: str, texts: str, log=print) -> str:
+    """"ray" or "local" (executor.choose): in-process for at most one engine partition of embeddings when no
+    cluster was asked for. Logs the choice in one line."""
+    which, why = executor.choose(requested, embedding_bytes(images, texts), engine.PARTITION_BYTES,
+                                 connect.address())
+    log(f"[eval] {'in-process' if which == 'local' else 'on Ray'} ({why})")
+    return which
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
@@ -119,13 +136,21 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
 
 
 def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
-        allow_mixed_models: bool = False) -> dict[str, dict]:
+        allow_mixed_models: bool = False, executor_name: str = "auto") -> dict[str, dict]:
     """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
-    Image and text embeddings of different models are refused unless allow_mixed_models."""
+    Image and text embeddings of different models are refused unless allow_mixed_models. executor_name: "ray",
+    "local" (the same tasks inline in this process, Ray never started) or "auto" (pick_executor)."""
     t0 = time.time()
     for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
         log(f"[eval] warning: {note}")
-    ray_up()  # after the checks that need no Ray
+    which = pick_executor(executor_name, images, texts, log)
+    if which == "ray":
+        connect.ray_up()  # after the checks that need no Ray
+    with executor.using(which):
+        return _run(suite, out, images, texts, log, t0)
+
+
+def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float) -> dict[str, dict]:
     pending = suite.submit(images, texts, log)
     results = suite.collect(pending, log)
     storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends

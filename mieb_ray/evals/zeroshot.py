@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import ray
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
@@ -29,7 +28,7 @@ from mieb_ray.evals.protocol import EmbedInputs, get, task_result, text_vectors
 from mieb_ray.evals.zeroshot_scoring import PROMPT_SETS, ClassArgmax, TaskPrompts, metrics
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, readers
-from mieb_ray.topk import engine
+from mieb_ray.topk import engine, executor
 
 UNIT_ROWS = 50_000  # eval-split rows per label-reading task
 BLOCK_BYTES = 128 << 20  # image-embedding shard bytes per query block
@@ -51,7 +50,7 @@ class Planned:
 # ---------------------------------------------------------------------------------------------- tasks
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
     """(index, label) of one read unit's rows; a missing label is -1."""
     from mieb_ray.sources import by_slug
@@ -66,14 +65,14 @@ def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(index), np.concatenate(label)
 
 
-@ray.remote(num_cpus=1, num_returns=2)
+@executor.remote(num_cpus=1, num_returns=2)
 def _prompt_corpus(uri: str, prompts: list[str]):
     """The dim, and the prompt corpus chunk (vectors, group = row) from text embeddings keyed by the text."""
     dim, vectors = text_vectors(uri, prompts, "prompts")
     return dim, (vectors, np.arange(len(prompts), dtype=np.int64))
 
 
-@ray.remote(num_cpus=1, num_returns=3)
+@executor.remote(num_cpus=1, num_returns=3)
 def _image_block(uris: list[str], prefixes: list[str]):
     """One query block from a batch of shards, each opened once: the vectors of rows keyed
     `<prefix><index>` for a chosen task's prefix, their task numbers, and the block's metadata."""
@@ -106,7 +105,7 @@ def _image_block(uris: list[str], prefixes: list[str]):
     return block, meta["task"], meta
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _images(slug: str, units: list[str], wanted: list[int]) -> dict[int, bytes | None]:
     """Image bytes of a few rows of an eval split (for the report's gallery)."""
     from mieb_ray.sources import by_slug

@@ -9,6 +9,7 @@ images, except through read_images().
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -70,7 +71,13 @@ def _card_patterns(root: str) -> dict[str, list[str]]:
     text = storage.read_text(readme)
     if not text.startswith("---"):
         return {}
-    front = yaml.safe_load(text.split("---", 2)[1]) or {}
+    return _front_patterns(text.split("---", 2)[1])
+
+
+@functools.lru_cache(maxsize=16)
+def _front_patterns(front_matter: str) -> dict[str, list[str]]:
+    """The patterns of a README front matter, parsed once per text (libyaml's loader when there is one)."""
+    front = yaml.load(front_matter, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     patterns = {}
     for config in front.get("configs") or []:
         files = config.get("data_files") or []

@@ -1,4 +1,6 @@
 """The top-k engine on Ray: lay the corpus out once, score query blocks x partitions, merge in a tree.
+The same tasks run inline in the driver, Ray never started, under executor.using("local") (topk/executor.py):
+what an eval does for a corpus of at most one partition when no cluster was asked for.
 
     shards ──► map tasks (a contiguous batch of about MAP_BYTES of shards each, every shard opened once:
                normalise, label rows with group and doc ids, split by group % P; `num_returns=P`)
@@ -36,11 +38,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import ray
 
 from mieb_ray import storage
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
+from mieb_ray.topk import executor
 from mieb_ray.topk.kernels import batches, build_partition, split
 
 MAP_BYTES = 512 << 20  # shard bytes one map task reads
@@ -74,7 +76,7 @@ class Layout:
         corpus_bytes (the files' total), read_ratio (1.0: every shard opened once) and, with a lookup,
         matched (rows whose key is in it). Waits for the map tasks."""
         if self._stats is None:
-            parts = ray.get(self.stat_refs)
+            parts = executor.get(self.stat_refs)
             total = {k: sum(p[k] for p in parts) for k in ("rows", "shards", "bytes_opened", "matched")}
             dims = {p["dim"] for p in parts if p["dim"] is not None}
             self._stats = {**total, "partitions": len(self.partitions), "map_tasks": len(parts),
@@ -100,7 +102,7 @@ def file_sizes(uris: list[str]) -> list[int]:
 
 
 def layout(shards: list[str] | None = None, *, chunks: list | None = None, group_column: str | None = None,
-           lookup: KeyLookup | ray.ObjectRef | None = None, partitions: int | None = None,
+           lookup: KeyLookup | object | None = None, partitions: int | None = None,
            map_bytes: int = MAP_BYTES) -> Layout:
     """Lay out embedding `shards` (labelled by `group_column` or `lookup`), or in-memory `chunks` of
     (vectors, groups) (refs or tuples), in P group-aligned partitions. Returns at once."""
@@ -110,8 +112,8 @@ def layout(shards: list[str] | None = None, *, chunks: list | None = None, group
         sizes = file_sizes(shards) if shards else []
         corpus_bytes = sum(sizes)
         partitions = partitions or default_partitions(corpus_bytes)
-        if lookup is not None and not isinstance(lookup, ray.ObjectRef):
-            lookup = ray.put(lookup)
+        if lookup is not None and not executor.is_ref(lookup):
+            lookup = executor.put(lookup)
         mapper = _map_shards.options(num_returns=partitions + 2)
         outs = [mapper.remote(shards[a:b], a, partitions, group_column, lookup)
                 for a, b in batches(sizes, map_bytes)]
@@ -119,7 +121,7 @@ def layout(shards: list[str] | None = None, *, chunks: list | None = None, group
         corpus_bytes = 0
         partitions = partitions or default_partitions(sum(c[0].nbytes for c in chunks if isinstance(c, tuple)))
         mapper = _map_chunk.options(num_returns=partitions + 2)
-        outs = [mapper.remote(c if isinstance(c, ray.ObjectRef) else ray.put(c), n, partitions)
+        outs = [mapper.remote(_ref(c), n, partitions)
                 for n, c in enumerate(chunks)]
     parts = [_partition.remote(*(out[2 + p] for out in outs)) for p in range(partitions)]
     return Layout(parts, corpus_bytes, [out[0] for out in outs], [out[1] for out in outs] if lookup is not None
@@ -129,7 +131,7 @@ def layout(shards: list[str] | None = None, *, chunks: list | None = None, group
 def missing_keys(lay: Layout, limit: int = 5) -> tuple[int, list[str], int]:
     """For a lookup layout: how many lookup keys no shard holds, the first `limit` of them (in doc order),
     and how many keys more than one row holds."""
-    return ray.get(_missing.remote(lay.lookup, limit, *lay.matched_refs))
+    return executor.get(_missing.remote(lay.lookup, limit, *lay.matched_refs))
 
 
 def search(lay: Layout, query_blocks: list, reducer, block_data: list | None = None, fan_in: int = FAN_IN) -> list:
@@ -149,7 +151,7 @@ def search(lay: Layout, query_blocks: list, reducer, block_data: list | None = N
 
 
 def _ref(x):
-    return x if isinstance(x, ray.ObjectRef) else ray.put(x)
+    return x if executor.is_ref(x) else executor.put(x)
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -159,7 +161,7 @@ def _stats(rows: int, shards: int, bytes_opened: int, dim: int | None, matched: 
     return {"rows": rows, "shards": shards, "bytes_opened": bytes_opened, "dim": dim, "matched": matched}
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _map_shards(uris: list[str], first: int, partitions: int, group_column: str | None, lookup: KeyLookup | None):
     """Shards first, first + 1, ... each opened once: its rows normalised, labelled, split by group % P."""
     tables = [embeddings.open_shard(u) for u in uris]
@@ -186,7 +188,7 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
     return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: int):
     vectors, groups = chunk
     groups = np.asarray(groups, np.int64)
@@ -194,25 +196,32 @@ def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: in
     return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _partition(*pieces):
     return build_partition(list(pieces))
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _score(part, queries: np.ndarray, reducer, data):
     import torch
 
-    torch.set_num_threads(1)  # one task per CPU: Ray, not torch, spreads the work
-    return reducer.score(part, normalize(queries), data)
+    # one task per CPU: Ray, not torch, spreads the work. Inline too (torch's threads on scatter_reduce_ cost
+    # more than they give on a busy machine), then the driver's own setting back
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return reducer.score(part, normalize(queries), data)
+    finally:
+        if executor.inline():
+            torch.set_num_threads(threads)
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _merge(reducer, *parts):
     return reducer.merge(list(parts))
 
 
-@ray.remote(num_cpus=1)
+@executor.remote(num_cpus=1)
 def _missing(lookup: KeyLookup, limit: int, *matched):
     counts = np.bincount(np.concatenate(matched) if matched else np.zeros(0, np.int64), minlength=len(lookup.docs))
     gone = np.flatnonzero(counts == 0)

@@ -124,19 +124,25 @@ class PoolMask:
         query = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
         at = np.minimum(np.searchsorted(sorted_docs, docs), max(len(sorted_docs) - 1, 0))
         found = sorted_docs[at] == docs if len(sorted_docs) else np.zeros(len(docs), bool)
-        rows = by_doc[at[found]]
-        order = np.argsort(rows, kind="stable")
-        self.rows, self.query, self.n_queries = rows[order], query[found][order], len(indptr) - 1
+        self.rows, self.query, self.n_queries = by_doc[at[found]], query[found], len(indptr) - 1
+        self.n_rows, self._by_row = len(part.docs), False
 
     def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
         """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
         import torch
 
-        a, b = np.searchsorted(self.rows, [lo, hi])
-        if a == b:
+        if lo == 0 and hi >= self.n_rows:  # the whole partition in one chunk: every pair, no sort
+            rows, query = self.rows, self.query
+        else:
+            if not self._by_row:  # sorted by row once, then each chunk's pairs are one slice
+                order = np.argsort(self.rows, kind="stable")
+                self.rows, self.query, self._by_row = self.rows[order], self.query[order], True
+            a, b = np.searchsorted(self.rows, [lo, hi])
+            rows, query = self.rows[a:b], self.query[a:b]
+        if not len(rows):
             return None
         mask = torch.zeros((hi - lo, self.n_queries), dtype=torch.bool)
-        mask[torch.from_numpy(self.rows[a:b] - lo), torch.from_numpy(self.query[a:b])] = True
+        mask[torch.from_numpy(rows - lo), torch.from_numpy(query)] = True
         return mask
 
 
