@@ -83,11 +83,13 @@ def _embed(tmp_path, tasks=CHOSEN, rows=EVAL_ROWS, **kw):
     return images, texts
 
 
-def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path):
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path, where):
     images, texts = _embed(tmp_path)
     out = str(tmp_path / "out")
     lines = []
-    results = protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), out, images, texts, log=lines.append)
+    results = protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), out, images, texts, log=lines.append,
+                           executor_name=where)
     chosen = select_tasks(CHOSEN)
     image_vectors, text_vectors = zeroshot_vectors(chosen, {t.slug: EVAL_ROWS for t in chosen})
     for task in chosen:
@@ -128,20 +130,36 @@ def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path):
     assert any("mean accuracy" in line for line in lines)
 
 
-def test_bad_input_is_one_line(ray_local, data, tmp_path):
+def test_in_process_equals_ray(ray_local, data, tmp_path):
+    """executor local (the engine's tasks inline, no Ray) writes the same scores and predictions as Ray."""
+    images, texts = _embed(tmp_path)
+    outputs = {}
+    for where in ("local", "ray"):
+        out = tmp_path / where
+        protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), str(out), images, texts, log=lambda _: None,
+                     executor_name=where)
+        outputs[where] = ({t: json.loads((out / f"{t}.json").read_text())["scores"] for t in CHOSEN},
+                          pq.read_table(out / "predictions.parquet").to_pylist(),
+                          json.loads((out / "summary.json").read_text())["tasks"])
+    assert outputs["local"] == outputs["ray"]
+
+
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_bad_input_is_one_line(ray_local, data, tmp_path, where):
     images, texts = _embed(tmp_path, rows=EVAL_ROWS - 3)  # the last 3 images of each task have no embedding
     suite = ZeroShotSuite(select_tasks("CIFAR10ZeroShot"), data)
     with pytest.raises(UserError, match=r"no cifar10 test files|mteb/cifar10"):  # a mirror without the repo
-        protocol.run(suite, str(tmp_path / "o1"), images, texts)
+        protocol.run(suite, str(tmp_path / "o1"), images, texts, executor_name=where)
     suite = ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data)
     with pytest.raises(UserError, match=r"CIFAR100ZeroShot: 3 of 40 images have no embedding in .*'cifar100/test/37'"):
-        protocol.run(suite, str(tmp_path / "o2"), images, texts)
+        protocol.run(suite, str(tmp_path / "o2"), images, texts, executor_name=where)
     assert storage.read_manifest(str(tmp_path / "o2")) is None
 
     images, texts = _embed(tmp_path / "b", tasks=["CIFAR100ZeroShot"])
     other, _ = _embed(tmp_path / "c", tasks=["CIFAR100ZeroShot"], dim=8)
     with pytest.raises(UserError, match="text embeddings have dim 16 but image embeddings dim 8"):
-        protocol.run(ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data), str(tmp_path / "o3"), other, texts)
+        protocol.run(ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data), str(tmp_path / "o3"), other, texts,
+                     executor_name=where)
 
 
 def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
