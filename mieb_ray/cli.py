@@ -102,6 +102,10 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
+    p.add_argument("--decode", default="auto", choices=["cpu", "gpu", "auto"],
+                   help="where images are decoded: cpu (CPU tasks), gpu (the encoders, on their device: JPEGs by "
+                        "nvJPEG, other formats on their CPU; needs torchvision) or auto (default): gpu when the "
+                        "encoders have GPUs and torchvision can decode there, else cpu")
     add_pool_flags(p)
 
 
@@ -114,7 +118,7 @@ def run_embed(args: argparse.Namespace) -> None:
                          batch_size=args.batch_size, rows_per_shard=args.rows_per_shard, dtype=args.dtype,
                          resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
                          workers=args.workers, gpus_per_worker=args.gpus_per_worker,
-                         cpus_per_worker=args.cpus_per_worker)
+                         cpus_per_worker=args.cpus_per_worker, decode=args.decode)
     config.check()
     init_ray(args.address)
     embed(config)

@@ -8,6 +8,7 @@ torchvision: on the CPU where it imports, and nvJPEG only where CUDA is (skipped
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -160,3 +161,65 @@ def test_decoder_on_the_cpu_with_torchvision():
 @needs_torchvision
 def test_decoder_on_cuda_with_nvjpeg():
     check_decoder("cuda")
+
+
+# ---- the embed job with --decode gpu ---------------------------------------------------------------------
+
+
+def mixed_table(path) -> list[str]:
+    """A table of JPEGs (colour, grey, rotated, large), a PNG, a CMYK JPEG and bad images; its keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    photo = picture("coffee.jpg")
+    images = {"jpeg": encode(photo, "JPEG", quality=90), "grey": encode(photo.convert("L"), "JPEG"),
+              "rotated": with_orientation(picture("astronaut.jpg"), "JPEG", 6), "png": encode(photo, "PNG"),
+              "large": encode(picture("china.jpg").resize((1600, 1200)), "JPEG", quality=90),
+              "cmyk": encode(photo.convert("CMYK"), "JPEG"), **{f"bad {k}": d for k, (d, _) in bad_inputs().items()}}
+    pq.write_table(pa.table({"key": list(images), "image": pa.array(list(images.values()), pa.binary())}), path)
+    return list(images)
+
+
+def errors_of(out: str, manifest: dict) -> dict[str, str]:
+    import pyarrow as pa
+
+    return {r["key"]: r["error"] for f in manifest["error_files"]
+            for r in pa.ipc.open_file(os.path.join(out, f)).read_all().to_pylist()}
+
+
+def test_decode_gpu_without_torchvision_is_one_line_before_ray(tiny_clip, tmp_path, capsys):
+    if gpu_decode.device_decode_available("cpu") is None:
+        pytest.skip("torchvision imports here")
+    from mieb_ray.cli import main
+
+    mixed_table(tmp_path / "t.parquet")
+    code = main(["embed", "--input", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "out"), "--model",
+                 tiny_clip, "--decode", "gpu", "--address", "127.0.0.1:9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("mieb-ray: error: --decode gpu needs torchvision: ")
+    assert not os.path.exists(tmp_path / "out")
+
+
+@needs_torchvision
+@pytest.mark.timeout(600)
+def test_embed_job_decoding_on_the_encoders_device(ray_local, tiny_clip, tmp_path):
+    """--decode gpu on a CPU encoder (torchvision's CPU decoder; nvJPEG where CUDA is): the same rows and error
+    rows as --decode cpu, embeddings equal to the bar."""
+    from mieb_ray.io import embeddings
+    from mieb_ray.pipelines.embed import EmbedConfig, embed
+
+    keys = mixed_table(tmp_path / "t.parquet")
+    runs = {}
+    for decode in ("cpu", "gpu"):
+        out = str(tmp_path / decode)
+        manifest = embed(EmbedConfig(str(tmp_path / "t.parquet"), out, tiny_clip, decode=decode, gpus_per_worker=0,
+                                     max_error_rate=1.0), log=print)
+        got, vectors = embeddings.read_all(out)
+        runs[decode] = dict(zip(got, vectors)), errors_of(out, manifest), manifest
+    (cpu, cpu_errors, _), (gpu, gpu_errors, manifest) = runs["cpu"], runs["gpu"]
+    assert manifest["config"]["decode"] == "gpu"
+    assert gpu_errors == cpu_errors and set(cpu_errors) == {k for k in keys if k.startswith("bad ")}
+    assert sorted(gpu) == sorted(cpu) == sorted(k for k in keys if not k.startswith("bad "))
+    a, b = np.stack([cpu[k] for k in sorted(cpu)]), np.stack([gpu[k] for k in sorted(cpu)])
+    mean = (a.mean(0) + b.mean(0)) / 2  # few rows: the mean of both paths' embeddings
+    assert centred_cosine(b, a, mean).min() >= BAR

@@ -2,8 +2,9 @@
 file) from the read to the commit, so the worker that commits it has all of its rows:
 
 read_stage    a CPU task per unit: its rows read, images decoded and resized to uint8 at the model's size
-              (raw image bytes never enter the object store)
-EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's embeddings, model call by call
+              (raw image bytes never enter the object store); with --decode gpu, the images' bytes as they are
+EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's embeddings, model call by call;
+              with --decode gpu it decodes the unit's images first, on its device (encode/gpu_decode.py)
 commit_stage  a CPU task: the unit's shard and error rows committed, then its progress record; what comes back
               to the driver is that record's result (path, rows, bytes, sha256, errors), never an embedding
 
@@ -21,14 +22,17 @@ from mieb_ray.io import embeddings, tables
 
 
 def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, modality: str,
-               spec: dict | None) -> dict:
+               spec: dict | None, decode: str = "cpu") -> dict:
     """One unit in (its number in `units`), all its rows out as one block."""
     (number,) = batch["unit"]
     unit = units[int(number)]
     n = unit.hi - unit.lo
     out = {name: np.empty(n, dtype=object) for name in (columns.key, *columns.carry)}
     errors = np.full(n, "", dtype=object)
-    if modality == "image":
+    if modality == "image" and decode == "gpu":
+        modality = "bytes"  # decoded by the encoder, on its device
+        images = np.empty(n, dtype=object)
+    elif modality == "image":
         from mieb_ray.encode.preprocess import ImageSpec, load_images
 
         spec_ = ImageSpec(**spec)
@@ -40,7 +44,10 @@ def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, m
         size = len(chunk[columns.key])
         for name in out:
             out[name][at:at + size] = chunk[name]
-        if modality == "image":
+        if modality == "bytes":
+            images[at:at + size] = [b or b"" for b in chunk[columns.data]]
+            errors[at:at + size] = ["missing image" if b is None else "" for b in chunk[columns.data]]
+        elif modality == "image":
             pixels[at:at + size], bad = load_images(chunk[columns.data], spec_)
             errors[at:at + size] = [e or "" for e in bad]
         else:
@@ -50,7 +57,8 @@ def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, m
     if at != n:
         raise tables.InputError(f"{unit.uri} has {unit.lo + at:,} rows, fewer than the {unit.hi:,} it had when "
                                 "the job was planned; was it changed during the run?")
-    data = {"pixels": pixels} if modality == "image" else {columns.data: texts}
+    data = {"pixels": pixels} if modality == "image" else {"images": images} if modality == "bytes" \
+        else {columns.data: texts}
     return {**out, **data, "__error": errors, "__unit": np.full(n, int(number))}
 
 
@@ -64,7 +72,7 @@ class EncodeStage:
     """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros."""
 
     def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
-                 batch_size: int, device: str | None, threads: int):
+                 batch_size: int, device: str | None, threads: int, decode: str = "cpu"):
         import torch
 
         from mieb_ray.encode.model import Encoder, load_info, resolve
@@ -73,9 +81,20 @@ class EncodeStage:
         path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
         self.modality, self.data_column, self.spec, self.batch_size = modality, data_column, spec, batch_size
+        self.decoder = None
+        if modality == "image" and decode == "gpu":
+            from mieb_ray.encode.gpu_decode import DeviceDecoder
+            from mieb_ray.encode.preprocess import ImageSpec
+
+            self.decoder = DeviceDecoder(ImageSpec(**spec), str(self.encoder.device))
 
     def __call__(self, batch: dict) -> dict:
-        data = batch.pop("pixels" if self.modality == "image" else self.data_column)
+        if self.decoder is not None:
+            images, read = batch.pop("images"), batch["__error"]
+            data, errors = self.decoder([b if e == "" else None for b, e in zip(images, read)])  # on the device
+            batch["__error"] = np.array([e or r for e, r in zip(errors, read)], dtype=object)
+        else:
+            data = batch.pop("pixels" if self.modality == "image" else self.data_column)
         good = np.flatnonzero(batch["__error"] == "")
         out = np.zeros((len(data), self.encoder.info.dim), dtype=np.float32)
         for lo in range(0, len(good), self.batch_size):
@@ -90,7 +109,8 @@ class EncodeStage:
 
         from mieb_ray.encode.preprocess import ImageSpec, normalize
 
-        pixels = torch.from_numpy(np.ascontiguousarray(data)).to(self.encoder.device)
+        pixels = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(data))
+        pixels = pixels.to(self.encoder.device)
         return self.encoder.encode_pixel_values(normalize(pixels, ImageSpec(**self.spec), dtype=self.encoder.dtype))
 
 

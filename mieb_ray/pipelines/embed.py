@@ -61,6 +61,7 @@ class EmbedConfig:
     gpus_per_worker: float | None = None
     cpus_per_worker: float = 1.0
     device: str | None = None
+    decode: str = "auto"  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
 
     @property
     def columns(self) -> tables.Columns:
@@ -72,6 +73,12 @@ class EmbedConfig:
             raise UserError(f"unknown modality {self.modality!r}; valid: {', '.join(MODALITIES)}")
         if self.dtype not in embeddings.DTYPES:
             raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(embeddings.DTYPES)}")
+        from mieb_ray.encode.gpu_decode import MODES, device_decode_available
+
+        if self.decode not in MODES:
+            raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(MODES)}")
+        if self.decode == "gpu" and self.modality == "image" and (why := device_decode_available("cpu")):
+            raise UserError(f"--decode gpu needs torchvision: {why}")
         if self.batch_size < 1 or self.rows_per_shard < 1:
             raise UserError("--batch-size and --rows-per-shard must be at least 1")
 
@@ -125,6 +132,7 @@ def _plan(config: EmbedConfig) -> Plan:
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
                 "modality": config.modality, "dtype": config.dtype, "preprocessing": spec, "rows_per_unit": rows,
+                "decode": config.decode if spec is not None else None,
                 "columns": [config.key_column, config.columns.data, *config.columns.carry]}
     return Plan(fmt, table_units(files, rows), info, spec,
                 embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
@@ -195,6 +203,13 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
     pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
                         cap=len(todo))
     log(f"[embed] {pool.why}")
+    decode = "cpu"
+    if config.modality == "image":
+        from mieb_ray.encode.gpu_decode import resolve as resolve_decode
+
+        decode = resolve_decode(config.decode, pool.num_gpus)
+        log(f"[embed] images decoded {'by the encoders, on their device' if decode == 'gpu' else 'by CPU tasks'} "
+            f"(--decode {config.decode})")
     # a local model path must mean the same directory to every worker
     model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
     columns = config.columns
@@ -203,13 +218,13 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
         ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
         # one task per unit; the memory hint also keeps it from being fused into the encoder actors
         ds = ds.map_batches(read_stage, fn_kwargs=dict(units=plan.units, columns=columns, modality=config.modality,
-                                                       spec=plan.spec),
+                                                       spec=plan.spec, decode=decode),
                             batch_size=1, batch_format="numpy", num_cpus=1, memory=DECODE_MEMORY)
         ds = ds.map_batches(  # batch_size=None: a whole block, that is a whole unit, per call
             EncodeStage, fn_constructor_kwargs=dict(
                 model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
                 spec=plan.spec, batch_size=config.batch_size, device=config.device,
-                threads=int(max(1, pool.num_cpus))),
+                threads=int(max(1, pool.num_cpus)), decode=decode),
             batch_size=None, batch_format="numpy", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
             compute=pool.strategy())
         ds = ds.map_batches(commit_stage, fn_kwargs=dict(units=plan.units, out=config.out, schema=plan.schema,
