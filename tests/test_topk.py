@@ -155,11 +155,15 @@ def test_kernels_match_brute_force_with_ties(tied):
     part = build_partition(split([(docs, None, groups, doc_ids)], 1))
     assert all(np.array_equal(a, b) for a, b in zip(group_maxima(part, q, argmax=True, chunk_rows=1),
                                                     group_maxima(part, q, argmax=True, chunk_rows=10 ** 6)))
-    # nor with pools: one chunk takes every pool pair unsorted, small chunks take them sorted by row
+    # nor with pools: one chunk takes every pool pair unsorted, small chunks take them sorted by row; and doc ids
+    # far apart (shard << 32 | row: found by binary search, not a table) find the same pairs
     pool = dict(indptr=indptr, docs=pool_docs)
+    want = group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=10 ** 6)
     assert all(np.array_equal(a, b) for a, b in zip(
-        group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=7),
-        group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=10 ** 6)))
+        group_maxima(part, q, PoolMask(part, **pool), argmax=True, chunk_rows=7), want))
+    sparse = part._replace(docs=part.docs << 32)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        group_maxima(sparse, q, PoolMask(sparse, indptr, pool_docs << 32), argmax=True), want))
 
 
 def test_top_rows_equals_topk_when_every_row_is_its_own_group(tied):

@@ -147,10 +147,10 @@ def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
     if which == "ray":
         connect.ray_up()  # after the checks that need no Ray
     with executor.using(which):
-        return _run(suite, out, images, texts, log, t0)
+        return _run(suite, out, images, texts, log, t0, which)
 
 
-def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float) -> dict[str, dict]:
+def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float, which: str) -> dict[str, dict]:
     pending = suite.submit(images, texts, log)
     results = suite.collect(pending, log)
     storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
@@ -161,6 +161,6 @@ def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float) ->
     own, extra = suite.write(out, results, pending, log)
     storage.write_manifest(out, {"format": suite.kind, "format_version": 1, "version": __version__,
                                  "files": files + own, "image_embeddings": storage.display(images),
-                                 "text_embeddings": storage.display(texts), **extra,
+                                 "text_embeddings": storage.display(texts), **extra, "executor": which,
                                  "seconds": round(time.time() - t0, 3)})
     return results

@@ -32,6 +32,7 @@ partition bytes ~ corpus float32 bytes / P, P = ceil(corpus file bytes / PARTITI
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,7 +186,8 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
                            lookup.docs[at[n][keep]]))
     matched = np.concatenate(matched) if matched else np.zeros(0, np.int64)
     stats = _stats(sum(t.num_rows for t in tables), len(uris), opened, dim, len(matched))
-    return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
+    with _one_torch_thread():
+        return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
 @executor.remote(num_cpus=1)
@@ -193,7 +195,8 @@ def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: in
     vectors, groups = chunk
     groups = np.asarray(groups, np.int64)
     blocks = [(np.asarray(vectors), None, groups, (number << 32) | np.arange(len(groups), dtype=np.int64))]
-    return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
+    with _one_torch_thread():
+        return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
 @executor.remote(num_cpus=1)
@@ -203,17 +206,22 @@ def _partition(*pieces):
 
 @executor.remote(num_cpus=1)
 def _score(part, queries: np.ndarray, reducer, data):
+    with _one_torch_thread():
+        return reducer.score(part, normalize(queries), data)
+
+
+@contextmanager
+def _one_torch_thread():
+    """One torch thread inside a task: one task per CPU, and Ray, not torch, spreads the work. Inline too (on a
+    busy machine torch's threads cost this work more than they give); the caller's setting back after."""
     import torch
 
-    # one task per CPU: Ray, not torch, spreads the work. Inline too (torch's threads on scatter_reduce_ cost
-    # more than they give on a busy machine), then the driver's own setting back
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return reducer.score(part, normalize(queries), data)
+        yield
     finally:
-        if executor.inline():
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
 
 
 @executor.remote(num_cpus=1)

@@ -23,7 +23,6 @@ from contextlib import contextmanager
 EXECUTORS = ("auto", "ray", "local")
 
 _mode = "ray"  # what remote/put/get do now
-_inline = 0  # > 0 while a task runs inline
 
 
 class LocalRef:
@@ -80,14 +79,9 @@ def remote(**options):
 
 
 def _run_inline(fn, args, kwargs):
-    global _inline
     args = [a.value() if isinstance(a, LocalRef) else a for a in args]
     kwargs = {k: v.value() if isinstance(v, LocalRef) else v for k, v in kwargs.items()}
-    _inline += 1
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _inline -= 1
+    return fn(*args, **kwargs)
 
 
 def _item(values, i: int, n: int):
@@ -127,11 +121,6 @@ def is_task_error(exc: BaseException) -> bool:
     exception is raised as itself."""
     ray = sys.modules.get("ray")
     return ray is not None and isinstance(exc, ray.exceptions.RayTaskError)
-
-
-def inline() -> bool:
-    """True inside a task running inline in the driver (which must not, e.g., pin torch to one thread)."""
-    return _inline > 0
 
 
 def mode() -> str:

@@ -119,13 +119,25 @@ class PoolMask:
     """The (row, query) pairs a query may score: its pool docs found in this partition."""
 
     def __init__(self, part: Partition, indptr: np.ndarray, docs: np.ndarray):
-        by_doc = np.argsort(part.docs, kind="stable")
-        sorted_docs = part.docs[by_doc]
         query = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        at = np.minimum(np.searchsorted(sorted_docs, docs), max(len(sorted_docs) - 1, 0))
-        found = sorted_docs[at] == docs if len(sorted_docs) else np.zeros(len(docs), bool)
-        self.rows, self.query, self.n_queries = by_doc[at[found]], query[found], len(indptr) - 1
-        self.n_rows, self._by_row = len(part.docs), False
+        n = len(part.docs)
+        first, last = (int(part.docs.min()), int(part.docs.max())) if n else (0, -1)
+        if n and last - first < 4 * n + 4096:  # dense doc ids (BioVITA's: corpus positions): a doc -> row table
+            table = np.full(last - first + 1, -1, np.int64)
+            table[part.docs - first] = np.arange(n)
+            at = np.full(len(docs), -1, np.int64)
+            inside = (docs >= first) & (docs <= last)
+            at[inside] = table[docs[inside] - first]
+            found = at >= 0
+            rows = at[found]
+        else:  # sparse ones (shard << 32 | row): a binary search, ~15x slower for a small partition
+            by_doc = np.argsort(part.docs, kind="stable")
+            sorted_docs = part.docs[by_doc]
+            at = np.minimum(np.searchsorted(sorted_docs, docs), max(n - 1, 0))
+            found = sorted_docs[at] == docs if n else np.zeros(len(docs), bool)
+            rows = by_doc[at[found]]
+        self.rows, self.query, self.n_queries = rows, query[found], len(indptr) - 1
+        self.n_rows, self._by_row = n, False
 
     def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
         """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
