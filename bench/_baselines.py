@@ -178,13 +178,14 @@ class MemorySampler:
 class CpuClock:
     """CPU seconds (user + system) spent by this process and Ray's workers (the raylet's children) inside
     `with CpuClock() as c: ...` -> c.seconds. Unlike wall time, it hardly moves when other work shares the
-    machine. A worker that exits inside the block loses its share (Ray keeps its workers)."""
+    machine. A worker that exits inside the block (an actor pool's actors when its dataset is done) is counted
+    too: once the raylet has reaped it, its time is in the raylet's children times."""
 
     def __init__(self):
         me = psutil.Process()
         self.raylet = next((p for p in me.children(recursive=True) if p.name() == "raylet"), None)
 
-    def _times(self) -> dict[int, float]:
+    def _times(self) -> tuple[dict[int, float], float]:
         procs = [psutil.Process()] + (self.raylet.children(recursive=True) if self.raylet else [])
         out = {}
         for p in procs:
@@ -193,15 +194,25 @@ class CpuClock:
                 out[p.pid] = t.user + t.system
             except psutil.Error:
                 pass
-        return out
+        reaped = 0.0
+        if self.raylet is not None:
+            try:
+                t = self.raylet.cpu_times()
+                reaped = t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return out, reaped
 
     def __enter__(self):
         self._start = self._times()
         return self
 
     def __exit__(self, *exc):
-        end = self._times()
-        self.seconds = sum(t - self._start.get(pid, 0.0) for pid, t in end.items())
+        time.sleep(0.5)  # the raylet reaps the workers that exited at the end of the block
+        (start, start_reaped), (end, end_reaped) = self._start, self._times()
+        # a worker alive at both ends: end - start; one that exited: its whole time is in the reaped delta, less
+        # what it had spent before the block (its start value, subtracted here)
+        self.seconds = sum(end.values()) - sum(start.values()) + (end_reaped - start_reaped)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -234,8 +245,8 @@ def machine_facts() -> list[str]:
         pass
     import mieb_ray
 
-    return [f"CPUs: {os.cpu_count()} ({model or 'unknown model'}); RAM: {psutil.virtual_memory().total / 2**30:.1f} GiB; "
-            f"{platform.platform()}",
+    ram = psutil.virtual_memory().total / 2**30
+    return [f"CPUs: {os.cpu_count()} ({model or 'unknown model'}); RAM: {ram:.1f} GiB; {platform.platform()}",
             f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
             f"mieb-ray {mieb_ray.__version__}; Ray started with num_cpus="
             f"{int(ray.cluster_resources().get('CPU', 0)) if ray.is_initialized() else 'n/a'}"]

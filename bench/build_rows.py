@@ -3,8 +3,9 @@
 A synthetic mirror of the 23 sources (parquet and WebDataset) with the hub's train rows (hub_rows(), 4,434,196
 rows after the build's drops, at scale 1.0; at scale s each source gets max(1, int(rows * s))) and tiny images
 (one fixed 80-byte payload), so that per-row costs dominate. For each scale in --scales (default 0.1,1.0):
-  1. minimal pipeline        ray.data.read_parquet -> map_batches(pyarrow take, as many actors as the build) -> write_parquet, on the
-                             train files of the 15 parquet sources (read_parquet reads only parquet);
+  1. minimal pipeline        ray.data.read_parquet -> map_batches(pyarrow take, as many actors as the build)
+                             -> write_parquet, on the train files of the 15 parquet sources (read_parquet reads
+                             only parquet);
   2. build, parquet sources  build(BuildConfig(mirror, out, datasets=<the same 15>)): the like-for-like comparison;
   3. build, all 23 sources   build(BuildConfig(mirror, out)).
 Each reports seconds, rows/s (input rows / s) and peak memory, sampled every 0.25 s in a thread: the rise of
@@ -13,16 +14,26 @@ of Ray's worker processes (the raylet's children). Memory must not grow with row
 of the all-23 build's peak memory at the largest vs the smallest scale. Ray starts once, untimed.
 Mirrors are cached in --work (a marker file holds scale and file count); a full-scale one takes ~130 s to write.
 
+With --baseline-rev REV it measures instead the all-23 build of the code at git revision REV (a `git worktree`
+in --work) against this checkout's, on the same mirror, one after the other (--repeat times, alternating), each
+in a fresh process that starts its own Ray (untimed) and imports mieb_ray from its own tree; it prints seconds,
+CPU seconds (the process and Ray's workers: steadier than wall time on a shared machine), peak memory, and
+the ratios old / new.
+
 Run from the repository root:
     .venv/bin/python bench/build_rows.py                         # scales 0.1 and 1.0
     .venv/bin/python bench/build_rows.py --scales 0.002,0.02     # a quick check
+    .venv/bin/python bench/build_rows.py --scales 1.0 --baseline-rev 259a486   # the full build, old vs new
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +42,8 @@ import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, SOURCES
+
+import ray  # noqa: E402  after _baselines, which sets RAY_AUTH_MODE
 
 TAR_ROWS = 10_000  # samples per tar, as in the hub's WebDataset repos (CLIP_benchmark --max-count)
 TINY = bytes(range(80))  # every image: the build copies image bytes, it never decodes them
@@ -69,6 +82,112 @@ def measure(name: str, fn, out: Path) -> dict:
     return {"seconds": seconds, "rows_out": rows_out, "used": mem.used_delta, "rss": mem.ray_rss}
 
 
+# ---------------------------------------------------------------------------------------------- old vs new
+
+
+def _worktree(work: Path, rev: str) -> Path:
+    """A git worktree of the repository at `rev` (made once, reused), whose mieb_ray a child process imports."""
+    repo = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = work / f"baseline-{sha[:12]}"
+    if not (tree / "mieb_ray" / "__init__.py").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), sha], check=True,
+                       capture_output=True)
+    return tree
+
+
+def _child(args) -> None:
+    """One timed all-23 build in this process (its own Ray); the result as one JSON line on stdout."""
+    import mieb_ray
+
+    mirror, out = Path(args.child_mirror), Path(args.child_out)
+    b.start_ray(Path(args.child_ray))
+
+    @ray.remote
+    def workers_code() -> str:
+        import mieb_ray
+
+        return str(Path(mieb_ray.__file__).parent.parent)
+
+    code = str(Path(mieb_ray.__file__).parent.parent)
+    if ray.get(workers_code.remote()) != code:  # e.g. a mieb_ray/ in the working folder, first on their path
+        raise SystemExit(f"Ray's workers import mieb_ray from {ray.get(workers_code.remote())}, not {code}")
+
+    def run_build(o):
+        build(BuildConfig(str(mirror), str(o), rows_per_shard=args.rows_per_shard, workers=b.CORES),
+              log=lambda line: print("   ", line, file=sys.stderr, flush=True))
+
+    shutil.rmtree(out, ignore_errors=True)
+    time.sleep(2)
+    with b.MemorySampler() as mem, b.CpuClock() as cpu:
+        seconds, _ = b.timed(run_build, out)
+    rows_out = b.parquet_rows(out)
+    shutil.rmtree(out)
+    print(json.dumps({"seconds": seconds, "cpu": cpu.seconds, "rows_out": rows_out, "used": mem.used_delta,
+                      "rss": mem.ray_rss, "code": code, "num_cpus": int(ray.cluster_resources().get("CPU", 0))}),
+          flush=True)
+
+
+def compare(args, work: Path, scales: list[float]) -> None:
+    """--baseline-rev: the all-23 build, old code vs this checkout's, each in a fresh process, alternating."""
+    old_tree, new_tree = _worktree(work, args.baseline_rev), Path(__file__).resolve().parent.parent
+    label = {"old": f"{args.baseline_rev} (old)", "new": "this checkout (new)"}
+    runs = []  # (scale, which, measurement)
+    for scale in scales:
+        mirror = work / f"mirror-{scale:g}"
+        written = ensure_mirror(mirror, scale, args.files)
+        expected = sum(expected_rows(written).values())
+        for k in range(args.repeat):
+            for which in (("old", "new") if k % 2 == 0 else ("new", "old")):
+                tree = old_tree if which == "old" else new_tree
+                print(f"[run] scale {scale:g}: build, all 23 sources, {label[which]} ({k + 1}/{args.repeat}) ...",
+                      flush=True)
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
+                env.pop("RAY_ADDRESS", None)
+                done = subprocess.run(
+                    [sys.executable, __file__, "--child-mirror", str(mirror), "--child-out", str(work / "out"),
+                     "--child-ray", str(work / f"ray-{which}"), "--rows-per-shard", str(args.rows_per_shard)],
+                    env=env, stdout=subprocess.PIPE, text=True, cwd=work)  # not the repository: its mieb_ray/
+                if done.returncode:
+                    raise SystemExit(f"the {which} build failed ({done.returncode})")
+                m = json.loads(done.stdout.strip().splitlines()[-1])
+                if Path(m["code"]).resolve() != tree.resolve():
+                    raise SystemExit(f"the {which} build ran the code in {m['code']}, not {tree}")
+                m |= {"rows_in": sum(written.values()), "expected": expected}
+                print(f"[run]   {m['seconds']:.2f}s, CPU {m['cpu']:.1f}s, {m['rows_out']:,} rows out, "
+                      f"system used +{b.gib(m['used'])}, Ray workers RSS {b.gib(m['rss'])}", flush=True)
+                runs.append((scale, which, m))
+
+    bad = [f"{label[w]} at scale {s:g}: {m['rows_out']:,} rows out, expected {m['expected']:,}" for s, w, m in runs
+           if m["rows_out"] != m["expected"]]
+    print("\n" + "=" * 100)
+    print(f"### Build, all 23 sources: {args.baseline_rev} vs this checkout ({args.files} parquet files per source, "
+          f"tars of {TAR_ROWS:,} rows, 80-byte images, rows_per_shard={args.rows_per_shard:,})\n")
+    print(b.markdown_table(
+        ["scale", "code", "rows in", "seconds", "rows/s", "CPU seconds", "peak system used (rise)",
+         "peak Ray workers RSS"],
+        [[f"{s:g}", label[w], f"{m['rows_in']:,}", f"{m['seconds']:.2f}", f"{m['rows_in'] / m['seconds']:,.0f}",
+          f"{m['cpu']:.1f}", b.gib(m["used"]), b.gib(m["rss"])] for s, w, m in runs]))
+    print()
+    for scale in scales:
+        def best(which, key):
+            return min(m[key] for s, w, m in runs if s == scale and w == which)
+        print(f"- scale {scale:g}: **old / new seconds = {best('old', 'seconds') / best('new', 'seconds'):.2f}** "
+              f"(best of {args.repeat}: {best('old', 'seconds'):.2f}s vs {best('new', 'seconds'):.2f}s); "
+              f"old / new CPU seconds = {best('old', 'cpu') / best('new', 'cpu'):.2f}")
+    print(f"- rows out: {'as expected in every run' if not bad else 'MISMATCH: ' + '; '.join(bad)}")
+    print("- CPU seconds: user + system of the driver and of Ray's worker processes during the build")
+    print(f"- {b.MemorySampler.METHOD}\n")
+    b.footer("Each build in a fresh process with its own Ray (start-up excluded; num_cpus="
+             f"{runs[0][2]['num_cpus']}); its actors' start-up included; outputs to local disk.")
+    if bad:
+        raise SystemExit("row counts differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="0.1,1.0", help="comma-separated fractions of the hub's rows (default 0.1,1.0)")
@@ -76,10 +195,22 @@ def main() -> None:
     ap.add_argument("--rows-per-shard", type=int, default=10_000, help="the build's shard size (default 10,000)")
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work",
                     help="work folder: mirrors, outputs, Ray session files (default bench/_work, git-ignored)")
+    ap.add_argument("--baseline-rev", metavar="REV",
+                    help="measure the all-23 build of git revision REV against this checkout's instead (e.g. 259a486)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --baseline-rev: builds of each, alternating (default 1)")
+    for hidden in ("--child-mirror", "--child-out", "--child-ray"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_mirror:
+        _child(args)
+        return
     scales = sorted(float(s) for s in args.scales.split(","))
     work = args.work.resolve() / "rows"
     work.mkdir(parents=True, exist_ok=True)
+    if args.baseline_rev:
+        compare(args, work, scales)
+        return
 
     mirrors = {s: (work / f"mirror-{s:g}", ensure_mirror(work / f"mirror-{s:g}", s, args.files)) for s in scales}
     print("[ray] starting (not timed)", flush=True)
@@ -127,11 +258,13 @@ def main() -> None:
               f"**build / minimal (rows/s) = {minimal['seconds'] / ours['seconds']:.2f}**")
     lo, hi = get(scales[0], "build, all 23 sources"), get(scales[-1], "build, all 23 sources")
     # a rise under 64 MiB at the smaller scale is sampling noise: no ratio from it
-    used_ratio = f"{hi['used'] / lo['used']:.2f}x" if lo["used"] >= 64 << 20 else "n/a (rise < 64 MiB at the smaller scale)"
+    used_ratio = (f"{hi['used'] / lo['used']:.2f}x" if lo["used"] >= 64 << 20
+                  else "n/a (rise < 64 MiB at the smaller scale)")
     print(f"- build, all 23 sources, peak memory at scale {scales[-1]:g} / scale {scales[0]:g} "
           f"({hi['rows_in'] / lo['rows_in']:.1f}x the rows): "
           f"**system used rise {used_ratio}, Ray workers RSS {hi['rss'] / max(lo['rss'], 1):.2f}x**")
-    print(f"- rows out: {'as expected in every run (footers of the output files)' if not bad else 'MISMATCH: ' + '; '.join(bad)}")
+    print("- rows out: " + ("as expected in every run (footers of the output files)" if not bad
+                            else "MISMATCH: " + "; ".join(bad)))
     print(f"- {b.MemorySampler.METHOD}\n")
     b.footer("Ray start-up excluded from all timings; each run's own actor start-up included; outputs to local disk.")
     if bad:
