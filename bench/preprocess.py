@@ -1,49 +1,125 @@
-"""Preprocessing: images/s per core of our decode+resize against CLIPImageProcessor on 1600x1200 JPEGs.
+"""Preprocessing: images/s per core of our decode+resize against CLIPImageProcessor, on two sets.
 
-The photos of BioVITA are 1600x1200 JPEGs. From the fixture pictures (mieb_ray/fixtures/images, about
-400 px), --n JPEGs of 1600x1200 at quality 90, half of each kind:
-  smooth  one picture, a random 4:3 crop upscaled to 1600x1200 (about 4x), sometimes mirrored: little
-          fine detail, so small files that decode fast;
-  sharp   a 4x5 mosaic of 400x240 crops at the pictures' own resolution: detail in every pixel, as in a
-          photo shrunk from a camera's, so large files that decode slowly (the harder case for us,
-          whose time is mostly the JPEG decode).
-In one process, torch and PIL single-threaded, batches of --batch images, both contenders from the same
-bytes (each includes the decode):
-  processor  CLIPImageProcessor(PIL backend), default CLIP ViT-B/32 settings (shortest edge 224, crop 224,
-             bicubic) on Image.open(bytes) -> pixel_values;
-  mieb-ray   load_images(bytes) (draft-mode decode, one resize, crop: uint8) -> normalize -> pixel_values.
-Each is timed --repeat times, interleaved; the fastest run counts. Prints images/s, the ratio (target >= 3)
-and how far our pixel_values are from the processor's, and ends with a Markdown block for bench/RESULTS.md.
+Every contender goes from the same encoded bytes to the final normalised float32 pixel_values (n, 3, 224, 224),
+CLIP ViT-B/32 settings (shortest edge 224, center crop 224, bicubic), torch and Pillow on one thread, in
+batches of --batch images of one kind (as the embed job's blocks are: rows of one input file, one source):
+  processor (PIL)          `CLIPImageProcessorPil()` on `[Image.open(bytes)]` (decode, convert_rgb, PIL
+                           resize, crop, rescale, normalise in numpy): the baseline the target is against.
+  processor (torchvision)  transformers' `CLIPImageProcessor()` with its torchvision backend on the same
+                           `[Image.open(bytes)]` (what transformers 5 picks where torchvision is installed), in
+                           a subprocess of --torchvision-python (a venv that has torchvision; this one does not):
+                           skipped with a note when that is absent.
+  mieb-ray                 `load_images(bytes)` (simplejpeg/Pillow decode, torch's antialiased uint8 resize per
+                           size group, crop: uint8) -> `normalize` (on the CPU here; on the GPU in the job).
+  mieb-ray, Pillow decode  the same with every image decoded by Pillow (simplejpeg hidden): what simplejpeg adds.
+  mieb-ray load_images only  uint8 (n, 224, 224, 3), no normalise: the CPU work of the embed job's decode tasks
+                           (the job normalises on the encoder's device); not from bytes to pixel_values, so not
+                           the figure the target is measured on.
+Timed by CPU time of the process (time.process_time; one thread, so per core), --repeat times interleaved
+(the subprocess takes its turn in the same loop); the fastest run counts. Quality against processor (PIL): the
+pixel difference in uint8 levels, and the centred cosine of pixel_values (each image's pixel_values minus the
+set's mean pixel_values of the processor, cosine with the processor's; the bar is 0.95).
 
-Run from the repository root:
-    .venv/bin/python bench/preprocess.py
+Sets:
+  jpeg1600  --n JPEGs of 1600x1200 (BioVITA's photos) at quality 90, from the fixture pictures
+            (mieb_ray/fixtures/images): half "smooth" (a 4:3 crop upscaled ~4x: little detail, small files) and
+            half "sharp" (a 4x5 mosaic of crops at the pictures' own resolution: detail everywhere, large
+            files, slow to decode).
+  mix       mieb-train's real mix: --per-kind images of each of the kinds below (crops of the fixture pictures,
+            resized to the kind's size with Lanczos: real content, not flat colour), timed per kind; the mix
+            figure weights each kind's time per image by its rows in mieb-train (mieb_ray/sources/catalog.py,
+            mapped to kinds by MIX_KINDS). Images/s of the mix = 1 / sum(share * seconds per image).
+
+Run from the repository root (the lead's figures: on a quiet machine):
+    .venv/bin/python bench/preprocess.py --torchvision-python /work/tvenv/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import PIL
-import torch
-import transformers
-from PIL import Image, features
-from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-from mieb_ray.encode.preprocess import DRAFT_FACTOR, ImageSpec, load_images, normalize
 
 FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
 W, H = 1600, 1200
 
+# The image kinds of mieb-train the issue names: name -> (format, width, height, PIL mode, save options).
+KINDS = {
+    "png 32x32": ("PNG", 32, 32, "RGB", {}),
+    "png 28x28 grey": ("PNG", 28, 28, "L", {}),
+    "png 96x96": ("PNG", 96, 96, "RGB", {}),
+    "jpeg 320x240 frame": ("JPEG", 320, 240, "RGB", {"quality": 75}),
+    "jpeg 500x375": ("JPEG", 500, 375, "RGB", {"quality": 85}),
+    "jpeg 64x64 satellite": ("JPEG", 64, 64, "RGB", {"quality": 90}),
+}
+# Each of the 23 sources -> the kind closest to its images (size first, then format), with what they are
+# (../shared/reference/mieb-train-sources.md). Not every source is one of the six kinds exactly; the mapping
+# is by decode + resize cost, which is set by pixel count and format.
+MIX_KINDS = {
+    "ucf101": ("jpeg 320x240 frame", "320x240 video frames"),
+    "imagenet1k": ("jpeg 500x375", "photos, typically 500x375 / 500x333"),
+    "scimmir": ("jpeg 500x375", "figures and tables of papers, a few hundred px a side"),
+    "patchcamelyon": ("png 96x96", "96x96 lossless WebP patches"),
+    "sun397": ("jpeg 500x375", "scene photos, a few hundred px a side"),
+    "food101": ("jpeg 500x375", "photos, at most 512 px a side"),
+    "clevr": ("jpeg 500x375", "480x320 lossless WebP renders"),
+    "clevr_count": ("jpeg 500x375", "480x320 lossless WebP renders"),
+    "mnist": ("png 28x28 grey", "28x28 greyscale PNG"),
+    "cifar10": ("png 32x32", "32x32 PNG"),
+    "cifar100": ("png 32x32", "32x32 PNG"),
+    "country211": ("jpeg 500x375", "YFCC photos"),
+    "fer2013": ("jpeg 64x64 satellite", "48x48 greyscale faces, JPEG"),
+    "gtsrb": ("jpeg 64x64 satellite", "traffic signs of 15-250 px, mostly ~50, lossless WebP"),
+    "resisc45": ("jpeg 320x240 frame", "256x256 aerial JPEGs"),
+    "eurosat": ("jpeg 64x64 satellite", "64x64 satellite JPEGs"),
+    "birdsnap": ("jpeg 500x375", "photos"),
+    "stanfordcars": ("jpeg 500x375", "photos"),
+    "renderedsst2": ("jpeg 500x375", "448x448 PNG renders of text"),
+    "stl10": ("png 96x96", "96x96 PNG"),
+    "dtd": ("jpeg 500x375", "texture photos"),
+    "oxfordpets": ("jpeg 500x375", "photos"),
+    "caltech101": ("jpeg 500x375", "photos, ~300 px a side"),
+}
+
+
+def mix_weights() -> dict[str, float]:
+    from mieb_ray.sources.catalog import SOURCES, TOTAL_ROWS
+
+    assert set(MIX_KINDS) == {s.slug for s in SOURCES}, "a source of the catalog is missing from MIX_KINDS"
+    rows = dict.fromkeys(KINDS, 0)
+    for s in SOURCES:
+        rows[MIX_KINDS[s.slug][0]] += s.rows
+    return {k: r / TOTAL_ROWS for k, r in rows.items()}
+
+
+# ---- images ---------------------------------------------------------------------------------------------
+
+
+def _pictures():
+    from PIL import Image
+
+    return [Image.open(p).convert("RGB") for p in sorted(FIXTURES.glob("*.jpg"))]
+
+
+def _encode(im, fmt: str, **params) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **params)
+    return buf.getvalue()
+
 
 def make_jpegs(n: int, seed: int = 0) -> dict[str, list[bytes]]:
-    pictures = [Image.open(p).convert("RGB") for p in sorted(FIXTURES.glob("*.jpg"))]
+    from PIL import Image
+
+    pictures = _pictures()
     tiles = [p for p in pictures if p.width >= 400]  # coins.jpg is 384 wide
     rng = np.random.default_rng(seed)
     out = {"smooth": [], "sharp": []}
@@ -66,99 +142,324 @@ def make_jpegs(n: int, seed: int = 0) -> dict[str, list[bytes]]:
                     x, y = rng.integers(0, pic.width - 400 + 1), rng.integers(0, pic.height - 240 + 1)
                     im.paste(pic.crop((x, y, x + 400, y + 240)), (tx * 400, ty * 240))
             kind = "sharp"
-        buf = io.BytesIO()
-        im.save(buf, "JPEG", quality=90)
-        out[kind].append(buf.getvalue())
+        out[kind].append(_encode(im, "JPEG", quality=90))
     return out
+
+
+def make_kind(kind: str, n: int, seed: int = 0) -> list[bytes]:
+    """n images of a kind: random crops (a quarter to all of a picture's short side) of random fixture
+    pictures, mirrored at random, resized to the kind's size with Lanczos."""
+    from PIL import Image
+
+    fmt, w, h, mode, params = KINDS[kind]
+    pictures = _pictures()
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        pic = pictures[rng.integers(len(pictures))]
+        scale = min(pic.width / w, pic.height / h) * rng.uniform(0.25, 1)
+        cw, ch = max(1, int(w * scale)), max(1, int(h * scale))
+        x, y = rng.integers(0, pic.width - cw + 1), rng.integers(0, pic.height - ch + 1)
+        im = pic.crop((x, y, x + cw, y + ch)).resize((w, h), Image.Resampling.LANCZOS)
+        if rng.random() < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out.append(_encode(im.convert(mode), fmt, **params))
+    return out
+
+
+# ---- contenders -----------------------------------------------------------------------------------------
 
 
 def batches(items: list, size: int):
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def run_processor(proc, jpegs: list[bytes], batch: int) -> torch.Tensor:
-    return torch.cat([proc(images=[Image.open(io.BytesIO(b)) for b in chunk], return_tensors="pt")["pixel_values"]
-                      for chunk in batches(jpegs, batch)])
+# Each runner hands each batch's pixel_values to `keep` (timed runs drop them; the quality check keeps them).
 
 
-def run_ours(spec: ImageSpec, jpegs: list[bytes], batch: int) -> torch.Tensor:
-    out = []
-    for chunk in batches(jpegs, batch):
+def run_processor(proc, blobs: list[bytes], batch: int, keep=None):
+    from PIL import Image
+
+    for chunk in batches(blobs, batch):
+        out = proc(images=[Image.open(io.BytesIO(b)) for b in chunk], return_tensors="pt")["pixel_values"]
+        if keep is not None:
+            keep.append(out)
+
+
+def run_ours(spec, blobs: list[bytes], batch: int, keep=None):
+    import torch
+
+    from mieb_ray.encode.preprocess import load_images, normalize
+
+    for chunk in batches(blobs, batch):
         pixels, errors = load_images(chunk, spec)
         assert not any(errors), errors
-        out.append(normalize(torch.from_numpy(pixels), spec))
-    return torch.cat(out)
+        out = normalize(torch.from_numpy(pixels), spec)
+        if keep is not None:
+            keep.append(out)
 
 
-def seconds(fn) -> float:
-    t = time.perf_counter()
+def run_ours_uint8(spec, blobs: list[bytes], batch: int, keep=None):
+    from mieb_ray.encode.preprocess import load_images
+
+    for chunk in batches(blobs, batch):
+        pixels, errors = load_images(chunk, spec)
+        assert not any(errors), errors
+        if keep is not None:
+            keep.append(pixels)
+
+
+def run_ours_pillow(spec, blobs: list[bytes], batch: int, keep=None):
+    from mieb_ray.encode import preprocess
+
+    saved, preprocess.simplejpeg = preprocess.simplejpeg, None
+    try:
+        run_ours(spec, blobs, batch, keep)
+    finally:
+        preprocess.simplejpeg = saved
+
+
+def collect(run, *args):
+    """All the pixel_values of a runner, as one tensor."""
+    import torch
+
+    keep = []
+    run(*args, keep=keep)
+    return torch.cat(keep)
+
+
+def cpu_seconds(fn) -> float:
+    t = time.process_time()
     fn()
-    return time.perf_counter() - t
+    return time.process_time() - t
 
 
-def difference(ours: torch.Tensor, ref: torch.Tensor, spec: ImageSpec) -> dict:
+class TorchvisionWorker:
+    """processor (torchvision) in another interpreter: `time NAME` -> CPU seconds of one run over the images
+    of NAME (files under root/NAME), `dump NAME PATH` -> its pixel_values saved with numpy."""
+
+    def __init__(self, python: str, root: Path, batch: int):
+        self.proc = subprocess.Popen([python, __file__, "--worker", str(root), "--batch", str(batch)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.facts = self._ask("facts")
+
+    def _ask(self, line: str):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the torchvision worker ended (on {line!r})")
+        return json.loads(answer)
+
+    def seconds(self, name: str) -> float:
+        return self._ask(f"time {name}")
+
+    def pixel_values(self, name: str):
+        import torch
+
+        path = Path(tempfile.mkdtemp()) / "pv.npy"
+        self._ask(f"dump {name} {path}")
+        return torch.from_numpy(np.load(path))
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def worker(root: str, batch: int) -> None:
+    """The subprocess side of TorchvisionWorker (no mieb_ray imports: another venv)."""
+    import PIL
+    import torch
+    import torchvision
+    import transformers
+    from transformers import CLIPImageProcessor
+
+    torch.set_num_threads(1)
+    proc = CLIPImageProcessor()
+    sets = {d.name: [p.read_bytes() for p in sorted(d.iterdir())] for d in Path(root).iterdir()}
+    run_processor(proc, next(iter(sets.values()))[:2], batch)  # warm up
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "facts":
+            out = {"class": f"{type(proc).__module__}.{type(proc).__name__}", "backend": getattr(proc, "backend", None),
+                   "torch": torch.__version__, "torchvision": torchvision.__version__,
+                   "transformers": transformers.__version__, "Pillow": PIL.__version__}
+        elif cmd == "time":
+            blobs = sets[args[0]]
+            out = cpu_seconds(lambda: run_processor(proc, blobs, batch))
+        elif cmd == "dump":
+            np.save(args[1], collect(run_processor, proc, sets[args[0]], batch).numpy())
+            out = args[1]
+        print(json.dumps(out), flush=True)
+
+
+# ---- measures -------------------------------------------------------------------------------------------
+
+
+def difference(ours, ref, spec) -> dict:
+    import torch
+
     diff = (ours - ref).abs()
     levels = diff * torch.tensor(spec.std).view(1, 3, 1, 1) / spec.rescale_factor  # back to uint8 steps
-    return {"max": diff.max().item(), "mean": diff.mean().item(), "levels_max": levels.max().item(),
-            "levels_mean": levels.mean().item(), "over_1": (levels > 1.5).float().mean().item()}
+    return {"levels_max": levels.max().item(), "levels_mean": levels.mean().item(),
+            "over_1": (levels > 1.5).float().mean().item()}
+
+
+def centred_cosine(ours, ref):
+    """Per image: cosine of (ours - m) and (ref - m), m = the mean pixel_values of ref over the set."""
+    mean = ref.mean(0, keepdim=True)
+    a, b = (ours - mean).flatten(1), (ref - mean).flatten(1)
+    return (a * b).sum(1) / a.norm(dim=1) / b.norm(dim=1)
 
 
 def machine_facts() -> list[str]:
+    import PIL
+    import torch
+    import transformers
+    from PIL import features
+
+    from mieb_ray.encode import preprocess
+
+    sj = preprocess.simplejpeg
     with open("/proc/cpuinfo") as f:
         model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
     return [f"CPUs: {os.cpu_count()} ({model}); {platform.platform()}",
             f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Pillow {PIL.__version__} (libjpeg-turbo {features.version('libjpeg_turbo')}), numpy {np.__version__}"]
+            f"Pillow {PIL.__version__} (libjpeg-turbo {features.version('libjpeg_turbo')}), numpy {np.__version__}, "
+            f"simplejpeg {getattr(sj, '__version__', 'absent')}"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=50, help="JPEGs, half smooth, half sharp")
-    ap.add_argument("--batch", type=int, default=25)
+    ap.add_argument("--n", type=int, default=50, help="1600x1200 JPEGs, half smooth, half sharp")
+    ap.add_argument("--per-kind", type=int, default=64, help="images of each kind of the mix")
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sets", default="jpeg1600,mix", help="comma-separated: jpeg1600, mix")
+    ap.add_argument("--torchvision-python", help="an interpreter whose transformers has torchvision")
+    ap.add_argument("--draft-factor", type=int, help="mieb-ray's preprocess.DRAFT_FACTOR for this run")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.batch)
+
+    import torch
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from mieb_ray.encode import preprocess
+    from mieb_ray.encode.preprocess import ImageSpec
 
     torch.set_num_threads(1)
+    if args.draft_factor is not None:
+        preprocess.DRAFT_FACTOR = args.draft_factor
     proc = CLIPImageProcessorPil()
     spec = ImageSpec.from_processor_config(proc.to_dict())
-    sets = make_jpegs(args.n)
-    sets["all"] = sets["smooth"] + sets["sharp"]
+    wanted = args.sets.split(",")
+    groups: dict[str, dict[str, list[bytes]]] = {}  # set -> {group name: bytes}
+    if "jpeg1600" in wanted:
+        groups["jpeg1600"] = make_jpegs(args.n)
+    weights = mix_weights()
+    if "mix" in wanted:
+        groups["mix"] = {k: make_kind(k, args.per_kind, seed=i) for i, k in enumerate(KINDS)}
+
+    names = [f"{s}/{g}" for s, gs in groups.items() for g in gs]
+    blobs = {f"{s}/{g}": b for s, gs in groups.items() for g, b in gs.items()}
+    contenders = {
+        "processor (PIL)": lambda b: run_processor(proc, b, args.batch),
+        "mieb-ray": lambda b: run_ours(spec, b, args.batch),
+        "mieb-ray, Pillow decode": lambda b: run_ours_pillow(spec, b, args.batch),
+        "mieb-ray load_images only": lambda b: run_ours_uint8(spec, b, args.batch),
+    }
+    tv, tmp = None, None
+    if args.torchvision_python and Path(args.torchvision_python).exists():
+        tmp = tempfile.TemporaryDirectory()
+        for name in names:
+            d = Path(tmp.name) / name.replace("/", "__").replace(" ", "_")
+            d.mkdir()
+            for i, b in enumerate(blobs[name]):
+                (d / f"{i:05d}").write_bytes(b)
+        tv = TorchvisionWorker(args.torchvision_python, Path(tmp.name), args.batch)
+        print(f"processor (torchvision): {tv.facts}")
+    else:
+        print(f"NOTE: processor (torchvision) skipped: --torchvision-python {args.torchvision_python or '(not given)'} "
+              "is not an interpreter here (it needs transformers with torchvision)")
+    order = list(contenders) + (["processor (torchvision)"] if tv else [])
+
+    times = {(c, n): [] for c in order for n in names}
+    for fn in contenders.values():  # warm up (imports, first allocations)
+        fn(blobs[names[0]][:2])
+    for r in range(args.repeat):
+        for name in names:
+            for c in order:  # interleaved: a busy moment hurts every contender alike
+                if c == "processor (torchvision)":
+                    times[c, name].append(tv.seconds(name.replace("/", "__").replace(" ", "_")))
+                else:
+                    times[c, name].append(cpu_seconds(lambda: contenders[c](blobs[name])))
+        print(f"repeat {r + 1}/{args.repeat} done", flush=True)
+
+    per_image = {(c, n): min(t) / len(blobs[n]) for (c, n), t in times.items()}  # best-of-N, s per image
+    quality = {}
+    for name in names:
+        ref = collect(run_processor, proc, blobs[name], args.batch)
+        outs = {"mieb-ray": collect(run_ours, spec, blobs[name], args.batch),
+                "mieb-ray, Pillow decode": collect(run_ours_pillow, spec, blobs[name], args.batch)}
+        if tv:
+            outs["processor (torchvision)"] = tv.pixel_values(name.replace("/", "__").replace(" ", "_"))
+        quality[name] = {c: {**difference(o, ref, spec), "cos": centred_cosine(o, ref)} for c, o in outs.items()}
+    if tv:
+        tv.close()
+        tmp.cleanup()
 
     rows = []
-    for name, jpegs in sets.items():
-        kb = np.mean([len(b) for b in jpegs]) / 1e3
-        run_processor(proc, jpegs[:2], args.batch)  # warm up both
-        run_ours(spec, jpegs[:2], args.batch)
-        t_proc, t_ours = [], []
-        for _ in range(args.repeat):  # interleaved, so that a busy moment hurts both
-            t_proc.append(seconds(lambda: run_processor(proc, jpegs, args.batch)))
-            t_ours.append(seconds(lambda: run_ours(spec, jpegs, args.batch)))
-        ips_proc, ips_ours = len(jpegs) / min(t_proc), len(jpegs) / min(t_ours)
-        d = difference(run_ours(spec, jpegs, args.batch), run_processor(proc, jpegs, args.batch), spec)
-        print(f"[{name}] {len(jpegs)} JPEGs {W}x{H}, mean {kb:.0f} KB: processor {ips_proc:.1f} img/s, "
-              f"mieb-ray {ips_ours:.1f} img/s, ratio {ips_ours / ips_proc:.2f}")
-        print(f"[{name}] runs (s): processor {', '.join(f'{t:.2f}' for t in t_proc)}; "
-              f"mieb-ray {', '.join(f'{t:.2f}' for t in t_ours)}")
-        print(f"[{name}] pixel_values |ours - processor|: max {d['max']:.4f}, mean {d['mean']:.5f}; in uint8 "
-              f"levels: max {d['levels_max']:.1f}, mean {d['levels_mean']:.3f}, {d['over_1']:.2%} off by more than 1")
-        rows.append([name, len(jpegs), f"{kb:.0f}", f"{ips_proc:.1f}", f"{ips_ours:.1f}",
-                     f"**{ips_ours / ips_proc:.2f}**", f"{d['max']:.4f} / {d['mean']:.5f}",
-                     f"{d['levels_max']:.0f} / {d['levels_mean']:.2f} / {d['over_1']:.2%}"])
 
-    header = ["JPEGs (1600x1200, q90)", "n", "mean KB", "processor img/s", "mieb-ray img/s", "ratio",
-              "pixel_values diff max / mean", "uint8 levels max / mean / share > 1"]
+    def row(label: str, n_images: int, kb: float, sec: dict[str, float], q: dict | None):
+        base = sec["processor (PIL)"]
+        cells = [label, str(n_images), f"{kb:.0f}"]
+        for c in order:
+            cells.append(f"{1 / sec[c]:.0f}" + ("" if c == "processor (PIL)" else f" ({base / sec[c]:.2f}x)"))
+        if q is not None:
+            m, t = q["mieb-ray"], q.get("processor (torchvision)")
+            cells.append(f"{m['cos'].min():.4f} / {m['levels_max']:.0f} / {m['levels_mean']:.2f}")
+            cells.append(f"{t['cos'].min():.4f} / {t['levels_max']:.0f} / {t['levels_mean']:.2f}" if t else "-")
+        else:
+            cells += ["", ""]
+        rows.append(cells)
+        print(" | ".join(cells))
+
+    print("\nper group (img/s per core; ratio to processor (PIL)); mieb-ray and torchvision vs processor (PIL): "
+          "min centred cosine / max / mean uint8 levels")
+    for s, gs in groups.items():
+        for g, b in gs.items():
+            name = f"{s}/{g}"
+            row(name, len(b), np.mean([len(x) for x in b]) / 1e3, {c: per_image[c, name] for c in order},
+                quality[name])
+        if s == "jpeg1600":
+            all_sec = {c: np.mean([per_image[c, f"{s}/{g}"] for g in gs]) for c in order}
+            row("jpeg1600 (all)", sum(len(b) for b in gs.values()),
+                np.mean([len(x) for b in gs.values() for x in b]) / 1e3, all_sec, None)
+        if s == "mix":
+            mix_sec = {c: sum(weights[g] * per_image[c, f"{s}/{g}"] for g in gs) for c in order}
+            kb = sum(weights[g] * np.mean([len(x) for x in gs[g]]) for g in gs) / 1e3
+            row("**mix (weighted by rows)**", sum(len(b) for b in gs.values()), kb, mix_sec, None)
+
+    header = ["set / kind", "n", "mean KB"] + [f"{c} img/s" for c in order] + [
+        "mieb-ray: min centred cos / max / mean levels", "torchvision: same"]
     table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    table += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    table += ["| " + " | ".join(r) + " |" for r in rows]
+    mix_lines = [f"{k}: {weights[k]:.2%} of rows ({', '.join(s for s, (kk, _) in MIX_KINDS.items() if kk == k)})"
+                 for k in KINDS]
     print("\n" + "\n".join([
         "## Embed: preprocessing (decode + resize + crop + normalise), one core",
         "",
         *table,
         "",
-        "processor: `CLIPImageProcessorPil()` (CLIP ViT-B/32 defaults: shortest edge 224, center crop 224, "
-        "bicubic) on `Image.open(bytes)`; mieb-ray: `load_images` (JPEG draft decode to >= "
-        f"{DRAFT_FACTOR}x the resized size, one bicubic resize, crop; uint8) + `normalize`. Batches of "
-        f"{args.batch}, fastest of {args.repeat} interleaved runs, both from the same bytes, torch and PIL on "
-        "one thread.",
+        "Every contender from the same bytes to normalised float32 pixel_values; CPU time of one thread, fastest of "
+        f"{args.repeat} interleaved runs, batches of {args.batch} images of one kind. processor (PIL): "
+        "`CLIPImageProcessorPil()`; processor (torchvision): `CLIPImageProcessor()` with transformers' torchvision "
+        "backend; both on `Image.open(bytes)`. mieb-ray: `load_images` (JPEG decode by simplejpeg at Pillow's draft "
+        f"scale for >= {preprocess.DRAFT_FACTOR}x the resized size; torch's antialiased uint8 resize per size "
+        "group; crop) + "
+        "`normalize`. Mix weights (rows of mieb-train): " + "; ".join(mix_lines) + ".",
         "",
         f"Command: `.venv/bin/python {os.path.relpath(sys.argv[0])}{''.join(' ' + a for a in sys.argv[1:])}`  ",
         *[f + "  " for f in machine_facts()],

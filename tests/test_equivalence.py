@@ -18,9 +18,17 @@ from PIL import Image, ImageOps
 from test_preprocess import encode, i16_png, large_jpeg, palette_png, picture, rgba_png, with_orientation
 
 from mieb_ray.encode.model import Encoder, load_info
-from mieb_ray.encode.preprocess import ImageSpec, load_image, normalize
+from mieb_ray.encode.preprocess import ImageSpec, load_images, normalize
 
 BAR = 0.95
+MIX = {  # as bench/preprocess.py's KINDS
+    "mix png 32x32": ("PNG", 32, 32, "RGB", {}),
+    "mix png 28x28 grey": ("PNG", 28, 28, "L", {}),
+    "mix png 96x96": ("PNG", 96, 96, "RGB", {}),
+    "mix jpeg 320x240 frame": ("JPEG", 320, 240, "RGB", {"quality": 75}),
+    "mix jpeg 500x375": ("JPEG", 500, 375, "RGB", {"quality": 85}),
+    "mix jpeg 64x64 satellite": ("JPEG", 64, 64, "RGB", {"quality": 90}),
+}
 CONTROLS = ["astronaut.jpg crop", "chelsea.jpg crop", "china.jpg crop"]
 PICTURES = ["astronaut.jpg", "coffee.jpg", "chelsea.jpg", "china.jpg", "flower.jpg", "rocket.jpg", "camera.jpg",
             "coins.jpg", "brick.jpg", "grass.jpg"]
@@ -39,6 +47,11 @@ def photos() -> dict[str, bytes]:
         "palette png with transparency": palette_png(),
         "16-bit png": i16_png(),
     }
+    # mieb-train's kinds of image (bench/preprocess.py KINDS), small ones resized in groups of one size
+    for name, (fmt, w, h, mode, params) in MIX.items():
+        for i, pic in enumerate(("chelsea.jpg", "coffee.jpg")):
+            im = picture(pic).convert("RGB").resize((w, h), Image.Resampling.LANCZOS).convert(mode)
+            cases[f"{name} {i}"] = encode(im, fmt, **params)
     for name in PICTURES:  # varied crops and aspect ratios of every fixture picture
         im = picture(name)
         w, h = im.size
@@ -69,9 +82,11 @@ def reference(models, images: list[Image.Image]) -> np.ndarray:
 
 
 def ours(models, blobs: list[bytes]) -> np.ndarray:
+    """As the embed job: the whole list through load_images (images of one size resized together)."""
     encoder, spec, _, _ = models
-    pixels = torch.from_numpy(np.stack([load_image(b, spec) for b in blobs]))
-    return encoder.encode_pixel_values(normalize(pixels, spec))
+    pixels, errors = load_images(blobs, spec)
+    assert not any(errors), errors
+    return encoder.encode_pixel_values(normalize(torch.from_numpy(pixels), spec))
 
 
 def centred_cosine(a: np.ndarray, b: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -85,6 +100,13 @@ def embedded(models):
     names = list(cases)
     ref = reference(models, [decoded(cases[n]) for n in names])
     return names, cases, ref, ours(models, [cases[n] for n in names]), ref.mean(0)
+
+
+def test_mieb_train_kinds_match_the_processor_and_model(embedded):
+    names, _, ref, got, mean = embedded
+    scores = {n: round(float(s), 4) for n, s in zip(names, centred_cosine(got, ref, mean)) if n.startswith("mix ")}
+    print("centred cosine of mieb-train's kinds:", scores)
+    assert len(scores) == 2 * len(MIX) and min(scores.values()) >= BAR, scores
 
 
 def test_every_photo_matches_the_processor_and_model(embedded):

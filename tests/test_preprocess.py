@@ -35,12 +35,22 @@ PROCESSORS = {
 
 # Bounds in uint8 levels of |ours - processor| (pixel_values * std / rescale_factor).
 EXACT = 0.01  # the same uint8 pixels; what is left is float32 rounding in normalize (~1e-4 levels)
+# Resized by torch's antialiased resampler (preprocess._resize), which computes Pillow's filter but rounds
+# a value the other way now and then (each of its two passes rounds to uint8, as Pillow's do): mostly max 1-2
+# levels, mean at most 0.009, at ~0.3% of pixels. Pillow 13 also runs the vertical pass first for some
+# shapes (e.g. 203x301 -> 224x224: widened, shortened), torch the rows first, so the rounding between the
+# passes differs there: max 6, mean 0.11. A misplaced box or draft scale gives a mean of 0.87 and up.
+RESAMPLED_MAX, RESAMPLED_MEAN = 8, 0.15
 # JPEGs decoded in draft mode (DCT-scaled by 1/2..1/8 so that each side stays >= 2x the resized size):
 # those pixels are averages of the full decode but not the same numbers, and the bicubic resize after
 # shrinks them less. The differences are at sharp edges: here max 10 levels, mean at most 0.46
 # (bench/preprocess.py: max 7, mean 0.4 on sharp 1600x1200 mosaics at 224). Bounded with margin; a
 # draft box misplaced by a fraction of a pixel gives a mean of 0.87-3.4 and a max of 14-58:
 DRAFT_MAX, DRAFT_MEAN = 16, 0.75
+
+
+def resampled(diff: torch.Tensor) -> bool:
+    return diff.max() <= RESAMPLED_MAX and diff.mean() <= RESAMPLED_MEAN
 
 
 @pytest.fixture(scope="module", params=list(PROCESSORS))
@@ -150,15 +160,15 @@ def test_matches_the_processor(name, processor):
     if "jpeg" in name:
         assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
     else:
-        assert diff.max() <= EXACT
+        assert resampled(diff)
 
 
 @pytest.mark.parametrize("name", [n for n in IMAGES if "jpeg" in n])
 def test_jpeg_differs_only_by_draft_mode(name, processor, monkeypatch):
-    """Without draft mode (a factor no image reaches), JPEGs are as exact as other formats."""
+    """Without draft mode (a factor no image reaches), JPEGs are as close as other formats."""
     monkeypatch.setattr(preprocess, "DRAFT_FACTOR", 10**6)
     data = image_bytes(name)
-    assert levels(ours(data, processor), reference(data, processor), processor).max() <= EXACT
+    assert resampled(levels(ours(data, processor), reference(data, processor), processor))
 
 
 @lru_cache
@@ -174,7 +184,7 @@ def oriented(fmt: str, orientation: int) -> bytes:
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_every_exif_orientation(orientation, processor):
     png, jpeg = oriented("PNG", orientation), oriented("JPEG", orientation)
-    assert levels(ours(png, processor), reference(png, processor), processor).max() <= EXACT
+    assert resampled(levels(ours(png, processor), reference(png, processor), processor))
     diff = levels(ours(jpeg, processor), reference(jpeg, processor), processor)
     assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
 
@@ -194,7 +204,7 @@ def test_animated_gif_first_frame(processor):
     frames = [picture(n).convert("RGB").resize((120, 90)) for n in ("chelsea.jpg", "coffee.jpg", "rocket.jpg")]
     data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
     got = ours(data, processor)
-    assert levels(got, reference(data, processor), processor).max() <= EXACT
+    assert resampled(levels(got, reference(data, processor), processor))
     with Image.open(io.BytesIO(data)) as im:
         im.seek(1)
         second = processor(images=[im.convert("RGB")], return_tensors="pt")["pixel_values"]
@@ -206,7 +216,7 @@ def test_crop_larger_than_the_resize_pads_with_zeros():
     for name in ("wide png 448x172", "portrait jpeg 267x400"):
         data = image_bytes(name)
         diff = levels(ours(data, proc), reference(data, proc), proc)
-        assert diff.max() <= (DRAFT_MAX if "jpeg" in name else EXACT)
+        assert diff.max() <= DRAFT_MAX if "jpeg" in name else resampled(diff)
     assert not load_image(image_bytes("wide png 448x172"), spec_of(proc))[:8].any()  # (81 - 64) // 2 rows on top
 
 
@@ -333,3 +343,78 @@ def test_load_images_keeps_going():
     assert pixels.shape == (5, 224, 224, 3) and pixels.dtype == np.uint8
     assert not pixels[1:4].any()
     assert np.array_equal(pixels[0], load_image(good, CLIP)) and np.array_equal(pixels[4], pixels[0])
+
+
+# ---- the batched path -------------------------------------------------------------------------------
+
+
+def mix_images() -> list[bytes]:
+    """Several images of each of mieb-train's kinds of one size (the groups load_images resizes together),
+    between images of other sizes, orientations and an undecodable item."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(4):
+        pic = picture(["astronaut.jpg", "coffee.jpg", "chelsea.jpg", "rocket.jpg"][i])
+        x, y = int(rng.integers(0, 100)), int(rng.integers(0, 60))
+        crop = pic.crop((x, y, x + 240, y + 180)).convert("RGB")
+        out += [encode(crop.resize((32, 32), Image.Resampling.LANCZOS), "PNG"),
+                encode(crop.resize((28, 28), Image.Resampling.LANCZOS).convert("L"), "PNG"),
+                encode(crop.resize((320, 240), Image.Resampling.LANCZOS), "JPEG", quality=75),
+                encode(crop.resize((64, 64), Image.Resampling.LANCZOS), "JPEG", quality=90),
+                with_orientation(crop.resize((320, 240), Image.Resampling.LANCZOS), "JPEG", 6 + i % 2, quality=75)]
+    return out + [b"not an image", image_bytes("large jpeg 1600x1200"), image_bytes("rgba png")]
+
+
+@pytest.mark.parametrize("group", [2, 64])
+def test_batched_equals_one_by_one(group, monkeypatch):
+    """Images resized in groups of one size (flushed every `group`) are the pixels of each alone."""
+    monkeypatch.setattr(preprocess, "_GROUP_IMAGES", group)
+    items = mix_images()
+    pixels, errors = load_images(items, CLIP)
+    assert errors == [None] * (len(items) - 3) + ["not an image", None, None]
+    for i, data in enumerate(items):
+        if errors[i] is None:
+            assert np.array_equal(pixels[i], load_image(data, CLIP)), i
+    assert not pixels[len(items) - 3].any()
+
+
+@pytest.mark.parametrize("name", [n for n in IMAGES if "jpeg" in n])
+def test_simplejpeg_decodes_as_pillow(name, processor, monkeypatch):
+    """simplejpeg's pixels are Pillow's, at full size and at the draft scale: the same uint8 out."""
+    assert preprocess.simplejpeg is not None
+    spec = spec_of(processor)
+    data = image_bytes(name)
+    fast = load_image(data, spec)
+    monkeypatch.setattr(preprocess, "simplejpeg", None)
+    assert np.array_equal(fast, load_image(data, spec))
+
+
+def test_other_filters_go_through_pillow():
+    """Filters torch's resampler does not compute (here Lanczos) are Pillow's own resize: exact."""
+    proc = CLIPImageProcessorPil(resample=Image.Resampling.LANCZOS)
+    assert spec_of(proc).resample == Image.Resampling.LANCZOS
+    for name in ("small png 100x80", "rgba png", "jpeg 400x266", "wide png 448x172"):
+        data = image_bytes(name)
+        assert levels(ours(data, proc), reference(data, proc), proc).max() <= EXACT, name
+    assert not load_images([b"", b"not an image"], spec_of(proc))[0].any()
+
+
+@pytest.mark.parametrize("resample", [Image.Resampling.BILINEAR, Image.Resampling.BICUBIC])
+def test_resize_is_pillows_with_a_box(resample):
+    """_resize with a draft box (the original's extent, less than the decoded size) is Pillow's resize(box=)."""
+    im = picture("chelsea.jpg").convert("RGB").crop((0, 0, 301, 203))
+    a = np.array(im)
+    for box, size in [((203.0, 301.0), (64, 95)), ((202.5, 300.25), (64, 95)), ((202.5, 300.25), (224, 331)),
+                      ((203.0, 301.0), (203, 301)), ((101.5, 300.5), (64, 64))]:
+        got = preprocess._resize(a[None], box, size, int(resample))[0].astype(int)
+        want = np.asarray(im.resize(size[::-1], resample, box=(0, 0, box[1], box[0]))).astype(int)
+        diff = np.abs(got - want)
+        assert diff.max() <= 1 and diff.mean() < 0.01, (box, size, diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("orientation", preprocess._UPRIGHT)
+def test_upright_arrays_are_pils_transposes(orientation):
+    stored = np.arange(5 * 3 * 2, dtype=np.uint8).reshape(3, 5, 2)
+    method, _ = preprocess._UPRIGHT[orientation]
+    want = np.stack([np.asarray(Image.fromarray(stored[..., c]).transpose(method)) for c in range(2)], -1)
+    assert np.array_equal(preprocess._UPRIGHT_ARRAY[orientation](stored), want)
