@@ -11,9 +11,11 @@ Contenders, each a fresh process timed from spawn to exit, one after the other:
                     (a warm cache, as a user's hub cache: one untimed warm-up run first), `mteb.evaluate` with an
                     encoder returning the precomputed embeddings, write the TaskResult JSON.
   2. mieb-ray       `python -m mieb_ray eval-zeroshot --tasks ... --data ... --image-embeddings ...
-                    --text-embeddings ... --out ...`: starts a local Ray, reads labels through the build's
-                    readers, scores mteb's and the fixed prompts, writes <Task>.json, predictions.parquet,
-                    summary.json, report.html and the manifest.
+                    --text-embeddings ... --out ...`: embeddings this small are scored in-process (--executor
+                    auto), Ray never started; reads labels through the build's readers, scores mteb's and the
+                    fixed prompts, writes <Task>.json, predictions.parquet, summary.json, report.html and the
+                    manifest.
+  3. mieb-ray, Ray  the same with `--executor ray`: starts a local Ray (--no-ray-row leaves it out).
 
 Prints a table per shape with the ratio, and checks that every metric mteb reports is identical in ours.
 
@@ -48,7 +50,7 @@ def same_scores(ours: Path, theirs: Path, tasks) -> bool:
     return True
 
 
-def shape(name: str, tasks, rows: dict[str, int], work: Path, repeat: int) -> dict:
+def shape(name: str, tasks, rows: dict[str, int], work: Path, repeat: int, ray_row: bool) -> dict:
     work.mkdir(parents=True)
     root = str(work / "data")
     t0 = time.perf_counter()
@@ -65,35 +67,53 @@ def shape(name: str, tasks, rows: dict[str, int], work: Path, repeat: int) -> di
                               "--cache", str(work / "hf-cache"), "--out", str(out)], env)
 
     print(f"[{name}] mteb warm-up (fills the datasets cache) {mteb_call(work / 'mteb-warm'):.1f}s", flush=True)
-    mteb_t, ours_t, load = [], [], os.getloadavg()[0]
+    mteb_t, ours_t, ray_t, load = [], [], [], os.getloadavg()[0]
+
+    def ours(out: str, *more: str) -> float:
+        return b.run_process([sys.executable, "-m", "mieb_ray", "eval-zeroshot", *flags, *more,
+                              "--out", str(work / out)], env)
+
     for i in range(repeat):
         mteb_t.append(mteb_call(work / f"mteb{i}"))
-        ours_t.append(b.run_process([sys.executable, "-m", "mieb_ray", "eval-zeroshot", *flags,
-                                     "--out", str(work / f"ours{i}")], env))
-        print(f"[{name} {i + 1}] mteb {mteb_t[-1]:.2f}s, mieb-ray CLI {ours_t[-1]:.2f}s", flush=True)
-    manifest = json.loads((work / f"ours{repeat - 1}" / "_manifest.json").read_text())
-    return {"mteb": mteb_t, "ours": ours_t, "load": (load, os.getloadavg()[0]), "ours_inner": manifest["seconds"],
-            "same": same_scores(work / f"ours{repeat - 1}", work / f"mteb{repeat - 1}", tasks),
-            "summary": json.loads((work / f"ours{repeat - 1}" / "summary.json").read_text())}
+        ours_t.append(ours(f"ours{i}"))
+        if ray_row:
+            ray_t.append(ours(f"ray{i}", "--executor", "ray"))
+        print(f"[{name} {i + 1}] mteb {mteb_t[-1]:.2f}s, mieb-ray CLI {ours_t[-1]:.2f}s"
+              + (f", with --executor ray {ray_t[-1]:.2f}s" if ray_row else ""), flush=True)
+    last = repeat - 1
+    manifest = json.loads((work / f"ours{last}" / "_manifest.json").read_text())
+    same = same_scores(work / f"ours{last}", work / f"mteb{last}", tasks)
+    if ray_row:
+        same = same and same_scores(work / f"ray{last}", work / f"mteb{last}", tasks)
+    return {"mteb": mteb_t, "ours": ours_t, "ray": ray_t, "load": (load, os.getloadavg()[0]),
+            "ours_inner": manifest["seconds"], "executor": manifest.get("executor"), "same": same,
+            "summary": json.loads((work / f"ours{last}" / "summary.json").read_text())}
 
 
 def report(title: str, r: dict, repeat: int) -> None:
     t_mteb, t_ours = min(r["mteb"]), min(r["ours"])
     print(f"\n### {title}\n")
-    print(b.markdown_table(["contender", f"seconds (fastest of {repeat})", "x faster than mteb"], [
-        ["mteb 2.26.24: `python bench/mteb_zeroshot_call.py` (import mteb, load splits from a warm `datasets` "
-         "cache, `mteb.evaluate`, write JSON)", f"{t_mteb:.2f}", "1.0"],
-        ["mieb-ray: `python -m mieb_ray eval-zeroshot` (imports, Ray start-up, labels, score both prompt sets, "
-         "write JSON, predictions, summary, report)", f"{t_ours:.2f}", f"{t_mteb / t_ours:.2f}"]]))
+    rows = [["mteb 2.26.24: `python bench/mteb_zeroshot_call.py` (import mteb, load splits from a warm `datasets` "
+             "cache, `mteb.evaluate`, write JSON)", f"{t_mteb:.2f}", "1.00", "1.0"],
+            ["mieb-ray: `python -m mieb_ray eval-zeroshot` (in-process: imports, labels, score both prompt sets, "
+             "write JSON, predictions, summary, report)", f"{t_ours:.2f}", f"{t_ours / t_mteb:.2f}",
+             f"{t_mteb / t_ours:.1f}"]]
+    if r["ray"]:
+        t_ray = min(r["ray"])
+        rows.append(["mieb-ray: `python -m mieb_ray eval-zeroshot --executor ray` (the same on a local Ray it "
+                     "starts and stops)", f"{t_ray:.2f}", f"{t_ray / t_mteb:.2f}", f"{t_mteb / t_ray:.1f}"])
+    print(b.markdown_table(["contender", f"seconds (fastest of {repeat})", "x mteb's time", "x faster than mteb"],
+                           rows))
     accuracy = r["summary"]["tasks"]
-    print(f"\n**whole call: mieb-ray {t_ours:.2f}s vs mteb {t_mteb:.2f}s = {t_mteb / t_ours:.2f}x "
-          f"({'faster' if t_ours < t_mteb else 'slower'})**; every metric identical to mteb's: "
-          f"{'yes' if r['same'] else 'NO'} ({len(accuracy)} tasks; mieb-ray's own scoring and writing, from "
-          f"its manifest: {r['ours_inner']:.2f}s)\n")
+    print(f"\n**whole call: mieb-ray {t_ours:.2f}s vs mteb {t_mteb:.2f}s = {t_ours / t_mteb:.2f}x mteb's time "
+          f"({t_mteb / t_ours:.1f}x faster)**; executor taken (manifest): {r['executor']}; every metric identical "
+          f"to mteb's: {'yes' if r['same'] else 'NO'} ({len(accuracy)} tasks; mieb-ray's own scoring and writing, "
+          f"from its manifest: {r['ours_inner']:.2f}s)\n")
     b.footer(f"All runs: mteb {', '.join(f'{t:.2f}' for t in r['mteb'])} s; mieb-ray "
-             f"{', '.join(f'{t:.2f}' for t in r['ours'])} s",
-             "Each a fresh process timed from spawn to exit, one after the other; the mieb-ray CLI starts (and "
-             "stops) its own local Ray. mieb-ray also scores the fixed prompts, which mteb does not.",
+             f"{', '.join(f'{t:.2f}' for t in r['ours'])} s"
+             + (f"; --executor ray {', '.join(f'{t:.2f}' for t in r['ray'])} s" if r["ray"] else ""),
+             "Each a fresh process timed from spawn to exit, one after the other. mieb-ray also scores the fixed "
+             "prompts, which mteb does not.",
              f"Load average (1 min) before / after: {r['load'][0]:.2f} / {r['load'][1]:.2f}.")
 
 
@@ -102,12 +122,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=500, help="eval images per task in the 22-task shape (default 500)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_zeroshot"))
+    ap.add_argument("--no-ray-row", dest="ray_row", action="store_false",
+                    help="leave out the whole call with --executor ray (a local Ray started and stopped)")
     args = ap.parse_args()
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
     cifar = select_tasks("CIFAR100ZeroShot")
-    one = shape("CIFAR100", cifar, {"cifar100": 10_000}, work / "cifar100", args.repeat)
-    every = shape("22 tasks", TASKS, {t.slug: args.rows for t in TASKS}, work / "all22", args.repeat)
+    one = shape("CIFAR100", cifar, {"cifar100": 10_000}, work / "cifar100", args.repeat, args.ray_row)
+    every = shape("22 tasks", TASKS, {t.slug: args.rows for t in TASKS}, work / "all22", args.repeat, args.ray_row)
     print("\n" + "=" * 100)
     report("CIFAR100ZeroShot, real size: 10,000 test images, 100 classes, 512-d embeddings", one, args.repeat)
     report(f"All 22 zero-shot tasks, scaled to {args.rows:,} eval images each ({22 * args.rows:,} in all; the real "

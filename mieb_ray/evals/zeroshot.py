@@ -287,10 +287,10 @@ class ZeroShotSuite:
 
         rows = []
         for p in pending.planned:
-            pr = self.predictions[p.task.name]
+            pr, prefix = self.predictions[p.task.name], p.task.key_prefix()  # key_prefix looks the source up
             n = len(pr["label"])
             rows.append(pa.table({
-                "task": pa.array([p.task.name] * n), "key": pa.array([f"{p.task.key_prefix()}{i}" for i in range(n)]),
+                "task": pa.array([p.task.name] * n), "key": pa.array([f"{prefix}{i}" for i in range(n)]),
                 "label": pr["label"], "mteb_pred": pr["mteb_pred"].astype(np.int64),
                 "fixed_pred": pr["fixed_pred"].astype(np.int64)}))
         dest = storage.join(out, "predictions.parquet")
