@@ -34,9 +34,8 @@ class LocalRef:
         self._thunk, self._value, self._done = thunk, value, done
 
     def value(self):
-        if not self._done:
-            thunk, self._thunk = self._thunk, None
-            self._value, self._done = thunk(), True
+        if not self._done:  # a task that raised keeps its thunk: fetched again, it raises again (as Ray's)
+            self._value, self._done, self._thunk = self._thunk(), True, None
         return self._value
 
 
