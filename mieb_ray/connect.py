@@ -2,7 +2,9 @@
 output, an unknown name) fails in a second rather than after Ray's start-up.
 
 The command line calls `configure` with the cluster address; the pipelines call `ray_up()` where their Ray
-work begins (pools.read_cluster, the top-k engine, ...). A caller that started Ray itself keeps its Ray.
+work begins (pools.read_cluster, the top-k engine, ...). A caller that started Ray itself keeps its Ray. An eval
+of a small corpus with no cluster asked for (`address()`, RAY_ADDRESS) never calls it: it scores in-process
+(topk/executor.py).
 """
 
 from __future__ import annotations
