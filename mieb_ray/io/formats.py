@@ -402,6 +402,7 @@ def tar_files(f, start: int = 0, read_bytes: int | None = None) -> Iterator[list
         return
     base, pos = start, 0  # base: the file offset of buf[0]; pos: the next header's offset in buf
     regular, no_data, extended, to_tarfile, zero = _REGULAR, _NO_DATA, _EXTENDED, _TARFILE, _ZERO_BLOCK
+    encoding = tarfile.ENCODING
     while True:
         view, n, batch, heads, need, done, handover = memoryview(buf), len(buf), [], [], BLOCK, False, False
         append, add_head = batch.append, heads.append
@@ -445,7 +446,11 @@ def tar_files(f, start: int = 0, read_bytes: int | None = None) -> Iterator[list
                 pos += BLOCK
                 continue
             if size is None:
-                size = _nti(head[124:136])
+                field = head[124:136]
+                try:
+                    size = int(field.split(b"\0", 1)[0] or b"0", 8) if field[0] < 0x80 else _nti(field)
+                except ValueError:
+                    size = _nti(field)
             stop = pos + BLOCK + size
             if stop > n:  # the member runs past the range: read on from its (first) header
                 if not _valid(head):  # before trusting its size
@@ -456,7 +461,13 @@ def tar_files(f, start: int = 0, read_bytes: int | None = None) -> Iterator[list
                 break
             add_head(pos)
             if kind in regular:
-                append((base + at, _name(head) if name is None else name, view[pos + BLOCK:stop]))
+                if name is None:
+                    if head[345]:
+                        name = _name(head)
+                    else:
+                        end = head.find(b"\0", 0, 100)
+                        name = head[:100 if end < 0 else end].decode(encoding, "surrogateescape")
+                append((base + at, name, view[pos + BLOCK:stop]))
             pos = stop + (-size % BLOCK)
         _check_sums(buf, heads, base)
         if batch:
