@@ -50,13 +50,14 @@ MAX_PIXELS = 178_956_970
 
 # JPEGs are decoded in draft mode (libjpeg's DCT scaling by 1/2, 1/4 or 1/8: less work than a full
 # decode and a much smaller image to resize) at the smallest scale that leaves each side at least
-# DRAFT_FACTOR times its resized size, so the bicubic resize still shrinks by 2x or more and its
-# antialiasing still decides the result. Against the full decode this differs only at sharp edges: on
-# 1600x1200 photo mosaics to 224 px, mean 0.4 and max 7 uint8 levels (bench/preprocess.py). With a
-# factor of 1 (1/4 scale there) it is 1.6 and 27, for 1.3-1.5x the speed; 3 and up decodes in full.
+# DRAFT_FACTOR times its resized size. Against the full decode this differs only at sharp edges. With a
+# factor of 1 (1600x1200 -> 400x300 for 224 px): mean 1.5, max 26 uint8 levels on sharp photo mosaics,
+# a centred cosine of pixel_values >= 0.999 and of a CLIP's embeddings >= 0.999 (tests/test_equivalence.py),
+# for 1.3-1.5x the speed of a factor of 2 (1/2 scale there: mean 0.4, max 7), which keeps the bicubic
+# resize shrinking by 2x or more; 3 and up decodes in full (bench/preprocess.py --draft-factor N).
 # Pillow's draft picks the scale; simplejpeg decodes at it (libjpeg-turbo's other scales, 3/8 ... 7/8,
-# are slower than a full decode here).
-DRAFT_FACTOR = 2
+# are slower than a full decode here). mieb-train's images (500x375 and less) are never drafted at 224.
+DRAFT_FACTOR = 1
 
 # EXIF orientation -> the transpose that makes the image upright (as PIL.ImageOps.exif_transpose), where
 # that transpose takes a point (x, y) of a w x h image, and the same transpose as a numpy view of (h, w, c).
