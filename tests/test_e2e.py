@@ -96,6 +96,7 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     evaluation = submit(address, "jobs/eval_biovita.py", "--data", f"{s3uri}/biovita", "--model", model,
                         "--out", f"{s3uri}/eval", *cpus)
     assert "[eval] task score" in evaluation.stdout
+    assert "[eval] on Ray (a cluster was asked for (RAY_ADDRESS)" in evaluation.stdout  # a job stays on its cluster
     texts = read_json(client, bucket, "e2e/eval/embeddings/texts/_manifest.json")
     assert texts["config"]["modality"] == "text" and texts["counts"]["errors"] == 0
     results = read_json(client, bucket, "e2e/eval/BioVITAT2IReranking.json")
