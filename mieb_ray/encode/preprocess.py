@@ -283,7 +283,7 @@ def _decode(im: Image.Image, data: bytes, spec: ImageSpec, max_pixels: int) -> _
             try:
                 array = simplejpeg.decode_jpeg(data, "RGB", min_height=0 if full else im.height,
                                                min_width=0 if full else im.width)
-            except ValueError:  # corrupt, truncated, or a kind it does not decode: Pillow names it or copes
+            except Exception:  # corrupt, truncated, or a kind it does not decode: Pillow names it or copes
                 array = None
             if array is not None and array.shape[:2] != (im.height, im.width):
                 array = None
@@ -391,6 +391,9 @@ def normalize(pixels: torch.Tensor, spec: ImageSpec, dtype: torch.dtype | None =
     scale = (spec.rescale_factor / std).to(torch.float32).view(1, 3, 1, 1).to(pixels.device)
     shift = (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(pixels.device)
     x = torch.empty((n, c, h, w), dtype=torch.float32, device=pixels.device)
-    x.copy_(pixels.permute(0, 3, 1, 2))  # in place from here on: no float temporaries to allocate
-    x.mul_(scale).add_(shift)
+    if x.device.type == "cpu":  # numpy's strided uint8 -> float32 cast is ~1.4x torch's here
+        np.copyto(x.numpy(), pixels.numpy().transpose(0, 3, 1, 2), casting="unsafe")
+    else:
+        x.copy_(pixels.permute(0, 3, 1, 2))
+    x.mul_(scale).add_(shift)  # in place: no float temporaries to allocate
     return x if dtype in (None, torch.float32) else x.to(dtype)
