@@ -8,8 +8,8 @@ is decoded on the CPU by `preprocess.load_image`, which also gives the one-line 
 end as the same uint8 (n, height, width, 3) that `preprocess.normalize` takes.
 
 Against the CPU path: the same EXIF orientation, RGB conversion, resize size (truncated long side) and crop
-offsets; the resize is torch's antialiased bicubic (Keys a = -0.75, PIL's is -0.5) of the full decode, not a
-draft decode, so pixels differ by a few levels and embeddings by a centred cosine well above 0.95
+offsets; the resize is torch's antialiased bicubic (Pillow's filter, in float32 on the device) of the full
+decode, not a draft decode, so pixels differ by a few levels and embeddings by a centred cosine well above 0.95
 (tests/test_gpu_decode.py measures it).
 """
 
