@@ -212,10 +212,13 @@ def _score(part, queries: np.ndarray, reducer, data):
 
 @contextmanager
 def _one_torch_thread():
-    """One torch thread inside a task: one task per CPU, and Ray, not torch, spreads the work. Inline too (on a
-    busy machine torch's threads cost this work more than they give); the caller's setting back after."""
+    """One torch thread inside a Ray task: one task per CPU, and Ray, not torch, spreads the work; the worker's
+    setting back after. Inline (the local executor) the caller's threads stay: the driver is the only worker."""
     import torch
 
+    if executor.mode() == "local":
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
