@@ -102,7 +102,8 @@ def engine_inputs(root: str, images: str, texts: str) -> dict:
         lookup = engine.KeyLookup(keys, np.arange(len(ids), dtype=np.int64), groups)
         indptr, positions = biovita.pool_positions(root, name, q.query_ids, keys)
         indptr, docs = biovita.pool_csr(indptr, positions, len(ids))
-        candidates = Candidates(biovita.candidate_groups(q.candidate_taxa, vocabulary), indptr, docs)
+        candidates = Candidates(biovita.candidate_groups(q.candidate_taxa, vocabulary), indptr, docs,
+                                best_docs=EvalConfig.gallery)  # the best photos the report shows, as the eval
         _, vectors = protocol.text_vectors(texts, q.query_texts, "query texts")
         correct = np.array([c.index(t) for c, t in zip(q.candidate_taxa, q.correct_taxa)])
         out[name] = (lookup, candidates, vectors, correct)

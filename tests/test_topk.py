@@ -164,6 +164,10 @@ def test_kernels_match_brute_force_with_ties(tied):
     sparse = part._replace(docs=part.docs << 32)
     assert all(np.array_equal(a, b) for a, b in zip(
         group_maxima(sparse, q, PoolMask(sparse, indptr, pool_docs << 32), argmax=True), want))
+    # the best rows of the first 3 queries only (the report's gallery): the same there, -1 for the others
+    maxima, best = group_maxima(part, q, PoolMask(part, **pool), argmax=3, chunk_rows=7)
+    assert np.array_equal(maxima, want[0]) and np.array_equal(best[:, :3], want[1][:, :3])
+    assert (best[:, 3:] == -1).all() and (want[1][:, 3:] >= 0).any()
 
 
 def test_top_rows_equals_topk_when_every_row_is_its_own_group(tied):

@@ -89,12 +89,14 @@ def _corpus(data: str, name: str):
 
 @executor.remote(num_cpus=1)
 def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
-                blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str]):
-    """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs."""
+                blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str], gallery: int):
+    """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs; best photos are found for
+    the report's first `gallery` queries only."""
     indptr, positions = biovita.pool_positions(data, name, query_ids, lookup.keys)  # doc = corpus position
     indptr, docs = biovita.pool_csr(indptr, positions, len(lookup.docs))
     groups = biovita.candidate_groups(candidate_taxa, vocabulary)
-    out = [Candidates(groups[a:b], indptr[a:b + 1] - indptr[a], docs[indptr[a]:indptr[b]]) for a, b in blocks]
+    out = [Candidates(groups[a:b], indptr[a:b + 1] - indptr[a], docs[indptr[a]:indptr[b]],
+                      best_docs=max(0, min(gallery, b) - a)) for a, b in blocks]
     return out if len(out) > 1 else out[0]
 
 
@@ -176,7 +178,7 @@ class BioVITASuite:
         vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
             texts, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
         data = _candidates.options(num_returns=len(blocks)).remote(
-            c.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary)
+            c.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, c.gallery)
         data = data if len(blocks) > 1 else [data]
         return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
 
