@@ -98,8 +98,10 @@ def test_the_actor_path_uint8_then_normalize_matches_the_processor(tiny, info, r
     encoder = Encoder(tiny, info)
     ours = encoder.encode_pixel_values(normalize(torch.from_numpy(pixels), spec, encoder.dtype))
     mean = reference_images.mean(0)
-    # not exact: load_image decodes JPEGs in draft mode (a few levels off at edges)
-    assert (centred(ours, mean) * centred(reference_images, mean)).sum(1).min() >= 0.999
+    # not exact: load_image decodes JPEGs in draft mode at DRAFT_FACTOR 1, here at 1/8 or 1/4 scale for this
+    # model's 64 px (0.9973 at worst, against 0.999 at factor 2); the project's bar is 0.95 (test_equivalence),
+    # and another picture scores below 0.98 (test_images_equal_transformers), so this still tells them apart
+    assert (centred(ours, mean) * centred(reference_images, mean)).sum(1).min() >= 0.995
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
