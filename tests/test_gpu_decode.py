@@ -112,8 +112,22 @@ def test_resolve():
     assert gpu_decode.resolve("gpu", 0) == "gpu" and gpu_decode.resolve("cpu", 1) == "cpu"
     with pytest.raises(ValueError, match="unknown decode mode"):
         gpu_decode.resolve("nvjpeg", 1)
-    if gpu_decode.device_decode_available("cuda") is not None:
-        assert gpu_decode.resolve("auto", 1) == "cpu"
+    # auto: gpu when the encoders have GPUs and torchvision imports (the driver may have no GPU itself)
+    assert gpu_decode.resolve("auto", 1) == ("gpu" if gpu_decode.device_decode_available("cpu") is None else "cpu")
+
+
+@pytest.mark.skipif(gpu_decode.device_decode_available("cuda") is None, reason="this machine can decode on CUDA")
+def test_under_auto_an_encoder_that_cannot_decode_on_its_device_decodes_on_its_cpu():
+    items = [encode(picture("china.jpg"), "JPEG", quality=90), encode(picture("coffee.jpg"), "PNG"), b"not an image"]
+    decoder = DeviceDecoder(SPEC, "cuda" if torch.cuda.is_available() else "cpu", strict=False)
+    if decoder.on_device:
+        pytest.skip("torchvision decodes on this device")
+    pixels, errors = decoder(items)
+    want, want_errors = zip(*[(load_image(d, SPEC), None) if i < 2 else (np.zeros((224, 224, 3), np.uint8),
+                                                                          "not an image")
+                              for i, d in enumerate(items)])
+    assert errors == list(want_errors) and np.array_equal(pixels.cpu().numpy(), np.stack(want))
+    assert decoder.device_rows == 0 and decoder.cpu_rows == 3
 
 
 @pytest.mark.skipif(gpu_decode.device_decode_available("cuda") is None, reason="this machine can decode on CUDA")

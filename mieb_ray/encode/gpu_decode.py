@@ -43,11 +43,13 @@ def device_decode_available(device: str) -> str | None:
 
 
 def resolve(mode: str, gpus: float) -> str:
-    """The decode mode a job runs: auto is gpu when the encoders have GPUs and torchvision can decode there."""
+    """The decode mode a job runs: auto is gpu when the encoders have GPUs and torchvision imports here (the
+    driver, often on a node without a GPU, cannot check CUDA for them: an encoder that cannot decode on its
+    device under auto decodes on its CPU instead, see DeviceDecoder's strict)."""
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "auto":
-        return "gpu" if gpus > 0 and device_decode_available("cuda") is None else "cpu"
+        return "gpu" if gpus > 0 and device_decode_available("cpu") is None else "cpu"
     return mode
 
 
@@ -101,15 +103,20 @@ def resize_crop(images: list[torch.Tensor], spec: ImageSpec) -> torch.Tensor:
 
 
 class DeviceDecoder:
-    """Raw image bytes -> (uint8 (n, height, width, 3) on `device`, per item None or a one-line error)."""
+    """Raw image bytes -> (uint8 (n, height, width, 3) on `device`, per item None or a one-line error).
 
-    def __init__(self, spec: ImageSpec, device: str, max_pixels: int = MAX_PIXELS, batch: int = BATCH):
+    A device torchvision cannot decode on is an error when `strict` (--decode gpu); otherwise (--decode auto)
+    every image takes the CPU path, in this process."""
+
+    def __init__(self, spec: ImageSpec, device: str, max_pixels: int = MAX_PIXELS, batch: int = BATCH,
+                 strict: bool = True):
         reason = device_decode_available(device)
-        if reason is not None:
+        if reason is not None and strict:
             from mieb_ray.errors import UserError
 
             raise UserError(f"--decode gpu cannot decode on {device}: {reason}; use --decode cpu")
         self.spec, self.device, self.max_pixels, self.batch = spec, device, max_pixels, batch
+        self.on_device = reason is None
         self.device_rows = self.cpu_rows = 0  # what went where, for the job's statistics
 
     def __call__(self, items: list[bytes | None]) -> tuple[torch.Tensor, list[str | None]]:
@@ -117,7 +124,8 @@ class DeviceDecoder:
 
         out = torch.zeros((len(items), self.spec.height, self.spec.width, 3), dtype=torch.uint8, device=self.device)
         errors: list[str | None] = [None] * len(items)
-        on_device = [(i, o) for i, o in ((i, route(d, self.max_pixels)) for i, d in enumerate(items)) if o]
+        on_device = [(i, o) for i, o in ((i, route(d, self.max_pixels)) for i, d in enumerate(items)) if o] \
+            if self.on_device else []
         fallback = sorted(set(range(len(items))) - {i for i, _ in on_device})
         for lo in range(0, len(on_device), self.batch):
             chunk = on_device[lo:lo + self.batch]

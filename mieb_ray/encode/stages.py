@@ -72,7 +72,7 @@ class EncodeStage:
     """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros."""
 
     def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
-                 batch_size: int, device: str | None, threads: int, decode: str = "cpu"):
+                 batch_size: int, device: str | None, threads: int, decode: str = "cpu", strict: bool = True):
         import torch
 
         from mieb_ray.encode.model import Encoder, load_info, resolve
@@ -86,7 +86,7 @@ class EncodeStage:
             from mieb_ray.encode.gpu_decode import DeviceDecoder
             from mieb_ray.encode.preprocess import ImageSpec
 
-            self.decoder = DeviceDecoder(ImageSpec(**spec), str(self.encoder.device))
+            self.decoder = DeviceDecoder(ImageSpec(**spec), str(self.encoder.device), strict=strict)
 
     def __call__(self, batch: dict) -> dict:
         if self.decoder is not None:

@@ -224,7 +224,7 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
             EncodeStage, fn_constructor_kwargs=dict(
                 model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
                 spec=plan.spec, batch_size=config.batch_size, device=config.device,
-                threads=int(max(1, pool.num_cpus)), decode=decode),
+                threads=int(max(1, pool.num_cpus)), decode=decode, strict=config.decode == "gpu"),
             batch_size=None, batch_format="numpy", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
             compute=pool.strategy())
         ds = ds.map_batches(commit_stage, fn_kwargs=dict(units=plan.units, out=config.out, schema=plan.schema,
