@@ -31,7 +31,9 @@ Sets:
             mapped to kinds by MIX_KINDS). Images/s of the mix = 1 / sum(share * seconds per image).
 
 Run from the repository root (the lead's figures: on a quiet machine):
-    .venv/bin/python bench/preprocess.py --torchvision-python /work/tvenv/bin/python
+    .venv/bin/python bench/preprocess.py --torchvision-python tvenv/bin/python
+where tvenv is a separate venv whose transformers can use torchvision (PyPI's torchvision does not import beside
+torch 2.13.0): python3 -m venv tvenv && tvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 transformers==5.24.0
 """
 
 from __future__ import annotations
