@@ -4,7 +4,7 @@
 The read stage then ships the raw bytes (a tenth of the decoded pixels' size), and the encoder actor calls
 `DeviceDecoder` on each batch. Per image, from its header alone (PIL, nothing decoded): an RGB or greyscale
 JPEG goes to the device; anything else (PNG, WebP, CMYK JPEGs, ...) and any JPEG the device decoder refuses
-is decoded on the CPU by `preprocess.load_image`, which also gives the one-line error of a bad image. Both
+is decoded on the CPU by `preprocess.load_images`, which also gives the one-line error of a bad image. Both
 end as the same uint8 (n, height, width, 3) that `preprocess.normalize` takes.
 
 Against the CPU path: the same EXIF orientation, RGB conversion, resize size (truncated long side) and crop
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from PIL import ExifTags, Image
 
-from mieb_ray.encode.preprocess import MAX_PIXELS, ImageError, ImageSpec, load_image, resize_output_size
+from mieb_ray.encode.preprocess import MAX_PIXELS, ImageSpec, load_images, resize_output_size
 
 if TYPE_CHECKING:
     import torch
@@ -134,13 +134,11 @@ class DeviceDecoder:
             fallback += [i for (i, _), x in zip(chunk, decoded) if x is None]
             if good:
                 out[[i for i, _ in good]] = resize_crop([x for _, x in good], self.spec)
-        for i in fallback:
-            try:
-                if items[i] is None:
-                    raise ImageError("missing image")
-                out[i] = torch.from_numpy(load_image(items[i], self.spec, self.max_pixels)).to(self.device)
-            except ImageError as exc:
-                errors[i] = str(exc)
+        if fallback:  # the CPU path, batched as the read tasks run it: its pixels and its one-line errors
+            pixels, reasons = load_images([items[i] for i in fallback], self.spec, self.max_pixels)
+            out[fallback] = torch.from_numpy(pixels).to(self.device)
+            for i, reason in zip(fallback, reasons):
+                errors[i] = reason
         self.device_rows += len(items) - len(fallback)
         self.cpu_rows += len(fallback)
         return out, errors

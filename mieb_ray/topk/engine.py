@@ -32,7 +32,6 @@ partition bytes ~ corpus float32 bytes / P, P = ceil(corpus file bytes / PARTITI
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,8 +185,8 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
                            lookup.docs[at[n][keep]]))
     matched = np.concatenate(matched) if matched else np.zeros(0, np.int64)
     stats = _stats(sum(t.num_rows for t in tables), len(uris), opened, dim, len(matched))
-    with _one_torch_thread():
-        return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
+    _task_threads()
+    return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
 @executor.remote(num_cpus=1)
@@ -195,8 +194,8 @@ def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: in
     vectors, groups = chunk
     groups = np.asarray(groups, np.int64)
     blocks = [(np.asarray(vectors), None, groups, (number << 32) | np.arange(len(groups), dtype=np.int64))]
-    with _one_torch_thread():
-        return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
+    _task_threads()
+    return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
 @executor.remote(num_cpus=1)
@@ -206,25 +205,17 @@ def _partition(*pieces):
 
 @executor.remote(num_cpus=1)
 def _score(part, queries: np.ndarray, reducer, data):
-    with _one_torch_thread():
-        return reducer.score(part, normalize(queries), data)
+    _task_threads()
+    return reducer.score(part, normalize(queries), data)
 
 
-@contextmanager
-def _one_torch_thread():
-    """One torch thread inside a Ray task: one task per CPU, and Ray, not torch, spreads the work; the worker's
-    setting back after. Inline (the local executor) the caller's threads stay: the driver is the only worker."""
-    import torch
+def _task_threads() -> None:
+    """One torch thread in a Ray task: one task per CPU, and Ray, not torch, spreads the work. Inline (the local
+    executor) the driver's threads stay: it is the only worker."""
+    if executor.mode() == "ray":
+        import torch
 
-    if executor.mode() == "local":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(1)
 
 
 @executor.remote(num_cpus=1)
