@@ -16,7 +16,7 @@ from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.errors import UserError
 from mieb_ray.topk import engine, executor
 from mieb_ray.topk.kernels import (Candidates, CandidateMax, PoolMask, TopK, TopRows, batches, build_partition,
-                                   group_maxima, split, top_rows)
+                                   group_maxima, index_of, split, top_rows)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,6 +168,17 @@ def test_kernels_match_brute_force_with_ties(tied):
     maxima, best = group_maxima(part, q, PoolMask(part, **pool), argmax=3, chunk_rows=7)
     assert np.array_equal(maxima, want[0]) and np.array_equal(best[:, :3], want[1][:, :3])
     assert (best[:, 3:] == -1).all() and (want[1][:, 3:] >= 0).any()
+
+
+@pytest.mark.parametrize("spread", [1, 1 << 32])  # dense keys (a table) and sparse ones (a binary search)
+def test_index_of_finds_each_value_or_minus_one(spread):
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(50)[:30].astype(np.int64) * spread
+    values = np.r_[keys[::-1], -1, -spread, 50 * spread, 10 ** 6 * spread, rng.integers(-5, 60, 200) * spread]
+    want = [list(keys).index(v) if v in keys else -1 for v in values]
+    assert index_of(keys, values).tolist() == want
+    assert index_of(keys[:0], values).tolist() == [-1] * len(values)
+    assert index_of(keys, values[:0]).tolist() == []
 
 
 def test_top_rows_equals_topk_when_every_row_is_its_own_group(tied):

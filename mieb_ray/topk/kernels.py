@@ -115,32 +115,39 @@ def _chunks(bounds: np.ndarray, chunk_rows: int):
         g = end
 
 
+def index_of(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Position of each value in `keys` (distinct int64), -1 where absent. Dense non-negative keys (BioVITA's
+    corpus positions, taxon ids) use a table, one gather; others (shard << 32 | row) a binary search, ~15x
+    slower for a small partition."""
+    if not len(keys) or not len(values):
+        return np.full(len(values), -1, np.int64)
+    top = int(keys.max())
+    if keys.min() >= 0 and top < 4 * len(keys) + 4096:
+        table = np.full(top + 2, -1, np.int64)  # the last entry answers every value out of range
+        table[keys] = np.arange(len(keys))
+        if values.min() < 0 or values.max() > top:
+            values = np.clip(values, -1, top + 1)
+        return table[values]
+    order = np.argsort(keys, kind="stable")
+    at = np.minimum(np.searchsorted(keys[order], values), len(keys) - 1)
+    return np.where(keys[order][at] == values, order[at], -1)
+
+
 class PoolMask:
     """The (row, query) pairs a query may score: its pool docs found in this partition."""
 
     def __init__(self, part: Partition, indptr: np.ndarray, docs: np.ndarray):
-        query = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        n = len(part.docs)
-        first, last = (int(part.docs.min()), int(part.docs.max())) if n else (0, -1)
-        if n and last - first < 4 * n + 4096:  # dense doc ids (BioVITA's: corpus positions): a doc -> row table
-            table = np.full(last - first + 1, -1, np.int64)
-            table[part.docs - first] = np.arange(n)
-            at = np.full(len(docs), -1, np.int64)
-            inside = (docs >= first) & (docs <= last)
-            at[inside] = table[docs[inside] - first]
-            found = at >= 0
-            rows = at[found]
-        else:  # sparse ones (shard << 32 | row): a binary search, ~15x slower for a small partition
-            by_doc = np.argsort(part.docs, kind="stable")
-            sorted_docs = part.docs[by_doc]
-            at = np.minimum(np.searchsorted(sorted_docs, docs), max(n - 1, 0))
-            found = sorted_docs[at] == docs if n else np.zeros(len(docs), bool)
-            rows = by_doc[at[found]]
-        self.rows, self.query, self.n_queries = rows, query[found], len(indptr) - 1
-        self.n_rows, self._by_row = n, False
+        self.n_queries, self.n_rows, self._by_row = len(indptr) - 1, len(part.docs), False
+        self.query = np.repeat(np.arange(self.n_queries, dtype=np.int64), np.diff(indptr))
+        self.rows = index_of(part.docs, docs)
+        found = self.rows >= 0
+        if not found.all():  # a pool doc in another partition
+            self.rows, self.query = self.rows[found], self.query[found]
 
-    def allowed(self, lo: int, hi: int) -> torch.Tensor | None:
-        """(hi - lo, queries) bool of rows lo:hi, or None when no pair falls there."""
+    def blocked(self, lo: int, hi: int) -> torch.Tensor | None:
+        """(hi - lo, queries) bool of rows lo:hi, True where the query may not score the row; None when no
+        pair falls there. (A float32 mask of 0 and -inf to add is 3x faster to apply, but 4x the fresh
+        memory, and page faults make it slower to build than it saves.)"""
         import torch
 
         if lo == 0 and hi >= self.n_rows:  # the whole partition in one chunk: every pair, no sort
@@ -150,12 +157,12 @@ class PoolMask:
                 order = np.argsort(self.rows, kind="stable")
                 self.rows, self.query, self._by_row = self.rows[order], self.query[order], True
             a, b = np.searchsorted(self.rows, [lo, hi])
-            rows, query = self.rows[a:b], self.query[a:b]
+            rows, query = self.rows[a:b] - lo, self.query[a:b]
         if not len(rows):
             return None
-        mask = torch.zeros((hi - lo, self.n_queries), dtype=torch.bool)
-        mask[torch.from_numpy(rows - lo), torch.from_numpy(query)] = True
-        return mask
+        mask = np.ones((hi - lo, self.n_queries), bool)
+        mask.reshape(-1)[rows * self.n_queries + query] = False  # numpy's flat scatter: 2x torch's index_put
+        return torch.from_numpy(mask)
 
 
 def group_maxima(part: Partition, queries: np.ndarray, pool: PoolMask | None = None, argmax: bool | int = False,
@@ -177,13 +184,13 @@ def group_maxima(part: Partition, queries: np.ndarray, pool: PoolMask | None = N
     run_of_row = torch.from_numpy(np.repeat(np.arange(n_groups), sizes))
     for g, end in _chunks(bounds, chunk_rows):
         lo, hi = int(bounds[g]), int(bounds[end])
-        allowed = pool.allowed(lo, hi) if pool is not None else None
-        if pool is not None and allowed is None:
+        blocked = pool.blocked(lo, hi) if pool is not None else None
+        if pool is not None and blocked is None:
             continue  # no query's pool reaches these rows
         scores = buffer[:hi - lo]
         torch.mm(torch.from_numpy(part.vectors[lo:hi]), qt, out=scores)  # (rows, queries) cosines
-        if allowed is not None:
-            scores.masked_fill_(~allowed, float("-inf"))
+        if blocked is not None:
+            scores.masked_fill_(blocked, float("-inf"))
         # each run of rows (one group) into its row of maxima: scatter_reduce is ~10x numpy's reduceat here
         index = (run_of_row[lo:hi] - g).unsqueeze(1).expand(-1, q)
         maxima[g:end].scatter_reduce_(0, index, scores, "amax")
@@ -310,8 +317,8 @@ class CandidateMax:
         pool = PoolMask(part, data.indptr, data.docs) if data.indptr is not None else None
         maxima, best_row = group_maxima(part, queries, pool,
                                         argmax=True if data.best_docs is None else data.best_docs)
-        run = np.minimum(np.searchsorted(part.group_ids, cand), len(part.group_ids) - 1)
-        here = (cand >= 0) & (part.group_ids[run] == cand)
+        run = index_of(part.group_ids, cand.reshape(-1)).reshape(cand.shape)
+        here = run >= 0
         query = np.broadcast_to(np.arange(len(cand))[:, None], cand.shape)
         scores[here] = maxima[run[here], query[here]]
         if best_row is not None:  # None: no query of this block wants its best doc
