@@ -106,6 +106,11 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
                    help="where images are decoded: cpu (CPU tasks), gpu (the encoders, on their device: JPEGs by "
                         "nvJPEG, other formats on their CPU; needs torchvision) or auto (default): gpu when the "
                         "encoders have GPUs and torchvision can decode there, else cpu")
+    p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
+                   help="ray (Ray Data: CPU tasks decode, encoder actors), local (in this process, Ray never "
+                        "started: one encoder with every core, a thread decoding ahead of it) or auto (default): "
+                        "local when no cluster was asked for (--address, RAY_ADDRESS), no pool was asked for "
+                        "(--workers > 1, --gpus-per-worker > 0, --decode gpu) and the machine has no GPU")
     add_pool_flags(p)
 
 
@@ -118,7 +123,7 @@ def run_embed(args: argparse.Namespace) -> None:
                          batch_size=args.batch_size, rows_per_shard=args.rows_per_shard, dtype=args.dtype,
                          resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
                          workers=args.workers, gpus_per_worker=args.gpus_per_worker,
-                         cpus_per_worker=args.cpus_per_worker, decode=args.decode)
+                         cpus_per_worker=args.cpus_per_worker, decode=args.decode, executor=args.executor)
     config.check()
     init_ray(args.address)
     embed(config)
@@ -144,9 +149,10 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
 
 def add_executor_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
-                   help="where scoring runs: ray (Ray tasks), local (in this process, Ray never started) or auto "
-                        "(default): local when the embeddings total at most 256 MiB, no cluster was asked for "
-                        "(--address, RAY_ADDRESS) and Ray is not running yet (as after --model's embedding)")
+                   help="where the work runs: ray (Ray tasks), local (in this process, Ray never started) or auto "
+                        "(default): local when no cluster was asked for (--address, RAY_ADDRESS), Ray is not running "
+                        "yet, and the embeddings total at most 256 MiB (scoring) or the machine has no GPU and no "
+                        "pool was asked for (--model's embedding)")
 
 
 def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
@@ -171,7 +177,8 @@ def run_eval(args: argparse.Namespace) -> None:
 
     _embedding_flags(args)
     init_ray(args.address)
-    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
+                 executor=args.executor)
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
@@ -216,7 +223,8 @@ def run_zeroshot(args: argparse.Namespace) -> None:
     suite = ZeroShotSuite(select_tasks(args.tasks), args.data)  # an unknown task fails here, before Ray starts
     storage.check_output(args.out)
     init_ray(args.address)
-    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
+                 executor=args.executor)
     images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
                      else (args.image_embeddings, args.text_embeddings))
     protocol.run(suite, args.out, images, texts, allow_mixed_models=args.allow_mixed_models,

@@ -133,14 +133,86 @@ def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb
         embed(dataclasses.replace(config, resume=True))
 
 
-def test_a_corrupt_input_file_is_one_line_from_the_worker_that_reads_it(mieb_train, tiny_clip, tmp_path):
+def test_in_process_embed_equals_the_ray_run_and_resumes(image_run, mieb_train, tiny_clip, tmp_path):
+    """--executor local runs the same stages in this process: the same shards, keys and vectors as the Ray run,
+    and an interrupted run resumes to the same result."""
+    out, manifest = image_run
+    root, _ = mieb_train
+    config = EmbedConfig(root, str(tmp_path / "out"), tiny_clip, carry_columns=("dataset_name", "label"),
+                         batch_size=16, executor="local")
+
+    def ctrl_c_after_the_first_shard(line: str) -> None:
+        if re.match(r"\[embed\] \d+/\d+ shards", line):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        embed(config, log=ctrl_c_after_the_first_shard)
+    records = list((tmp_path / "out" / "_progress").rglob("*.json"))
+    assert len(records) == 1  # in-process, the unit after it is not committed before the line is logged
+    lines = []
+    local = embed(dataclasses.replace(config, resume=True), log=lines.append)
+    assert "1 already done" in lines[0] and lines[1].startswith("[embed] in this process (--executor local)")
+    assert local["executor"] == "local" and manifest["executor"] == "ray"
+    assert [(s["path"], s["rows"]) for s in local["shards"]] == [(s["path"], s["rows"]) for s in manifest["shards"]]
+    keys, vectors = embeddings.read_all(str(tmp_path / "out"))
+    ref_keys, ref_vectors = embeddings.read_all(out)
+    assert keys == ref_keys and np.allclose(vectors, ref_vectors, atol=1e-5)
+    assert output_rows(str(tmp_path / "out")).keys() == output_rows(out).keys()
+
+
+def test_pick_executor_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_clip):
+    from mieb_ray import connect
+    from mieb_ray.pipelines.embed import pick_executor
+    from mieb_ray.topk import executor
+
+    monkeypatch.setattr(executor, "ray_running", lambda: False)
+    monkeypatch.setattr(connect, "address", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = EmbedConfig("in", "out", tiny_clip)
+    assert pick_executor(config)[0] == ("ray" if torch.cuda.is_available() else "local")
+    assert pick_executor(dataclasses.replace(config, workers=2))[0] == "ray"
+    assert pick_executor(dataclasses.replace(config, gpus_per_worker=1.0))[0] == "ray"
+    assert pick_executor(dataclasses.replace(config, executor="ray"))[0] == "ray"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert pick_executor(config) == ("ray", "a cluster was asked for (RAY_ADDRESS)")
+    assert pick_executor(dataclasses.replace(config, executor="local"))[0] == "local"
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(executor, "ray_running", lambda: True)
+    assert pick_executor(config) == ("ray", "Ray already running in this process")
+    with pytest.raises(UserError, match="unknown --executor 'threads'"):
+        embed(dataclasses.replace(config, executor="threads"))
+
+
+def test_the_command_line_embeds_in_process_without_importing_ray(tiny_clip, tmp_path):
+    """On a machine alone without a GPU, `mieb-ray embed` never imports Ray: no start-up, no actor processes."""
+    import subprocess
+    import sys
+
+    pq.write_table(pa.table({"key": [f"k{i}" for i in range(6)], "image": [_jpeg((40 * i, 90, 30)) for i in range(6)]}),
+                   tmp_path / "t.parquet")
+    script = ("import sys; from mieb_ray.cli import main; rc = main(sys.argv[1:]); "
+              "print('ray imported:', 'ray' in sys.modules); sys.exit(rc)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", script, "embed", "--input", str(tmp_path / "t.parquet"), "--out",
+                           str(tmp_path / "out"), "--model", tiny_clip], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if torch.cuda.is_available():
+        pytest.skip("a machine with a GPU embeds on Ray")
+    assert "[embed] in this process (no cluster and no GPU: Ray not started)" in done.stdout
+    assert "ray imported: False" in done.stdout
+    assert json.loads((tmp_path / "out" / "_manifest.json").read_text())["counts"] == {"total": 6, "errors": 0}
+
+
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_a_corrupt_input_file_is_one_line_from_the_worker_that_reads_it(mieb_train, tiny_clip, tmp_path, where):
     root, train = mieb_train
     table = tmp_path / "table"
     pa.fs.copy_files(root, str(table))  # its manifest gives the row counts: no footer is read before the run
     victim = table / train["shards"][-1]["path"]
     victim.write_bytes(victim.read_bytes()[:100])
     with pytest.raises(UserError, match=r"^unreadable parquet file .*000002\.parquet: Parquet magic bytes"):
-        embed(EmbedConfig(str(table), str(tmp_path / "out"), tiny_clip), log=lambda _: None)
+        embed(EmbedConfig(str(table), str(tmp_path / "out"), tiny_clip, executor=where), log=lambda _: None)
 
 
 def test_text_embeddings_equal_the_encoder(mieb_train, tiny_clip, tmp_path):
@@ -161,7 +233,8 @@ def _jpeg(color) -> bytes:
     return buf.getvalue()
 
 
-def test_bad_images_become_error_rows(ray_local, tiny_clip, tmp_path):
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_bad_images_become_error_rows(ray_local, tiny_clip, tmp_path, where):
     good = [_jpeg((i * 40, 100, 200 - i * 30)) for i in range(5)]
     png = io.BytesIO()
     Image.new("RGB", (50, 50), "red").save(png, "PNG")
@@ -173,9 +246,10 @@ def test_bad_images_become_error_rows(ray_local, tiny_clip, tmp_path):
     pq.write_table(table, tmp_path / "table.parquet")
     out = str(tmp_path / "out")
     with pytest.raises(UserError, match=r"^4 of 9 rows could not be encoded, more than --max-error-rate 0.01"):
-        embed(EmbedConfig(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id"))
+        embed(EmbedConfig(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id",
+                          executor=where))
     manifest = embed(EmbedConfig(str(tmp_path / "table.parquet"), out, tiny_clip, image_column="img", key_column="id",
-                     max_error_rate=0.5, resume=True))
+                     max_error_rate=0.5, resume=True, executor=where))
     assert manifest["counts"] == {"total": 5, "errors": 4}
     assert set(output_rows(out)) == {f"good/{i}" for i in range(5)}
     errors = pa.ipc.open_file(os.path.join(out, manifest["error_files"][0])).read_all().to_pylist()

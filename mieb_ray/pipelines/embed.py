@@ -7,6 +7,12 @@ transform  the encoder actor pool, one model per actor (a GPU each on a cluster)
 commit     a CPU task per unit: its shard and error rows, then its progress record  (commit.py)
 manifest   driver, last: built from the records (path, rows, bytes, sha256, errors)
 
+`--executor auto` (the default) runs the same three stages in this process, Ray never started, when no cluster
+was asked for (--address, RAY_ADDRESS), Ray is not running here yet, no pool was asked for (--workers > 1,
+--gpus-per-worker > 0) and the machine has no GPU: a laptop's CPU encoder waits on its model, so Ray's
+parallel decode buys nothing there, while a fresh actor process importing torch and transformers costs seconds.
+In-process, a thread reads and decodes the next unit while the model encodes this one.
+
 The driver handles units and records, never an image or an embedding, so its memory does not grow with the
 rows or the embedding size. A shard is named after its input file and row range (`<file>.arrow`, or
 `<file>.<lo>-<hi>.arrow` when the file is cut), so a retried unit rewrites the same names, and `--resume`
@@ -23,14 +29,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import ray
-
-from mieb_ray import __version__, commit, storage
-from mieb_ray.connect import ray_up
+from mieb_ray import __version__, commit, connect, storage
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.io import embeddings, tables
 from mieb_ray.pools import encoder_pool, read_cluster
+from mieb_ray.topk import executor
 
 FORMAT = "mieb-embeddings"
 FORMAT_VERSION = 2
@@ -62,6 +66,7 @@ class EmbedConfig:
     cpus_per_worker: float = 1.0
     device: str | None = None
     decode: str = "auto"  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
+    executor: str = "auto"  # ray, local (in this process), auto (local on a machine alone without a GPU)
 
     @property
     def columns(self) -> tables.Columns:
@@ -79,6 +84,8 @@ class EmbedConfig:
             raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(MODES)}")
         if self.decode == "gpu" and self.modality == "image" and (why := device_decode_available("cpu")):
             raise UserError(f"--decode gpu needs torchvision: {why}")
+        if self.executor not in executor.EXECUTORS:
+            raise UserError(f"unknown --executor {self.executor!r}; valid: {', '.join(executor.EXECUTORS)}")
         if self.batch_size < 1 or self.rows_per_shard < 1:
             raise UserError("--batch-size and --rows-per-shard must be at least 1")
 
@@ -96,8 +103,32 @@ class Plan:
 
 
 def embed(config: EmbedConfig, log=print) -> dict:
-    """Run the embed job on the connected Ray cluster; return the manifest."""
+    """Run the embed job on the connected Ray cluster, or in this process (pick_executor); return the manifest."""
     t0 = time.time()
+    config.check()
+    which, why = pick_executor(config)
+    with executor.using(which):
+        return _embed(config, which, why, t0, log)
+
+
+def pick_executor(config: EmbedConfig) -> tuple[str, str]:
+    """("ray" | "local", why): local when asked for, or under auto on a machine alone without a GPU."""
+    if config.executor != "auto":
+        return config.executor, f"--executor {config.executor}"
+    if connect.address() or os.environ.get("RAY_ADDRESS"):
+        return "ray", f"a cluster was asked for ({'--address' if connect.address() else 'RAY_ADDRESS'})"
+    if executor.ray_running():
+        return "ray", "Ray already running in this process"
+    if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decode == "gpu":
+        return "ray", "a pool of encoders or GPUs was asked for"
+    import torch
+
+    if torch.cuda.is_available():
+        return "ray", "this machine has a GPU: CPU tasks decode for it in parallel"
+    return "local", "no cluster and no GPU: Ray not started"
+
+
+def _embed(config: EmbedConfig, which: str, why: str, t0: float, log) -> dict:
     plan = _plan(config)
     progress = commit.Progress(config.out, plan.settings)
     results = _earlier(config, progress, {u.name: u.identity for u in plan.units})
@@ -105,12 +136,13 @@ def embed(config: EmbedConfig, log=print) -> dict:
     log(f"[embed] {len(plan.units)} shards from {len({u.uri for u in plan.units})} input files ({plan.fmt}), "
         f"{len(results)} already done, {sum(plan.units[i].hi - plan.units[i].lo for i in todo):,} rows to encode "
         f"with {config.model} ({plan.info.architecture}, dim {plan.info.dim})")
+    log(f"[embed] {'in this process' if which == 'local' else 'on Ray'} ({why})")
     for i in [i for i in todo if plan.units[i].hi == plan.units[i].lo]:  # an empty file: an empty shard
         results[plan.units[i].name] = embeddings.commit_shard(config.out, plan.units[i].name, plan.schema, {},
                                                               config.key_column, config.columns.carry)
     todo = [i for i in todo if plan.units[i].hi > plan.units[i].lo]
     if todo:
-        results.update(_run(config, plan, todo, progress, log))
+        results.update((_run if which == "ray" else _run_local)(config, plan, todo, progress, log))
     return _manifest(config, plan, [results[n] for n in sorted(results)], progress, t0, log)
 
 
@@ -118,7 +150,6 @@ def embed(config: EmbedConfig, log=print) -> dict:
 
 
 def _plan(config: EmbedConfig) -> Plan:
-    config.check()
     fmt, files = tables.input_files(config.input)
     carry_schema = tables.check_columns(fmt, files[0], config.columns)
     info = load_info(resolve(config.model, config.revision), config.model, config.revision,
@@ -151,10 +182,10 @@ def table_units(files: list[tables.InputFile], rows_per_unit: int) -> list[table
     starts) by a read of every tar, in worker tasks."""
     tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
     tars = [f for f in files if f.uri.endswith(".tar")]
-    if tars:
-        ray_up()
-    index = ray.remote(num_cpus=0.5)(tables.index_tar)
-    counted = ray.get([index.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
+    if tars and executor.mode() == "ray":
+        connect.ray_up()
+    index = executor.remote(num_cpus=0.5)(tables.index_tar)
+    counted = executor.get([index.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):
         f.rows = rows
     return tables.plan_units(files, rows_per_unit, {f.uri: offsets for f, (_, offsets) in zip(tars, counted)})
@@ -181,6 +212,8 @@ def _earlier(config: EmbedConfig, progress: commit.Progress, units: dict[str, di
 @contextmanager
 def _data_context():
     """Ray Data settings for this job, restored after it."""
+    import ray
+
     ctx = ray.data.DataContext.get_current()
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its commit task whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
@@ -198,6 +231,8 @@ def _data_context():
 def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Progress, log) -> dict[str, dict]:
     import json
 
+    import ray
+
     from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 
     pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
@@ -213,7 +248,6 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
     # a local model path must mean the same directory to every worker
     model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
     columns = config.columns
-    results, rows, t_run, t_log = {}, 0, time.time(), 0.0
     with _data_context():
         ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
         # one task per unit; the memory hint also keeps it from being fused into the encoder actors
@@ -230,14 +264,60 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
         ds = ds.map_batches(commit_stage, fn_kwargs=dict(units=plan.units, out=config.out, schema=plan.schema,
                                                          columns=columns, progress=progress),
                             batch_size=None, batch_format="numpy", num_cpus=0.25)
-        for row in _user_errors(ds.iter_rows()):
-            result = json.loads(row["result"])
-            results[result["path"]] = result  # a unit redone after a lost block: same name, same rows
-            rows += result["rows"] + result["errors"]
-            if time.time() - t_log > 5 or len(results) == len(todo):
-                t_log, elapsed = time.time(), time.time() - t_run
-                log(f"[embed] {len(results)}/{len(todo)} shards, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} "
-                    "rows/s")
+        results = _gather((json.loads(row["result"]) for row in _user_errors(ds.iter_rows())), len(todo), log)
+    return _complete(plan, todo, results)
+
+
+def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Progress, log) -> dict[str, dict]:
+    """The same stages in this process: a thread reads and decodes unit i + 1 (the first while the model loads)
+    while the model encodes unit i; each unit is committed before the next is encoded."""
+    import functools
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from mieb_ray.encode.gpu_decode import resolve as resolve_decode
+    from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
+
+    decode = resolve_decode(config.decode, 0) if config.modality == "image" else "cpu"
+    threads = torch.get_num_threads()
+    log(f"[embed] one encoder in this process, {threads} torch threads; images decoded by a thread beside it")
+    model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
+    read = functools.partial(read_stage, units=plan.units, columns=config.columns, modality=config.modality,
+                             spec=plan.spec, decode=decode)
+
+    def units():
+        with ThreadPoolExecutor(1, thread_name_prefix="mieb-read") as reader:
+            ahead = reader.submit(read, {"unit": [todo[0]]})
+            encode = EncodeStage(model=model, revision=plan.info.revision, modality=config.modality,
+                                 data_column=config.columns.data, spec=plan.spec, batch_size=config.batch_size,
+                                 device=config.device, threads=threads, decode=decode,
+                                 strict=config.decode == "gpu")
+            for i in todo[1:] + [None]:
+                block = ahead.result()
+                if i is not None:
+                    ahead = reader.submit(read, {"unit": [i]})
+                done = commit_stage(encode(block), units=plan.units, out=config.out, schema=plan.schema,
+                                    columns=config.columns, progress=progress)
+                yield from (json.loads(r) for r in done["result"])
+
+    return _complete(plan, todo, _gather(units(), len(todo), log))
+
+
+def _gather(results_in, total: int, log) -> dict[str, dict]:
+    """The units' results by shard path, with a progress line every 5 s."""
+    results, rows, t_run, t_log = {}, 0, time.time(), 0.0
+    for result in results_in:
+        results[result["path"]] = result  # a unit redone after a lost block: same name, same rows
+        rows += result["rows"] + result["errors"]
+        if time.time() - t_log > 5 or len(results) == total:
+            t_log, elapsed = time.time(), time.time() - t_run
+            log(f"[embed] {len(results)}/{total} shards, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s")
+    return results
+
+
+def _complete(plan: Plan, todo: list[int], results: dict[str, dict]) -> dict[str, dict]:
     missing = [plan.units[i].name for i in todo if plan.units[i].name not in results]
     if missing:
         raise RuntimeError(f"{len(missing)} units did not come back (e.g. {missing[0]})")
@@ -273,7 +353,7 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], progress: co
         "config": {**settings, "input": storage.display(config.input), "input_format": plan.fmt,
                    "data_column": config.columns.data, "rows_per_unit": plan.settings["rows_per_unit"]},
         "model": plan.info.to_dict(), "dim": plan.info.dim, "preprocessing": plan.spec,
-        "counts": {"total": rows, "errors": n_errors},
+        "counts": {"total": rows, "errors": n_errors}, "executor": executor.mode(),
         "shards": [{k: r[k] for k in ("path", "rows", "bytes", "sha256")} for r in results],
         "error_files": error_files,
     }, progress)
