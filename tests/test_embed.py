@@ -286,6 +286,13 @@ def test_webdataset_input_with_json_fields(ray_local, mirror, tiny_clip, tmp_pat
     assert len(got) == manifest["counts"]["total"] == 24
     assert {row["dataset_name"] for _, row in got.values()} == {"gtsrb", "stl10"}
     assert all(key.split("/")[0] == row["dataset_name"] for key, (_, row) in got.items())
+    # in-process, the tars are counted and indexed inline: the same rows and vectors
+    local = embed(EmbedConfig(train, str(tmp_path / "local"), tiny_clip, carry_columns=["dataset_name", "label"],
+                              executor="local"))
+    assert local["executor"] == "local" and local["counts"] == manifest["counts"]
+    mine = output_rows(str(tmp_path / "local"))
+    assert mine.keys() == got.keys() and all(mine[k][1] == got[k][1] for k in got)
+    assert np.allclose(np.stack([mine[k][0] for k in got]), np.stack([got[k][0] for k in got]), atol=1e-5)
 
 
 def test_bad_setup_fails_in_one_line_before_any_work(mieb_train, tiny_clip, tmp_path, capsys):
