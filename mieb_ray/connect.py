@@ -19,6 +19,7 @@ import threading
 from mieb_ray.errors import UserError
 
 _address: str | None = None
+_started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
 
 
 def configure(address: str | None = None) -> None:
@@ -32,8 +33,19 @@ def address() -> str | None:
     return _address
 
 
+def started_here() -> bool:
+    """Ray runs in this process because ray_up brought it up with no cluster named (--address, RAY_ADDRESS), on
+    one node: a laptop job's own Ray (the demo's build), not a cluster and not a caller's ray.init."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return _started_here and ray is not None and ray.is_initialized() and \
+        sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+
+
 def ray_up() -> None:
     """Join the configured cluster, or start a local Ray, unless Ray is up already."""
+    global _started_here
     import ray
 
     if not ray.is_initialized():
@@ -43,6 +55,7 @@ def ray_up() -> None:
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env())
+        _started_here = address is None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress

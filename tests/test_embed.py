@@ -178,7 +178,9 @@ def test_pick_executor_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny
     assert pick_executor(dataclasses.replace(config, executor="local"))[0] == "local"
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(executor, "ray_running", lambda: True)
-    assert pick_executor(config) == ("ray", "Ray already running in this process")
+    assert pick_executor(config) == ("ray", "Ray already running in this process")  # a caller's ray.init: its Ray
+    monkeypatch.setattr(connect, "started_here", lambda: True)  # the one-node Ray this job started (demo's build)
+    assert pick_executor(config)[0] == ("ray" if torch.cuda.is_available() else "local")
     with pytest.raises(UserError, match="unknown --executor 'threads'"):
         embed(dataclasses.replace(config, executor="threads"))
 

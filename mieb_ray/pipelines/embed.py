@@ -8,8 +8,9 @@ commit     a CPU task per unit: its shard and error rows, then its progress reco
 manifest   driver, last: built from the records (path, rows, bytes, sha256, errors)
 
 `--executor auto` (the default) runs the same three stages in this process, Ray never started, when no cluster
-was asked for (--address, RAY_ADDRESS), Ray is not running here yet, no pool was asked for (--workers > 1,
---gpus-per-worker > 0) and the machine has no GPU: a laptop's CPU encoder waits on its model, so Ray's
+was asked for (--address, RAY_ADDRESS), Ray is not running here (or only the one-node Ray this job brought up
+itself, as the demo's build does), no pool was asked for (--workers > 1, --gpus-per-worker > 0, --decode gpu)
+and the machine has no GPU: a laptop's CPU encoder waits on its model, so Ray's
 parallel decode buys nothing there, while a fresh actor process importing torch and transformers costs seconds.
 In-process, a thread reads and decodes the next unit while the model encodes this one.
 
@@ -117,7 +118,8 @@ def pick_executor(config: EmbedConfig) -> tuple[str, str]:
         return config.executor, f"--executor {config.executor}"
     if connect.address() or os.environ.get("RAY_ADDRESS"):
         return "ray", f"a cluster was asked for ({'--address' if connect.address() else 'RAY_ADDRESS'})"
-    if executor.ray_running():
+    own = connect.started_here()  # the one-node Ray this job brought up for an earlier stage (demo's build)
+    if executor.ray_running() and not own:
         return "ray", "Ray already running in this process"
     if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decode == "gpu":
         return "ray", "a pool of encoders or GPUs was asked for"
@@ -125,7 +127,8 @@ def pick_executor(config: EmbedConfig) -> tuple[str, str]:
 
     if torch.cuda.is_available():
         return "ray", "this machine has a GPU: CPU tasks decode for it in parallel"
-    return "local", "no cluster and no GPU: Ray not started"
+    return "local", "no cluster and no GPU: " + ("not on the one-node Ray this job started" if own
+                                                 else "Ray not started")
 
 
 def _embed(config: EmbedConfig, which: str, why: str, t0: float, log) -> dict:
