@@ -316,5 +316,10 @@ def test_choose_keeps_ray_for_clusters_big_corpora_and_a_running_ray(monkeypatch
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(executor, "ray_running", lambda: True)
     assert executor.choose("auto", 100, 1000, None)[0] == "ray"
+    from mieb_ray import connect  # not the one-node Ray this job brought up itself (the demo's build)
+
+    monkeypatch.setattr(connect, "started_here", lambda: True)
+    assert executor.choose("auto", 100, 1000, None) == ("local", "0.0 MiB of embeddings, at most 0 MiB: scored in "
+                                                                  "this process")
     with pytest.raises(UserError, match="--executor must be one of auto, ray, local"):
         executor.choose("gpu", 100, 1000, None)

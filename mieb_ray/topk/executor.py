@@ -10,8 +10,9 @@ items of the one list it returns. Nothing here imports Ray unless Ray is the exe
 
 `choose()` picks the executor for an eval: Ray when asked for, when a cluster was asked for (--address,
 RAY_ADDRESS: a `ray job submit` job stays on its cluster), when this process already runs Ray (a caller that
-started Ray keeps its Ray), or when the embeddings are bigger than one partition of the engine; otherwise
-local, and Ray's start-up (seconds) is skipped for a corpus scored in well under a second.
+started Ray keeps its Ray; not the one-node Ray the same job brought up for an earlier stage), or when the
+embeddings are bigger than one partition of the engine; otherwise local, and Ray's start-up (seconds) is skipped
+for a corpus scored in well under a second.
 """
 
 from __future__ import annotations
@@ -157,8 +158,10 @@ def choose(requested: str, corpus_bytes: int, limit: int, address: str | None) -
         return requested, f"--executor {requested}, {size}"
     if address or os.environ.get("RAY_ADDRESS"):
         return "ray", f"a cluster was asked for ({'--address' if address else 'RAY_ADDRESS'}), {size}"
-    if ray_running():
+    from mieb_ray import connect
+
+    if ray_running() and not connect.started_here():  # a caller's Ray or a cluster: kept
         return "ray", f"Ray already running in this process, {size}"
     if corpus_bytes > limit:
         return "ray", f"{size}, more than {most}"
-    return "local", f"{size}, at most {most}: scored in this process, Ray not started"
+    return "local", f"{size}, at most {most}: scored in this process" + ("" if ray_running() else ", Ray not started")
