@@ -285,7 +285,8 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
 
     decode = resolve_decode(config.decode, 0) if config.modality == "image" else "cpu"
     threads = torch.get_num_threads()
-    log(f"[embed] one encoder in this process, {threads} torch threads; images decoded by a thread beside it")
+    log(f"[embed] one encoder in this process, {threads} torch threads; a thread beside it reads "
+        f"{'and decodes ' if config.modality == 'image' else ''}the next unit")
     model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
     read = functools.partial(read_stage, units=plan.units, columns=config.columns, modality=config.modality,
                              spec=plan.spec, decode=decode)

@@ -129,8 +129,9 @@ def index_of(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
             values = np.clip(values, -1, top + 1)
         return table[values]
     order = np.argsort(keys, kind="stable")
-    at = np.minimum(np.searchsorted(keys[order], values), len(keys) - 1)
-    return np.where(keys[order][at] == values, order[at], -1)
+    ordered = keys[order]
+    at = np.minimum(np.searchsorted(ordered, values), len(keys) - 1)
+    return np.where(ordered[at] == values, order[at], -1)
 
 
 class PoolMask:
