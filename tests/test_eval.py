@@ -189,9 +189,14 @@ def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, t
 
 
 def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, capsys):
+    """--model embeds the photos and the query texts first; --executor local does all of it in this process."""
     root, _ = data
     out = tmp_path / "out"
-    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--out", str(out)]) == 0
+    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--out", str(out), "--executor", "local"]) == 0
+    logged = capsys.readouterr().out.splitlines()
+    assert [line for line in logged if line.startswith(("[embed] in this process", "[embed] on Ray"))] == \
+        ["[embed] in this process (--executor local)"] * 2
+    assert any(line.startswith("[eval] in-process (--executor local") for line in logged)
     results = json.loads((out / RESULTS_FILE).read_text())
     assert results["mieb_ray"]["text_embeddings"]["model"]["name"] == tiny_clip
     texts = lookup(str(out / "embeddings" / "texts"))
