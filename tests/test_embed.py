@@ -160,6 +160,19 @@ def test_in_process_embed_equals_the_ray_run_and_resumes(image_run, mieb_train, 
     assert output_rows(str(tmp_path / "out")).keys() == output_rows(out).keys()
 
 
+def test_the_encoder_reports_each_model_call_for_in_process_progress(tiny_clip):
+    from mieb_ray.encode.stages import EncodeStage
+
+    stage = EncodeStage(tiny_clip, None, "text", "text", None, batch_size=2, device="cpu", threads=1)
+    calls = []
+    stage.on_rows = calls.append
+    out = stage({"key": np.array(list("abcd"), dtype=object),
+                 "text": np.array(["a cat", "a dog", "", "an owl"], dtype=object),
+                 "__error": np.array(["", "", "empty text", ""], dtype=object)})
+    assert calls == [2, 1]  # the three good rows, in model calls of 2; the error row is not encoded
+    assert not out["embedding"][2].any() and np.allclose(np.linalg.norm(out["embedding"][[0, 1, 3]], axis=1), 1)
+
+
 def test_pick_executor_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_clip):
     from mieb_ray import connect
     from mieb_ray.pipelines.embed import pick_executor

@@ -81,6 +81,7 @@ class EncodeStage:
         path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
         self.modality, self.data_column, self.spec, self.batch_size = modality, data_column, spec, batch_size
+        self.on_rows = None  # in-process runs: called with the rows of each model call, for progress lines
         self.decoder = None
         if modality == "image" and decode == "gpu":
             from mieb_ray.encode.gpu_decode import DeviceDecoder
@@ -100,6 +101,8 @@ class EncodeStage:
         for lo in range(0, len(good), self.batch_size):
             rows = good[lo:lo + self.batch_size]
             out[rows] = self._encode(data[rows])
+            if self.on_rows is not None:
+                self.on_rows(len(rows))
         return {**batch, "embedding": out}
 
     def _encode(self, data: np.ndarray) -> np.ndarray:

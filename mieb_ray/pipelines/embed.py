@@ -291,6 +291,15 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
     read = functools.partial(read_stage, units=plan.units, columns=config.columns, modality=config.modality,
                              spec=plan.spec, decode=decode)
 
+    encoded = {"rows": 0, "units": 0, "t0": time.time(), "logged": time.time()}
+
+    def tick(rows: int) -> None:  # a CPU encoder may spend minutes on one unit: a line every 5 s within it too
+        encoded["rows"] += rows
+        if time.time() - encoded["logged"] > 5:
+            encoded["logged"] = time.time()
+            log(f"[embed] encoding shard {encoded['units'] + 1}/{len(todo)}: {encoded['rows']:,} rows encoded, "
+                f"{encoded['rows'] / max(time.time() - encoded['t0'], 1e-9):,.0f} rows/s")
+
     def units():
         with ThreadPoolExecutor(1, thread_name_prefix="mieb-read") as reader:
             ahead = reader.submit(read, {"unit": [todo[0]]})
@@ -298,12 +307,14 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
                                  data_column=config.columns.data, spec=plan.spec, batch_size=config.batch_size,
                                  device=config.device, threads=threads, decode=decode,
                                  strict=config.decode == "gpu")
+            encode.on_rows = tick
             for i in todo[1:] + [None]:
                 block = ahead.result()
                 if i is not None:
                     ahead = reader.submit(read, {"unit": [i]})
                 done = commit_stage(encode(block), units=plan.units, out=config.out, schema=plan.schema,
                                     columns=config.columns, progress=progress)
+                encoded["units"] += 1
                 yield from (json.loads(r) for r in done["result"])
 
     return _complete(plan, todo, _gather(units(), len(todo), log))
