@@ -248,8 +248,8 @@ def machine_facts() -> list[str]:
     ram = psutil.virtual_memory().total / 2**30
     return [f"CPUs: {os.cpu_count()} ({model or 'unknown model'}); RAM: {ram:.1f} GiB; {platform.platform()}",
             f"Python {platform.python_version()}, Ray {ray.__version__}, pyarrow {pa.__version__}, "
-            f"mieb-ray {mieb_ray.__version__}; Ray started with num_cpus="
-            f"{int(ray.cluster_resources().get('CPU', 0)) if ray.is_initialized() else 'n/a'}"]
+            f"mieb-ray {mieb_ray.__version__}" + (f"; Ray started with num_cpus={int(ray.cluster_resources()['CPU'])}"
+                                                  if ray.is_initialized() else "; no Ray in this process")]
 
 
 def command_line() -> str:
