@@ -124,8 +124,7 @@ def run_embed(args: argparse.Namespace) -> None:
                          resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
                          workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                          cpus_per_worker=args.cpus_per_worker, decode=args.decode, executor=args.executor)
-    config.check()
-    init_ray(args.address)
+    init_ray(args.address)  # no Ray yet: embed checks the config first, then picks where it runs
     embed(config)
 
 

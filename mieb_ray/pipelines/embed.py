@@ -116,19 +116,16 @@ def pick_executor(config: EmbedConfig) -> tuple[str, str]:
     """("ray" | "local", why): local when asked for, or under auto on a machine alone without a GPU."""
     if config.executor != "auto":
         return config.executor, f"--executor {config.executor}"
-    if connect.address() or os.environ.get("RAY_ADDRESS"):
-        return "ray", f"a cluster was asked for ({'--address' if connect.address() else 'RAY_ADDRESS'})"
-    own = connect.started_here()  # the one-node Ray this job brought up for an earlier stage (demo's build)
-    if executor.ray_running() and not own:
-        return "ray", "Ray already running in this process"
+    if why := executor.keep_ray(connect.address()):
+        return "ray", why
     if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decode == "gpu":
         return "ray", "a pool of encoders or GPUs was asked for"
     import torch
 
     if torch.cuda.is_available():
         return "ray", "this machine has a GPU: CPU tasks decode for it in parallel"
-    return "local", "no cluster and no GPU: " + ("not on the one-node Ray this job started" if own
-                                                 else "Ray not started")
+    return "local", "no cluster and no GPU: " + ("not on the one-node Ray this job started"
+                                                 if executor.ray_running() else "Ray not started")
 
 
 def _embed(config: EmbedConfig, which: str, why: str, t0: float, log) -> dict:
@@ -231,6 +228,18 @@ def _data_context():
             setattr(ctx, k, v)
 
 
+def _stage_args(config: EmbedConfig, plan: Plan, progress: commit.Progress, decode: str, threads: int):
+    """The read, encode (constructor) and commit stages' arguments, whichever executor runs them."""
+    # a local model path must mean the same directory to every worker
+    model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
+    columns = config.columns
+    return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode),
+            dict(model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
+                 spec=plan.spec, batch_size=config.batch_size, device=config.device, threads=threads,
+                 decode=decode, strict=config.decode == "gpu"),
+            dict(units=plan.units, out=config.out, schema=plan.schema, columns=columns, progress=progress))
+
+
 def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Progress, log) -> dict[str, dict]:
     import json
 
@@ -248,25 +257,16 @@ def _run(config: EmbedConfig, plan: Plan, todo: list[int], progress: commit.Prog
         decode = resolve_decode(config.decode, pool.num_gpus)
         log(f"[embed] images decoded {'by the encoders, on their device' if decode == 'gpu' else 'by CPU tasks'} "
             f"(--decode {config.decode})")
-    # a local model path must mean the same directory to every worker
-    model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
-    columns = config.columns
+    read_args, encode_args, commit_args = _stage_args(config, plan, progress, decode, int(max(1, pool.num_cpus)))
     with _data_context():
         ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
         # one task per unit; the memory hint also keeps it from being fused into the encoder actors
-        ds = ds.map_batches(read_stage, fn_kwargs=dict(units=plan.units, columns=columns, modality=config.modality,
-                                                       spec=plan.spec, decode=decode),
-                            batch_size=1, batch_format="numpy", num_cpus=1, memory=DECODE_MEMORY)
+        ds = ds.map_batches(read_stage, fn_kwargs=read_args, batch_size=1, batch_format="numpy", num_cpus=1,
+                            memory=DECODE_MEMORY)
         ds = ds.map_batches(  # batch_size=None: a whole block, that is a whole unit, per call
-            EncodeStage, fn_constructor_kwargs=dict(
-                model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
-                spec=plan.spec, batch_size=config.batch_size, device=config.device,
-                threads=int(max(1, pool.num_cpus)), decode=decode, strict=config.decode == "gpu"),
-            batch_size=None, batch_format="numpy", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
-            compute=pool.strategy())
-        ds = ds.map_batches(commit_stage, fn_kwargs=dict(units=plan.units, out=config.out, schema=plan.schema,
-                                                         columns=columns, progress=progress),
-                            batch_size=None, batch_format="numpy", num_cpus=0.25)
+            EncodeStage, fn_constructor_kwargs=encode_args, batch_size=None, batch_format="numpy",
+            num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, compute=pool.strategy())
+        ds = ds.map_batches(commit_stage, fn_kwargs=commit_args, batch_size=None, batch_format="numpy", num_cpus=0.25)
         results = _gather((json.loads(row["result"]) for row in _user_errors(ds.iter_rows())), len(todo), log)
     return _complete(plan, todo, results)
 
@@ -287,9 +287,8 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
     threads = torch.get_num_threads()
     log(f"[embed] one encoder in this process, {threads} torch threads; a thread beside it reads "
         f"{'and decodes ' if config.modality == 'image' else ''}the next unit")
-    model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
-    read = functools.partial(read_stage, units=plan.units, columns=config.columns, modality=config.modality,
-                             spec=plan.spec, decode=decode)
+    read_args, encode_args, commit_args = _stage_args(config, plan, progress, decode, threads)
+    read = functools.partial(read_stage, **read_args)
 
     encoded = {"rows": 0, "units": 0, "t0": time.time(), "logged": time.time()}
 
@@ -303,17 +302,13 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
     def units():
         with ThreadPoolExecutor(1, thread_name_prefix="mieb-read") as reader:
             ahead = reader.submit(read, {"unit": [todo[0]]})
-            encode = EncodeStage(model=model, revision=plan.info.revision, modality=config.modality,
-                                 data_column=config.columns.data, spec=plan.spec, batch_size=config.batch_size,
-                                 device=config.device, threads=threads, decode=decode,
-                                 strict=config.decode == "gpu")
+            encode = EncodeStage(**encode_args)
             encode.on_rows = tick
             for i in todo[1:] + [None]:
                 block = ahead.result()
                 if i is not None:
                     ahead = reader.submit(read, {"unit": [i]})
-                done = commit_stage(encode(block), units=plan.units, out=config.out, schema=plan.schema,
-                                    columns=config.columns, progress=progress)
+                done = commit_stage(encode(block), **commit_args)
                 encoded["units"] += 1
                 yield from (json.loads(r) for r in done["result"])
 

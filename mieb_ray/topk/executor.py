@@ -146,6 +146,20 @@ def ray_running() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+def keep_ray(address: str | None) -> str | None:
+    """Why a job runs on Ray whatever its size (None: nothing holds it there): a cluster was asked for
+    (`address`, RAY_ADDRESS: a `ray job submit` job stays on its cluster), or this process runs a caller's Ray
+    or a cluster's. The one-node Ray the same job brought up for an earlier stage (connect.started_here) does
+    not hold it."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return f"a cluster was asked for ({'--address' if address else 'RAY_ADDRESS'})"
+    from mieb_ray import connect
+
+    if ray_running() and not connect.started_here():
+        return "Ray already running in this process"
+    return None
+
+
 def choose(requested: str, corpus_bytes: int, limit: int, address: str | None) -> tuple[str, str]:
     """("ray" | "local", why) for an eval asked to run on `requested` ("auto", "ray", "local") over embeddings
     of corpus_bytes, `limit` the most bytes scored in-process and `address` the cluster asked for."""
@@ -156,12 +170,8 @@ def choose(requested: str, corpus_bytes: int, limit: int, address: str | None) -
     size, most = f"{corpus_bytes / 2 ** 20:.1f} MiB of embeddings", f"{limit / 2 ** 20:.0f} MiB"
     if requested != "auto":
         return requested, f"--executor {requested}, {size}"
-    if address or os.environ.get("RAY_ADDRESS"):
-        return "ray", f"a cluster was asked for ({'--address' if address else 'RAY_ADDRESS'}), {size}"
-    from mieb_ray import connect
-
-    if ray_running() and not connect.started_here():  # a caller's Ray or a cluster: kept
-        return "ray", f"Ray already running in this process, {size}"
+    if why := keep_ray(address):
+        return "ray", f"{why}, {size}"
     if corpus_bytes > limit:
         return "ray", f"{size}, more than {most}"
     return "local", f"{size}, at most {most}: scored in this process" + ("" if ray_running() else ", Ray not started")
