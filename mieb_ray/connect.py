@@ -22,6 +22,16 @@ _address: str | None = None
 _started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
 
 
+# Ray keeps as many idle worker processes on a node as it has CPUs and kills the others after 1 s idle. A job's
+# stages are an actor pool beside short read and commit tasks, so on a node of a few CPUs the worker that a
+# task had just freed was killed, and the next unit waited for a fresh process to import torch and pyarrow
+# again (3-5 s on 2 cores): 68 small units embedded in 64-86 s, 45 s with room for the idle workers.
+# Nodes started by `ray start` take the same limit from their environment (cluster.yaml, tests/raycluster.py).
+def worker_soft_limit(cpus: int) -> int:
+    """How many worker processes a node of `cpus` CPUs keeps, idle ones included: Ray's num_workers_soft_limit."""
+    return 2 * cpus + 4
+
+
 def configure(address: str | None = None) -> None:
     """Where `ray_up` connects: `address`, else RAY_ADDRESS (a job submitted to a cluster), else a new local Ray."""
     global _address
@@ -54,7 +64,8 @@ def ray_up() -> None:
         address = _address or os.environ.get("RAY_ADDRESS")
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
-        ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env())
+        own = {} if address else {"_system_config": {"num_workers_soft_limit": worker_soft_limit(os.cpu_count() or 1)}}
+        ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env(), **own)
         _started_here = address is None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot

@@ -46,13 +46,15 @@ def ray_local(s3, tmp_path_factory):
     import ray
 
     # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
+    from mieb_ray.connect import worker_soft_limit
     from mieb_ray.fixtures import fakehub
 
     hub = {"MIEB_RAY_HUB_FS": fakehub.FACTORY, "MIEB_RAY_HUB_FAKE": fake_hub_config(tmp_path_factory),
            "MIEB_RAY_HUB_RETRY_WAIT": "0.01"}
     # 4 logical CPUs on 2 cores: an actor pool that reserves every CPU cannot starve the rest (platform notes)
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
-             logging_level="WARNING", runtime_env={"env_vars": {**s3.env, **hub}})
+             logging_level="WARNING", runtime_env={"env_vars": {**s3.env, **hub}},
+             _system_config={"num_workers_soft_limit": worker_soft_limit(4)})
     yield ray
     ray.shutdown()
 

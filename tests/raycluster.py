@@ -19,6 +19,8 @@ import psutil
 
 from s3server import free_port
 
+from mieb_ray.connect import worker_soft_limit
+
 BIN = Path(sys.executable).parent
 OBJECT_STORE = 150 << 20  # small, so that spilling and transfers between nodes happen in tests too
 
@@ -69,8 +71,11 @@ class RayCluster:
                                                   "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                                   "runtime-env-agent-port")]
         ports += [f"--min-worker-port={first}", f"--max-worker-port={first + 999}"]
+        # as cluster.yaml starts its nodes: room for the idle workers a node's pool and tasks take turns with
+        cpus = int(next(a.split("=")[1] for a in args if a.startswith("--num-cpus=")))
+        env = {**self.env, "RAY_num_workers_soft_limit": str(worker_soft_limit(cpus))}
         process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
-                                   env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.nodes[name] = Node(name, process, args)
 
     def add_worker(self, name: str, cpus: int) -> None:

@@ -1,12 +1,14 @@
 """cluster.yaml passes Ray's own cluster-config validation (what `ray up` checks), and offers the resources
 the jobs ask for."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from mieb_ray.connect import worker_soft_limit
 from mieb_ray.pools import launcher_capacity
 from mieb_ray.pipelines.embed import DECODE_MEMORY
 
@@ -48,3 +50,14 @@ def test_default_pools_see_what_the_autoscaler_can_add(config):
 def test_the_nodes_install_this_checkout(config):
     assert config["file_mounts"] == {"~/mieb-ray": "."}
     assert any("-e ~/mieb-ray" in c and "torch==2.13.0" in c for c in config["setup_commands"])
+
+
+def test_every_node_keeps_idle_workers_for_the_pools(config):
+    # `ray start` on each node sets Ray's idle-worker limit as a laptop's own Ray gets it (connect.ray_up): with
+    # Ray's default, the CPUs, the workers that read and commit tasks take turns with were killed between units
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        [start] = [c for c in config[key] if " ray start " in f" {c} "]
+        env = start.split("ray start")[0]
+        shell = f"nproc() {{ echo 8; }}; {env} bash -c 'echo $RAY_num_workers_soft_limit'"  # a node of 8 CPUs
+        out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == str(worker_soft_limit(8)) == "20"
