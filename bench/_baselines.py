@@ -28,6 +28,8 @@ import ray
 
 import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
 
+from mieb_ray.connect import worker_soft_limit  # noqa: E402
+
 BENCH = Path(__file__).resolve().parent
 
 # the label column of each parquet source (scimmir's `class` holds strings: its class codes)
@@ -48,7 +50,8 @@ def start_ray(work: Path, num_cpus: int = 4) -> None:
     pythonpath = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
              _temp_dir=str((work / "ray").resolve()),  # session files inside the work folder, not /tmp/ray
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})  # workers can import `_baselines`
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},  # workers can import `_baselines`
+             _system_config={"num_workers_soft_limit": worker_soft_limit(num_cpus)})  # as the jobs' own Ray
     ray.data.DataContext.get_current().enable_progress_bars = False
     # untimed warm-up, part of start-up: the first Ray Data job starts worker processes and imports Ray Data
     # in them, which would otherwise be charged to whichever contender happens to run first

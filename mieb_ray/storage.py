@@ -40,6 +40,9 @@ class TransientStorageError(StorageError):
     line for the user, and an error a Ray task may be retried on."""
 
 
+UNIT_RETRIES = 3  # runs of a job's unit after the first when it raised TransientStorageError (build, embed)
+
+
 PROBE_TIMEOUT = 3.0  # seconds to resolve and connect to an S3 endpoint before its first use
 
 

@@ -77,6 +77,90 @@ def test_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, 
     assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES
 
 
+def _pictures_on_the_hub(root) -> str:
+    """A table of 6 JPEGs (key, image) in the fake hub's layout at `root`; its path under `root`."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    images = []
+    for i in range(6):
+        buf = io.BytesIO()
+        Image.new("RGB", (40 + i, 30), (40 * i, 90, 200 - 30 * i)).save(buf, "JPEG")
+        images.append(buf.getvalue())
+    (root / "someone/pictures/data").mkdir(parents=True)
+    pq.write_table(pa.table({"key": [f"k{i}" for i in range(6)], "image": images}),
+                   root / "someone/pictures/data/table.parquet")
+    return "someone/pictures/data/table.parquet"
+
+
+def _flaky(hub, root) -> str:
+    """In each Ray worker, the first 6 requests for the table fail: as many as the local tries. The fault log."""
+    tries = int(os.environ.get(hubfs.ENV_RETRIES) or hubfs.DEFAULT_TRIES)
+    return hub(root=str(root), flaky={"table.parquet": tries}, calm_pid=os.getpid())
+
+
+def test_an_embed_through_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, hub, tiny_clip,
+                                                                                      tmp_path):
+    """A table on the hub (as BioVITA is for eval-biovita --model): the read tasks' requests fail as many times
+    as the local tries, Ray runs those units again, and the embeddings equal those of a clean run."""
+    from mieb_ray.pipelines.embed import EmbedConfig, embed
+
+    path = _pictures_on_the_hub(tmp_path / "hub")
+    clean = embed(EmbedConfig(str(tmp_path / "hub" / path), str(tmp_path / "clean"), tiny_clip, rows_per_shard=3,
+                              executor="ray"), log=lambda _: None)
+    log = _flaky(hub, tmp_path / "hub")
+    out = embed(EmbedConfig(f"hf://datasets/{path}", str(tmp_path / "flaky"), tiny_clip, rows_per_shard=3,
+                            executor="ray"), log=lambda _: None)
+    assert shards(out) == shards(clean) and len(shards(out)) == 2
+    assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES
+
+
+def test_an_audit_against_a_table_on_the_hub_through_an_outage_is_retried_by_ray(ray_local, hub, tmp_path):
+    import pyarrow.parquet as pq
+
+    from mieb_ray.pipelines.audit import AuditConfig, audit
+
+    path = _pictures_on_the_hub(tmp_path / "hub")
+    train = str(tmp_path / "hub" / path)  # the same images: every row is an exact duplicate
+    log = _flaky(hub, tmp_path / "hub")
+    audit(AuditConfig(train, (f"hf://datasets/{path}",), str(tmp_path / "audit")), log=lambda _: None)
+    rows = pq.read_table(tmp_path / "audit" / "contamination.parquet").to_pylist()
+    exact = {(r["train_key"], r["eval_key"]) for r in rows if r["method"] == "exact"}
+    assert exact == {(f"k{i}", f"k{i}") for i in range(6)}
+    assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES
+
+
+def test_an_in_process_embed_runs_a_unit_again_as_ray_would():
+    from mieb_ray.pipelines.embed import _retried
+
+    calls = []
+
+    def stage(batch, fail):  # fails `fail` times, then succeeds
+        calls.append(batch)
+        if len(calls) <= fail:
+            raise storage.TransientStorageError("the hub kept failing on hf://x: 503")
+        return {"ok": batch}
+
+    assert _retried(stage, {"unit": [0]}, fail=storage.UNIT_RETRIES) == {"ok": {"unit": [0]}}
+    assert len(calls) == storage.UNIT_RETRIES + 1
+    calls.clear()
+    with pytest.raises(storage.TransientStorageError):
+        _retried(stage, {"unit": [0]}, fail=storage.UNIT_RETRIES + 1)
+    assert len(calls) == storage.UNIT_RETRIES + 1
+
+    def broken(batch):
+        calls.append(batch)
+        raise UserError("no such file: hf://x")
+
+    calls.clear()
+    with pytest.raises(UserError, match="no such file"):  # any other error is not retried
+        _retried(broken, {"unit": [0]})
+    assert len(calls) == 1
+
+
 def test_an_outage_that_outlasts_the_retries_is_one_transient_line(mirror, hub):
     root, _ = mirror
     hub(root=root, fail=["train-00000-of"])  # every request for that file: 503

@@ -177,7 +177,11 @@ def _hash_name(side: str, table: int, unit: tables.Unit) -> str:
     return f"{side}/{table}/{unit.name.removesuffix('.arrow')}"
 
 
-@ray.remote(num_cpus=1)
+# a task whose hub or S3 requests outlasted the local retries runs again (its file rewritten the same)
+_RETRIED = dict(retry_exceptions=[storage.TransientStorageError], max_retries=storage.UNIT_RETRIES)
+
+
+@ray.remote(num_cpus=1, **_RETRIED)
 def _hash_unit(out: str, name: str, unit: tables.Unit, columns: tables.Columns, number: int, task: str | None,
                partitions: int, progress: commit.Progress) -> dict:
     """Hash one unit's images; commit its hash file (one row group per partition), then its record.
@@ -419,7 +423,7 @@ def _write(config, pairs, errors, results, planned, sides, near_info, progress, 
     return manifest
 
 
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus=1, **_RETRIED)
 def _thumbnails(unit: tables.Unit, columns: tables.Columns, rows: list[int]) -> dict[int, str | None]:
     from mieb_ray.audit.report import thumbnail
 

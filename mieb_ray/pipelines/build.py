@@ -39,7 +39,6 @@ FORMAT = "mieb-train"
 FORMAT_VERSION = 1
 FORMATS = ("parquet", "webdataset")
 SPLITS = ("train", "eval")  # eval: each source's `eval_split`
-UNIT_RETRIES = 3  # runs of a unit after the first, when the hub or S3 outlasted the local retries
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, exc
     # a unit whose reads outlasted the local retries (storage.TransientStorageError) runs again, its shards
     # rewritten the same; Ray Data picks the errors it retries by "Class: message" of the UDF's exception
     ctx.retried_map_errors = ["TransientStorageError"]
-    ctx.max_map_retries = UNIT_RETRIES
+    ctx.max_map_retries = storage.UNIT_RETRIES
     ds = ray.data.from_items([{"unit": u.to_json()} for u in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         ShardBuilder, fn_constructor_kwargs=dict(tables=tables, out=config.out, fmt=config.fmt,

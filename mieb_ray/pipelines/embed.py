@@ -217,7 +217,10 @@ def _data_context():
     ctx = ray.data.DataContext.get_current()
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its commit task whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
-            "enable_progress_bars": False}  # our own progress lines
+            "enable_progress_bars": False,  # our own progress lines
+            # a read or commit whose hub or S3 requests outlasted the local retries runs again, its shard
+            # rewritten the same (Ray Data matches "Class: message" of the stage's exception)
+            "retried_map_errors": ["TransientStorageError"], "max_map_retries": storage.UNIT_RETRIES}
     saved = {k: getattr(ctx, k) for k in ours}
     for k, v in ours.items():
         setattr(ctx, k, v)
@@ -288,7 +291,8 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
     log(f"[embed] one encoder in this process, {threads} torch threads; a thread beside it reads "
         f"{'and decodes ' if config.modality == 'image' else ''}the next unit")
     read_args, encode_args, commit_args = _stage_args(config, plan, progress, decode, threads)
-    read = functools.partial(read_stage, **read_args)
+    read = functools.partial(_retried, read_stage, **read_args)
+    commit_unit = functools.partial(_retried, commit_stage, **commit_args)
 
     encoded = {"rows": 0, "units": 0, "t0": time.time(), "logged": time.time()}
 
@@ -308,11 +312,21 @@ def _run_local(config: EmbedConfig, plan: Plan, todo: list[int], progress: commi
                 block = ahead.result()
                 if i is not None:
                     ahead = reader.submit(read, {"unit": [i]})
-                done = commit_stage(encode(block), **commit_args)
+                done = commit_unit(encode(block))
                 encoded["units"] += 1
                 yield from (json.loads(r) for r in done["result"])
 
     return _complete(plan, todo, _gather(units(), len(todo), log))
+
+
+def _retried(stage, batch: dict, **kwargs) -> dict:
+    """stage(batch, **kwargs), run again on storage.TransientStorageError as Ray Data's retries do (_data_context)."""
+    for retries_left in range(storage.UNIT_RETRIES, -1, -1):
+        try:
+            return stage(batch, **kwargs)
+        except storage.TransientStorageError:
+            if not retries_left:
+                raise
 
 
 def _gather(results_in, total: int, log) -> dict[str, dict]:
