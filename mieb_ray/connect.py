@@ -64,7 +64,9 @@ def ray_up() -> None:
         address = _address or os.environ.get("RAY_ADDRESS")
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
-        own = {} if address else {"_system_config": {"num_workers_soft_limit": worker_soft_limit(os.cpu_count() or 1)}}
+        own = {}  # a new local Ray: room for idle workers, unless the user set Ray's own variable for it
+        if address is None and "RAY_num_workers_soft_limit" not in os.environ:
+            own = {"_system_config": {"num_workers_soft_limit": worker_soft_limit(os.cpu_count() or 1)}}
         ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env(), **own)
         _started_here = address is None
         if threading.current_thread() is threading.main_thread():

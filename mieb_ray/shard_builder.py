@@ -57,7 +57,7 @@ class ShardBuilder:
         try:
             result = self.build(unit)
         except storage.TransientStorageError:
-            raise  # the hub or S3 failing for a while: Ray runs the unit again (build.py)
+            raise  # the hub failing for a while: Ray runs the unit again (build.py)
         except UserError as exc:
             return {"user_error": str(exc)}
         if self.progress is not None:

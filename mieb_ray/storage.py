@@ -40,7 +40,7 @@ class TransientStorageError(StorageError):
     line for the user, and an error a Ray task may be retried on."""
 
 
-UNIT_RETRIES = 3  # runs of a job's unit after the first when it raised TransientStorageError (build, embed)
+UNIT_RETRIES = 3  # runs of a job's unit after the first when it raised TransientStorageError (build, embed, audit)
 
 
 PROBE_TIMEOUT = 3.0  # seconds to resolve and connect to an S3 endpoint before its first use

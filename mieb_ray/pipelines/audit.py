@@ -177,7 +177,7 @@ def _hash_name(side: str, table: int, unit: tables.Unit) -> str:
     return f"{side}/{table}/{unit.name.removesuffix('.arrow')}"
 
 
-# a task whose hub or S3 requests outlasted the local retries runs again (its file rewritten the same)
+# a task whose hub requests outlasted the local retries runs again (its file rewritten the same)
 _RETRIED = dict(retry_exceptions=[storage.TransientStorageError], max_retries=storage.UNIT_RETRIES)
 
 

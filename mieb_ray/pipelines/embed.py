@@ -218,7 +218,7 @@ def _data_context():
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its commit task whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
             "enable_progress_bars": False,  # our own progress lines
-            # a read or commit whose hub or S3 requests outlasted the local retries runs again, its shard
+            # a read or commit whose hub requests outlasted the local retries runs again, its shard
             # rewritten the same (Ray Data matches "Class: message" of the stage's exception)
             "retried_map_errors": ["TransientStorageError"], "max_map_retries": storage.UNIT_RETRIES}
     saved = {k: getattr(ctx, k) for k in ours}
