@@ -22,10 +22,11 @@ _address: str | None = None
 _started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
 
 
-# Ray keeps as many idle worker processes on a node as it has CPUs and kills the others after 1 s idle. A job's
-# stages are an actor pool beside short read and commit tasks, so on a node of a few CPUs the worker that a
-# task had just freed was killed, and the next unit waited for a fresh process to import torch and pyarrow
-# again (3-5 s on 2 cores): 68 small units embedded in 64-86 s, 45 s with room for the idle workers.
+# With Ray's default limit on a node's worker processes (num_workers_soft_limit -1), a job whose stages are an
+# actor pool beside short read and commit tasks saw the worker a task had just freed killed after 1 s idle, and
+# the next unit waited for a fresh process to import torch and pyarrow again (3-5 s on 2 cores). 68 small units
+# on one 2-CPU node: 20 worker processes started, 13 ended idle, 72.7 s; with this limit 8, none, 45.3 s
+# (bench/ray_workers.py).
 # Nodes started by `ray start` take the same limit from their environment (cluster.yaml, tests/raycluster.py).
 def worker_soft_limit(cpus: int) -> int:
     """How many worker processes a node of `cpus` CPUs keeps, idle ones included: Ray's num_workers_soft_limit."""

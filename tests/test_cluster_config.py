@@ -54,7 +54,7 @@ def test_the_nodes_install_this_checkout(config):
 
 def test_every_node_keeps_idle_workers_for_the_pools(config):
     # `ray start` on each node sets Ray's idle-worker limit as a laptop's own Ray gets it (connect.ray_up): with
-    # Ray's default, the CPUs, the workers that read and commit tasks take turns with were killed between units
+    # Ray's default, the workers that read and commit tasks take turns with were killed between units
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         [start] = [c for c in config[key] if " ray start " in f" {c} "]
         env = start.split("ray start")[0]
