@@ -94,10 +94,12 @@ def cluster(s3):
     import raycluster
 
     tmp = tempfile.mkdtemp(prefix="mieb-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    nodes = raycluster.start(tmp, s3.env, {"node_a": 2, "node_b": 2})
     try:
-        nodes.wait_for_jobs()
-        yield nodes
+        nodes = raycluster.start(tmp, s3.env, {"node_a": 2, "node_b": 2})  # a failed start stops what it started
+        try:
+            nodes.wait_for_jobs()
+            yield nodes
+        finally:
+            nodes.stop()
     finally:
-        nodes.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -84,22 +84,29 @@ class RayCluster:
         temp = os.path.join(self.tmp, f"w{len(self.nodes)}")
         self._start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={{\"{name}\": 1}}",
                            f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={temp}"])
-        self.wait_for(len(self.nodes))
+        self.wait_for(len(self.nodes), name)
 
     def restart(self, name: str) -> None:
         self._start(name, self.nodes[name].args)
-        self.wait_for(len(self.nodes))
+        self.wait_for(len(self.nodes), name)
 
     def alive(self) -> int:
-        out = subprocess.run([str(BIN / "python"), "-c", (
-            "import ray; ray.init(address=%r, logging_level='ERROR'); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))") % self.address],
-            env=self.env, capture_output=True, text=True, timeout=120)
+        try:
+            out = subprocess.run([str(BIN / "python"), "-c", (
+                "import ray; ray.init(address=%r, logging_level='ERROR'); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))") % self.address],
+                env=self.env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return 0
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
 
-    def wait_for(self, nodes: int, timeout: float = 120) -> None:
+    def wait_for(self, nodes: int, starting: str, timeout: float = 180) -> None:
+        """Until `nodes` nodes are alive; fails at once, with the node's log, if `starting`'s `ray start` exits."""
         deadline = time.time() + timeout
         while self.alive() != nodes:
+            if self.nodes[starting].process.poll() is not None:
+                log = open(os.path.join(self.tmp, f"{starting}.log"), errors="replace").read()
+                raise RuntimeError(f"the Ray node {starting} did not start:\n{log[-3000:]}")
             if time.time() > deadline:
                 raise TimeoutError(f"the Ray cluster did not reach {nodes} live nodes")
             time.sleep(1)
@@ -133,14 +140,16 @@ class RayCluster:
                    if n["state"] == "ALIVE" and name in (n.get("resources_total") or {})]
         return node
 
-    def actor_nodes(self, class_part: str) -> set[str]:
-        """The nodes (ids) where actors whose class name contains `class_part` ran, per Ray's state API."""
+    def actor_nodes(self, class_part: str, *jobs) -> set[str]:
+        """The nodes (ids) where the jobs' actors whose class name contains `class_part` ran, per Ray's state API
+        (`jobs`: what tests/test_e2e.py's `submit` returned; a session's other tests ran actors too)."""
         import json
 
         out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", self.dashboard_url, "--detail",
                               "--format", "json", "--limit", "10000"], env=self.env, capture_output=True, text=True,
                              timeout=120, check=True)
-        return {a["node_id"] for a in json.loads(out.stdout) if class_part in (a.get("class_name") or "")}
+        return {a["node_id"] for a in json.loads(out.stdout)
+                if class_part in (a.get("class_name") or "") and a.get("job_id") in {j.ray_job_id for j in jobs}}
 
     def processes(self, name: str) -> list[str]:
         """The command lines of a node's processes (its raylet's workers among them)."""
@@ -174,7 +183,7 @@ def start(tmp: str, extra_env: dict, workers: dict[str, int]) -> RayCluster:
                             f"--dashboard-port={cluster.dashboard}", f"--ray-client-server-port={free_port()}",
                             f"--object-store-memory={OBJECT_STORE}"])
     try:
-        cluster.wait_for(1)
+        cluster.wait_for(1, "head")
         for name, cpus in workers.items():
             cluster.add_worker(name, cpus)
     except BaseException:

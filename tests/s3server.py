@@ -11,10 +11,19 @@ import time
 from dataclasses import dataclass
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port, never one handed out before in this process: the OS offers a port again as soon as the probe
+    socket closes, before the server it was drawn for binds it (a Ray head once got one port for two components)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def _free_port_pair() -> int:

@@ -37,7 +37,8 @@ def submit(address: str, *args: str, check: bool = True) -> subprocess.Completed
     found = re.search(r"raysubmit_\w+", done.stdout + done.stderr)
     assert found, done.stdout[-3000:] + done.stderr[-3000:]
     job_id = found.group()
-    done.status = str(JobSubmissionClient(address).get_job_status(job_id).value)
+    info = JobSubmissionClient(address).get_job_info(job_id)
+    done.status, done.ray_job_id = str(info.status.value), info.job_id
     if check:
         assert done.returncode == 0 and done.status == "SUCCEEDED", done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -105,7 +106,8 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
 
     # the work ran on both worker nodes (the head takes none)
     workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
-    assert cluster.actor_nodes("ShardBuilder") == workers and cluster.actor_nodes("EncodeStage") == workers
+    assert cluster.actor_nodes("ShardBuilder", build) == workers
+    assert cluster.actor_nodes("EncodeStage", images, evaluation) == workers
 
     # the secret key is in no log, no job's metadata and no output
     from ray.job_submission import JobSubmissionClient
