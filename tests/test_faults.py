@@ -92,7 +92,8 @@ def photo_table(root, files: int, rows: int) -> str:
 
 def test_embed_finishes_when_an_encoder_is_killed(ray_local, tiny_clip, tmp_path):
     root = photo_table(tmp_path / "table", 8, 200)  # long enough to be killed in the middle
-    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=64), log=lambda _: None)
+    reference = embed(EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=64, executor="local"),
+                      log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()
     killer = kill_worker_when("EncodeStage", lambda: committed(out, ".arrow") >= 1, stop)
@@ -158,10 +159,10 @@ def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mir
 
 @pytest.fixture(scope="module")
 def reference(ray_local, mieb_train, tiny_clip, tmp_path_factory) -> tuple[str, dict]:
-    """mieb_train's embeddings from an uninterrupted run (another batch size: the same vectors to float32
-    rounding): what every interrupted run must end with. (folder, manifest)"""
+    """mieb_train's embeddings from an uninterrupted run, in-process (another batch size and executor: the same
+    vectors to float32 rounding): what every interrupted run must end with. (folder, manifest)"""
     out = str(tmp_path_factory.mktemp("reference"))
-    return out, embed(EmbedConfig(mieb_train[0], out, tiny_clip, batch_size=64), log=lambda _: None)
+    return out, embed(EmbedConfig(mieb_train[0], out, tiny_clip, batch_size=64, executor="local"), log=lambda _: None)
 
 
 def test_s3_outage_mid_embed_then_resume_gives_the_same_embeddings(ray_local, s3, mieb_train, tiny_clip, reference):

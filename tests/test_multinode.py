@@ -48,10 +48,10 @@ def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str,
     return output, victim
 
 
-def test_embed_finishes_when_a_whole_node_dies(cluster, ray_local, tiny_clip, tmp_path):
+def test_embed_finishes_when_a_whole_node_dies(cluster, tiny_clip, tmp_path):
     root = photo_table(tmp_path / "table", 6, 60)  # cut into 30-row shards: 12 units
-    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=32, rows_per_shard=30)
-    reference = embed(config, log=lambda _: None)  # uninterrupted, on the test session's local Ray
+    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=32, rows_per_shard=30, executor="local")
+    reference = embed(config, log=lambda _: None)  # uninterrupted, in this process
     out = tmp_path / "out"
     output, victim = run_and_lose_a_node(
         cluster, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
