@@ -25,6 +25,10 @@ BIN = Path(sys.executable).parent
 OBJECT_STORE = 150 << 20  # small, so that spilling and transfers between nodes happen in tests too
 
 
+class NodeDidNotStart(RuntimeError):
+    pass
+
+
 @dataclass
 class Node:
     name: str
@@ -63,7 +67,8 @@ class RayCluster:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard}"
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, args: list[str], retries: int = 2) -> None:
+        """Start the node and wait until it has joined."""
         log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
         # ports of its own: the test session's local Ray, and the other nodes of this machine, hold others
         first = 20_000 + 1000 * (list(self.nodes).index(name) if name in self.nodes else len(self.nodes))
@@ -77,6 +82,13 @@ class RayCluster:
         process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.nodes[name] = Node(name, process, args)
+        try:
+            self.wait_for(len(self.nodes), name)
+        except NodeDidNotStart:  # a port drawn for it was taken meanwhile: once more, with new ports
+            if retries == 0:
+                raise
+            self._sweep(next(a.split("=", 1)[1] for a in args if a.startswith("--temp-dir=")))
+            self._start(name, args, retries - 1)
 
     def add_worker(self, name: str, cpus: int) -> None:
         # a temp dir of its own, as on its own machine: nodes that shared one would unpack the same job
@@ -84,11 +96,9 @@ class RayCluster:
         temp = os.path.join(self.tmp, f"w{len(self.nodes)}")
         self._start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={{\"{name}\": 1}}",
                            f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={temp}"])
-        self.wait_for(len(self.nodes), name)
 
     def restart(self, name: str) -> None:
         self._start(name, self.nodes[name].args)
-        self.wait_for(len(self.nodes), name)
 
     def alive(self) -> int:
         try:
@@ -106,7 +116,7 @@ class RayCluster:
         while self.alive() != nodes:
             if self.nodes[starting].process.poll() is not None:
                 log = open(os.path.join(self.tmp, f"{starting}.log"), errors="replace").read()
-                raise RuntimeError(f"the Ray node {starting} did not start:\n{log[-3000:]}")
+                raise NodeDidNotStart(f"the Ray node {starting} did not start:\n{log[-3000:]}")
             if time.time() > deadline:
                 raise TimeoutError(f"the Ray cluster did not reach {nodes} live nodes")
             time.sleep(1)
@@ -168,9 +178,17 @@ class RayCluster:
     def stop(self) -> None:
         for node in reversed(list(self.nodes.values())):
             node.kill()
-        for proc in psutil.process_iter(["cmdline"]):  # anything of this cluster that outlived its nodes
-            if self.tmp in " ".join(proc.info["cmdline"] or []):
-                proc.kill()
+        self._sweep(self.tmp)
+
+    @staticmethod
+    def _sweep(temp_dir: str) -> None:
+        """Kill what outlived its node: any process whose command line names the node's (or cluster's) temp dir."""
+        for proc in psutil.process_iter(["cmdline"]):
+            if temp_dir in " ".join(proc.info["cmdline"] or []):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
 
 
 def start(tmp: str, extra_env: dict, workers: dict[str, int]) -> RayCluster:
@@ -178,12 +196,11 @@ def start(tmp: str, extra_env: dict, workers: dict[str, int]) -> RayCluster:
     env = {**os.environ, **extra_env, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     cluster = RayCluster(tmp, env, free_port(), free_port())
-    cluster._start("head", ["--head", f"--port={cluster.port}", "--num-cpus=0", f"--temp-dir={tmp}/r",
-                            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                            f"--dashboard-port={cluster.dashboard}", f"--ray-client-server-port={free_port()}",
-                            f"--object-store-memory={OBJECT_STORE}"])
     try:
-        cluster.wait_for(1, "head")
+        cluster._start("head", ["--head", f"--port={cluster.port}", "--num-cpus=0", f"--temp-dir={tmp}/r",
+                                "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                                f"--dashboard-port={cluster.dashboard}", f"--ray-client-server-port={free_port()}",
+                                f"--object-store-memory={OBJECT_STORE}"])
         for name, cpus in workers.items():
             cluster.add_worker(name, cpus)
     except BaseException:
