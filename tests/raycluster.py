@@ -158,8 +158,9 @@ class RayCluster:
         out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", self.dashboard_url, "--detail",
                               "--format", "json", "--limit", "10000"], env=self.env, capture_output=True, text=True,
                              timeout=120, check=True)
+        ids = {j.ray_job_id for j in jobs}
         return {a["node_id"] for a in json.loads(out.stdout)
-                if class_part in (a.get("class_name") or "") and a.get("job_id") in {j.ray_job_id for j in jobs}}
+                if class_part in (a.get("class_name") or "") and a.get("job_id") in ids}
 
     def processes(self, name: str) -> list[str]:
         """The command lines of a node's processes (its raylet's workers among them)."""
