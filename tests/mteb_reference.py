@@ -170,3 +170,27 @@ def mteb_zeroshot(task_name: str, repo: str, split: str, text_emb: dict[str, np.
         path = Path(tmp, f"{task_name}.json")
         result.task_results[0].to_disk(path)
         return json.loads(path.read_text())
+
+
+def rank_bounds(subsets: dict[str, Subset], results: dict, atol: float) -> dict[tuple[str, str], tuple[int, int]]:
+    """{(subset, query id): (best, worst) rank of the correct taxon} that scores within `atol` of mteb's own
+    (`mteb_scores(..., return_results=True)["results"]`) allow: a candidate taxon whose best photo scores within
+    `atol` of the correct taxon's may rank on either side of it. On random floats the last bit of a cosine
+    depends on the BLAS kernel and the product's shape, so a tie between identical photos breaks either way,
+    in mteb as in ours; on exact (lattice) vectors the two bounds are mteb's one rank."""
+    out = {}
+    for name, s in subsets.items():
+        taxon = dict(zip(s.corpus_ids, s.corpus_taxa))
+        for qid, cand, correct in zip(s.query_ids, s.candidate_taxa, s.correct_taxa):
+            best: dict[str, float] = {}
+            for doc, score in results[name][qid].items():
+                best[taxon[doc]] = max(best.get(taxon[doc], -np.inf), score)
+            m = np.array([best.get(t, -np.inf) for t in cand])
+            c = cand.index(correct)
+            others = np.arange(len(cand)) != c
+            if m[c] == -np.inf:  # no photo of it scored: after every scored one, then in candidate order
+                rank = 1 + int((m > -np.inf).sum()) + int((m[:c] == -np.inf).sum())
+                out[name, qid] = (rank, rank)
+            else:
+                out[name, qid] = (1 + int((m > m[c] + atol).sum()), 1 + int((others & (m >= m[c] - atol)).sum()))
+    return out

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from numerics import assert_top_pairs_close
 from PIL import Image
 
 from mieb_ray import storage
@@ -84,24 +85,24 @@ def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted,
 
 
 def test_near_pairs_equal_a_brute_force_search_of_the_same_embeddings(ray_local, planted, tiny_clip, tmp_path):
-    """The tiny model is random: its cosines say nothing about duplicates, but the engine must return exactly
-    the pairs a brute-force search of its embeddings gives."""
+    """The tiny model is random: its cosines say nothing about duplicates, but the engine must return the pairs
+    a brute-force search of its embeddings gives (to float32 rounding, either way only where that close)."""
     out, threshold = str(tmp_path / "audit"), 0.97
     manifest = audit(AuditConfig(planted["train"], tuple(planted["against"]), out, model=tiny_clip,
                                  threshold=threshold, workers=1), log=lambda _: None)
     assert manifest["config"]["detectors"] == ["exact", "pixels", "near"]
     keys, train = embeddings.read_all(os.path.join(out, "embeddings", "train"))
-    want = {}
+    rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
+    sure = doubt = 0
     for n, task in enumerate(EVAL_TASKS):
         eval_keys, vectors = embeddings.read_all(os.path.join(out, "embeddings", f"against-{n}"))
-        scores = vectors @ train.T
-        for i, row in enumerate(scores):
-            top = np.argsort(-row, kind="stable")[:NEAR_K]
-            want |= {(keys[j], task, eval_keys[i]): float(row[j]) for j in top if row[j] >= threshold}
-    rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
-    got = {(r["train_key"], r["eval_task"], r["eval_key"]): r["score"] for r in rows if r["method"] == "near"}
-    assert want and set(got) == set(want)
-    assert max(abs(got[p] - want[p]) for p in want) < 1e-5  # float32 sums in another order
+        got = {(r["eval_key"], r["train_key"]): r["score"] for r in rows if r["method"] == "near"
+               and r["eval_task"] == task}
+        # float64 reference: the engine's float32 sums may differ in the last bits (tests/numerics.py)
+        counts = assert_top_pairs_close(got, vectors.astype(np.float64) @ train.T.astype(np.float64), eval_keys,
+                                        keys, NEAR_K, threshold, atol=1e-6)
+        sure, doubt = sure + counts[0], doubt + counts[1]
+    assert sure > 0 and doubt <= 0.05 * sure, (sure, doubt)
     near = [r["score"] for r in rows if r["method"] == "near"]
     assert near == sorted(near, reverse=True)
 

@@ -1,10 +1,12 @@
 """Group-max top-k: the engine's kernels and the distributed engine against a brute-force reference,
-ties included; the engine reads embedding shards as the embed job writes them."""
+ties included (on lattice vectors: every cosine exact on any CPU, tests/numerics.py); the engine reads embedding
+shards as the embed job writes them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from numerics import lattice_vectors
 
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.group_search import group_topk
@@ -32,10 +34,10 @@ def brute_force(queries, docs, groups, n_groups, k):
 @pytest.fixture(scope="module")
 def corpus():
     rng = np.random.default_rng(0)
-    docs = rng.normal(size=(3000, 16)).astype(np.float32)
+    docs = lattice_vectors(rng, 3000)
     groups = rng.integers(0, 240, size=3000)  # some of the 250 groups have no docs
     docs[1500:1600] = docs[0]  # exact ties between groups
-    queries = rng.normal(size=(70, 16)).astype(np.float32)
+    queries = lattice_vectors(rng, 70)
     queries[:5] = docs[0]  # a query whose best doc is tied in many groups
     return queries, docs, groups, 250
 
@@ -45,10 +47,11 @@ def test_block_functions_match_brute_force(corpus):
     want_s, want_g = brute_force(queries, docs, groups, n_groups, 10)
     (whole,) = partitions(docs, groups, 1)
     got_s, got_g = TopK(10).score(whole, normalize(queries))
-    assert np.array_equal(got_g, want_g) and np.allclose(got_s, want_s, atol=1e-6)
+    assert np.array_equal(got_g, want_g) and np.array_equal(got_s, want_s)
     # two halves of the groups merge exactly
     parts = [TopK(10).score(part, normalize(queries)) for part in partitions(docs, groups, 2)]
-    assert np.array_equal(merge_topk(parts, 10)[1], want_g)
+    merged = merge_topk(parts, 10)
+    assert np.array_equal(merged[1], want_g) and np.array_equal(merged[0], want_s)
 
 
 def test_candidate_ranks_follow_mteb_ties():
@@ -71,7 +74,7 @@ def test_distributed_engine_is_exact(ray_local, corpus, partitions, query_block)
     chunks = [(docs[i:i + 700], groups[i:i + 700]) for i in range(0, len(docs), 700)]
     got_s, got_g = group_topk(queries, k=10, chunks=chunks, query_block=query_block,
                               partitions=partitions)
-    assert np.array_equal(got_g, want_g) and np.allclose(got_s, want_s, atol=1e-6)
+    assert np.array_equal(got_g, want_g) and np.array_equal(got_s, want_s)
 
 
 @pytest.mark.timeout(300)
@@ -90,4 +93,4 @@ def test_engine_streams_embedding_shards(ray_local, corpus, tmp_path):
     got_s, got_g = group_topk(queries, k=5, shards=uris, group_column="label", partitions=2,
                               query_block=32)
     want_s, want_g = brute_force(queries, docs, groups, n_groups, 5)
-    assert np.array_equal(got_g, want_g)
+    assert np.array_equal(got_g, want_g) and np.array_equal(got_s, want_s)

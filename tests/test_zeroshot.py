@@ -92,6 +92,9 @@ def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path, where):
                            executor_name=where)
     chosen = select_tasks(CHOSEN)
     image_vectors, text_vectors = zeroshot_vectors(chosen, {t.slug: EVAL_ROWS for t in chosen})
+    # exactly unit (or zero) vectors on a lattice: every cosine exact, so mteb's ties are ties on any CPU
+    norms = {float((v.astype(np.float64) ** 2).sum()) for v in [*image_vectors.values(), *text_vectors.values()]}
+    assert norms == {0.0, 1.0}
     for task in chosen:
         ours = json.loads(open(os.path.join(out, f"{task.name}.json")).read())
         assert ours == results[task.name]
