@@ -28,7 +28,7 @@ import ray
 
 import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
 
-from mieb_ray.connect import worker_soft_limit  # noqa: E402
+from mieb_ray.runtime.cluster import worker_soft_limit  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 

@@ -47,7 +47,8 @@ from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig, evaluate, scored_qu
 from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
 from mieb_ray.retrieval import biovita  # noqa: E402
-from mieb_ray.topk import engine, executor  # noqa: E402
+from mieb_ray.runtime import tasks  # noqa: E402
+from mieb_ray.topk import engine  # noqa: E402
 from mieb_ray.topk.kernels import CandidateMax, Candidates  # noqa: E402
 
 KEYS = [f"taxon_top_{k}_accuracy" for k in (1, 5, 10)]
@@ -113,10 +114,10 @@ def engine_inputs(root: str, images: str, texts: str) -> dict:
 def engine_scoring(inputs: dict) -> dict[str, dict]:
     """The top-k engine in this process on in-memory inputs, as the eval runs it: lay out, score, merge, rank."""
     scores = {}
-    with executor.using("local"):
+    with tasks.using("local"):
         for name, (lookup, candidates, vectors, correct) in inputs["subsets"].items():
             lay = engine.layout(inputs["shards"], lookup=lookup)
-            best, _ = executor.get(engine.search(lay, [vectors], CandidateMax(), [candidates]))[0]
+            best, _ = tasks.get(engine.search(lay, [vectors], CandidateMax(), [candidates]))[0]
             scores[name] = subset_scores(best, correct)[0]
     return scores
 

@@ -1,10 +1,10 @@
 """Ray's idle workers beside an actor pool: the embed job on a one-node Ray, many small units, with Ray's default
 limit on the worker processes a node keeps (num_workers_soft_limit -1, documented as "num_cpus") and with
-mieb-ray's (connect.worker_soft_limit: 2 x CPUs + 4).
+mieb-ray's (runtime.cluster.worker_soft_limit: 2 x CPUs + 4).
 
   Ray's default  RAY_num_workers_soft_limit=-1 in the environment: Ray's own default, spelled out
-                 (connect.ray_up leaves a limit the user set as it is)
-  mieb-ray       nothing set: connect.ray_up starts the local Ray with 2 x CPUs + 4
+                 (runtime.cluster.ray_up leaves a limit the user set as it is)
+  mieb-ray       nothing set: runtime.cluster.ray_up starts the local Ray with 2 x CPUs + 4
 
 Each run is a fresh `python -m mieb_ray embed --executor ray` process, timed from spawn to exit: Ray's start-up,
 the model load, and 68 units of 2-3 rows (a 137-row table built from the fixture mirror, --rows-per-shard 3)
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 
-from mieb_ray.connect import worker_soft_limit
+from mieb_ray.runtime.cluster import worker_soft_limit
 
 
 def workers(tmp: Path) -> tuple[int, int]:

@@ -8,6 +8,8 @@ import signal
 import sys
 
 from mieb_ray.errors import find_user_error
+from mieb_ray.runtime import cluster
+from mieb_ray.runtime.output import no_empty_folder_on_failure
 
 
 def add_build_flags(p: argparse.ArgumentParser) -> None:
@@ -37,18 +39,11 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster "
                         "can grow to)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
+    add_executor_flag(p)
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # `ray job stop` and `kill` send SIGTERM: unwind as for Ctrl-C, staged files removed
-
-
-def init_ray(address: str | None = None) -> None:
-    """Where the job's Ray is: the pipeline joins it (or starts a local one) when its Ray work begins, after
-    the checks that need no Ray."""
-    from mieb_ray.connect import configure
-
-    configure(address)
 
 
 def run_build(args: argparse.Namespace) -> None:
@@ -58,10 +53,11 @@ def run_build(args: argparse.Namespace) -> None:
     config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
                          verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
-                         cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude)
+                         cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude,
+                         executor=args.executor)
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
-    init_ray(args.address)
+    cluster.configure(args.address)
     build(config)
 
 
@@ -106,11 +102,7 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
                    help="where images are decoded: cpu (CPU tasks), gpu (the encoders, on their device: JPEGs by "
                         "nvJPEG, other formats on their CPU; needs torchvision) or auto (default): gpu when the "
                         "encoders have GPUs and torchvision can decode there, else cpu")
-    p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
-                   help="ray (Ray Data: CPU tasks decode, encoder actors), local (in this process, Ray never "
-                        "started: one encoder with every core, a thread decoding ahead of it) or auto (default): "
-                        "local when no cluster was asked for (--address, RAY_ADDRESS), no pool was asked for "
-                        "(--workers > 1, --gpus-per-worker > 0, --decode gpu) and the machine has no GPU")
+    add_executor_flag(p)
     add_pool_flags(p)
 
 
@@ -124,7 +116,7 @@ def run_embed(args: argparse.Namespace) -> None:
                          resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
                          workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                          cpus_per_worker=args.cpus_per_worker, decode=args.decode, executor=args.executor)
-    init_ray(args.address)  # no Ray yet: embed checks the config first, then picks where it runs
+    cluster.configure(args.address)  # no Ray yet: embed checks the config first, then picks where it runs
     embed(config)
 
 
@@ -148,10 +140,10 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
 
 def add_executor_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
-                   help="where the work runs: ray (Ray tasks), local (in this process, Ray never started) or auto "
-                        "(default): local when no cluster was asked for (--address, RAY_ADDRESS), Ray is not running "
-                        "yet, and the embeddings total at most 256 MiB (scoring) or the machine has no GPU and no "
-                        "pool was asked for (--model's embedding)")
+                   help="where the work runs: ray, local (in this process, Ray never started) or auto (default): "
+                        "local when no cluster was asked for (--address, RAY_ADDRESS), no caller's Ray runs here and "
+                        "the work is small (build: 100,000 rows; audit: 256 MiB of tables; scoring: 256 MiB of "
+                        "embeddings; embedding: no GPU here and no pool asked for)")
 
 
 def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
@@ -175,7 +167,7 @@ def run_eval(args: argparse.Namespace) -> None:
     from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
 
     _embedding_flags(args)
-    init_ray(args.address)
+    cluster.configure(args.address)
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
                  executor=args.executor)
     images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
@@ -221,7 +213,7 @@ def run_zeroshot(args: argparse.Namespace) -> None:
     _embedding_flags(args)
     suite = ZeroShotSuite(select_tasks(args.tasks), args.data)  # an unknown task fails here, before Ray starts
     storage.check_output(args.out)
-    init_ray(args.address)
+    cluster.configure(args.address)
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
                  executor=args.executor)
     images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
@@ -251,6 +243,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the units it hashed")
     p.add_argument("--overwrite", action="store_true", help="replace a complete audit already at --out")
     add_mixed_models_flag(p)
+    add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
 
 
@@ -262,17 +255,17 @@ def run_audit(args: argparse.Namespace) -> None:
                          against_embeddings=args.against_embeddings,
                          threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
                          allow_mixed_models=args.allow_mixed_models, resume=args.resume, overwrite=args.overwrite,
-                         workers=args.workers,
-                         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+                         workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+                         cpus_per_worker=args.cpus_per_worker, executor=args.executor)
     config.check()  # before Ray starts
-    init_ray(args.address)
+    cluster.configure(args.address)
     audit(config)
 
 
 def run_demo(args: argparse.Namespace) -> None:
     from mieb_ray.demo import demo
 
-    init_ray(args.address)
+    cluster.configure(args.address)
     demo(args.out)
 
 
@@ -317,8 +310,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    from mieb_ray.commit import no_empty_folder_on_failure
-
     try:
         with no_empty_folder_on_failure(getattr(args, "out", None)):
             args.run(args)

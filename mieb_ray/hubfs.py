@@ -37,8 +37,7 @@ import time
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
-from mieb_ray.errors import UserError
-from mieb_ray.storage import TransientStorageError, redact
+from mieb_ray.errors import TransientStorageError, UserError, redact
 
 ENV_FS = "MIEB_RAY_HUB_FS"
 ENV_CONCURRENCY = "MIEB_RAY_HUB_CONCURRENCY"

@@ -1,7 +1,7 @@
 """One unit in, its shards out: read the source rows, caption them from the class table, write.
 
-ShardBuilder is the callable class the build pipeline runs in a Ray actor pool: each actor holds
-the class tables once and streams units through, so image bytes go from the source file to the
+ShardBuilder is the build's one stage (runtime/units.py): a Ray actor pool, each actor holding the class tables
+once and streaming units through, or one instance in this process; image bytes go from the source file to the
 output shard without crossing the object store. Shard names depend only on the row index
 (`<slug>/<index // rows_per_shard:06d>`), so a retried or repeated unit rewrites the same shards
 with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
@@ -21,10 +21,9 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.captions import ClassTable
-from mieb_ray.commit import Progress, commit_file, commit_staged
-from mieb_ray.errors import UserError
 from mieb_ray.io.readers import SourceError, Unit, read_unit
 from mieb_ray.io.writers import WRITERS
+from mieb_ray.runtime.output import Progress
 from mieb_ray.sources import by_slug
 from mieb_ray.table import train_rows
 
@@ -44,25 +43,23 @@ def unit_name(unit: Unit) -> str:
 
 class ShardBuilder:
     def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int,
-                 progress: Progress | None = None, exclude: dict[str, pa.Array] | None = None):
-        self.tables, self.out, self.rows_per_shard, self.progress = tables, out, rows_per_shard, progress
+                 progress: Progress | None = None, exclude: dict[str, pa.Array] | None = None,
+                 units: list[Unit] = ()):
+        self.units, self.tables, self.out, self.rows_per_shard = units, tables, out, rows_per_shard
+        self.progress = progress
         self.exclude = exclude or {}  # slug -> the train keys an audit flagged: left out
         self.writer_cls = WRITERS[fmt]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"result": np.array([json.dumps(self._try_build(Unit.from_json(u))) for u in batch["unit"]])}
-
-    def _try_build(self, unit: Unit) -> dict:
-        # a bad source is the user's to fix: hand the driver its one-line message, not a worker traceback
-        try:
+        """Units in (their numbers), their results out, each after its shards and progress record are committed."""
+        results = []
+        for number in batch["unit"]:
+            unit = self.units[int(number)]
             result = self.build(unit)
-        except storage.TransientStorageError:
-            raise  # the hub failing for a while: Ray runs the unit again (build.py)
-        except UserError as exc:
-            return {"user_error": str(exc)}
-        if self.progress is not None:
-            self.progress.record(unit_name(unit), asdict(unit), result)
-        return result
+            if self.progress is not None:
+                self.progress.record(unit_name(unit), asdict(unit), result)
+            results.append(json.dumps(result))
+        return {"result": np.array(results)}
 
     def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
         dest = storage.join(self.out, shard_path(slug, shard, self.writer_cls.suffix))
@@ -71,8 +68,9 @@ class ShardBuilder:
 
     def _commit(self, slug: str, shard: _OpenShard) -> dict:
         rows = shard.writer.close()
-        return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows,
-                **commit_staged(shard.local, shard.dest)}
+        stats = storage.file_stats(shard.local)
+        storage.commit(shard.local, shard.dest)
+        return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows, **stats}
 
     def build(self, unit: Unit) -> dict:
         source, table, exclude = by_slug(unit.slug), self.tables[unit.slug], self.exclude.get(unit.slug)
@@ -116,7 +114,7 @@ class ShardBuilder:
         if errors:
             error_file = error_path(unit.slug, unit.lo)
             table = pa.concat_tables(errors)
-            commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(table, local))
+            storage.commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(table, local))
         return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
                 "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped,
                 "excluded": excluded}

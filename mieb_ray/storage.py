@@ -26,33 +26,15 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from mieb_ray.errors import UserError
+# the store's errors, here too as storage.StorageError and storage.TransientStorageError
+from mieb_ray.errors import StorageError, TransientStorageError, UserError, redact  # noqa: F401
+from mieb_ray.hubfs import HubFileSystem
 
-MANIFEST = "_manifest.json"
-
-
-class StorageError(UserError):
-    pass
-
-
-class TransientStorageError(StorageError):
-    """A remote error that may pass (the hub's 429/5xx, timeouts, resets) and outlasted the local retries: one
-    line for the user, and an error a Ray task may be retried on."""
-
-
-UNIT_RETRIES = 3  # runs of a job's unit after the first when it raised TransientStorageError (build, embed, audit)
+MANIFEST = "_manifest.json"  # an output's manifest, written last: without it, the output is unfinished
+PROGRESS = "_progress"  # an unfinished output's records of the units it committed (runtime/output.py)
 
 
 PROBE_TIMEOUT = 3.0  # seconds to resolve and connect to an S3 endpoint before its first use
-
-
-def redact(text: str) -> str:
-    """`text` without the secrets of this environment (the hub token, the AWS secret key) in it."""
-    for name in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        secret = os.environ.get(name)
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
 
 
 def is_s3(uri: str) -> bool:
@@ -126,8 +108,6 @@ def _s3() -> pafs.S3FileSystem:
 
 @functools.lru_cache(maxsize=None)
 def _hf() -> pafs.FileSystem:
-    from mieb_ray.hubfs import HubFileSystem  # token, bounded concurrency, retries
-
     return pafs.PyFileSystem(pafs.FSSpecHandler(HubFileSystem()))
 
 
@@ -186,6 +166,17 @@ def open_input(uri: str):
         if not _remote_error(exc):
             raise
         raise StorageError(f"cannot open {uri}: {_describe(exc)}") from exc
+
+
+def file_sizes(uris: list[str], what: str = "embedding shard") -> list[int]:
+    """Sizes of files from the store's listing (never opened); a listed `what` that is not there is a one-line
+    error (a manifest may list files another tool never wrote)."""
+    fs, _ = filesystem(uris[0])
+    infos = fs.get_file_info([filesystem(u)[1] for u in uris])
+    for uri, info in zip(uris, infos):
+        if info.type != pafs.FileType.File:
+            raise StorageError(f"no such {what}: {display(uri)}")
+    return [i.size for i in infos]
 
 
 def read_text(uri: str) -> str:
@@ -259,6 +250,18 @@ def commit(local: str, dest: str) -> None:
             os.replace(local, os.path.abspath(dest))
     finally:
         discard(local)
+
+
+def commit_file(dest: str, write) -> dict:
+    """`write(local_path)` into a staging file, then commit it to `dest`: {"bytes", "sha256"}."""
+    local = staging_path(dest)
+    try:
+        write(local)
+        stats = file_stats(local)
+        commit(local, dest)
+        return stats
+    finally:
+        discard(local)  # a failed write leaves nothing behind
 
 
 @functools.lru_cache(maxsize=None)

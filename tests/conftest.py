@@ -52,7 +52,7 @@ def ray_local(s3, tmp_path_factory):
     import ray
 
     # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
-    from mieb_ray.connect import worker_soft_limit
+    from mieb_ray.runtime.cluster import worker_soft_limit
     from mieb_ray.fixtures import fakehub
 
     hub = {"MIEB_RAY_HUB_FS": fakehub.FACTORY, "MIEB_RAY_HUB_FAKE": fake_hub_config(tmp_path_factory),

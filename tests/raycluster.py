@@ -19,7 +19,7 @@ import psutil
 
 from s3server import free_port
 
-from mieb_ray.connect import worker_soft_limit
+from mieb_ray.runtime.cluster import worker_soft_limit
 
 BIN = Path(sys.executable).parent
 OBJECT_STORE = 150 << 20  # small, so that spilling and transfers between nodes happen in tests too

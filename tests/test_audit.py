@@ -146,24 +146,21 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     assert "mieb-ray audit" in card and f"leaves out the {len(flagged):,} train rows" in card
 
 
-def test_resume_hashes_only_what_is_left(ray_local, planted, tmp_path):
+def test_resume_hashes_only_what_is_left(ray_local, planted, tmp_path, monkeypatch):
     out = str(tmp_path / "audit")
     config = AuditConfig(planted["train"], tuple(planted["against"]), out)
     first = audit(config, log=lambda _: None)
-    from mieb_ray.pipelines import audit as pipeline
+    from mieb_ray.runtime.job import Job
 
     rerun_lines = []
-    original = pipeline.commit.finish
 
     def killed(*args):  # the run dies just before its manifest: hash files and progress records stay
         raise RuntimeError("killed")
-    pipeline.commit.finish = killed
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr(Job, "finish", killed)
         with pytest.raises(RuntimeError, match="killed"):
             audit(AuditConfig(planted["train"], tuple(planted["against"]), str(tmp_path / "partial")),
                   log=lambda _: None)
-    finally:
-        pipeline.commit.finish = original
     audit(AuditConfig(planted["train"], tuple(planted["against"]), str(tmp_path / "partial"), resume=True),
           log=rerun_lines.append)
     assert any("3 units already hashed" in line for line in rerun_lines)

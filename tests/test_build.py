@@ -259,7 +259,7 @@ def test_error_rows_are_counted_and_the_rate_is_enforced(ray_local, tmp_path):
                 m.size = len(data)
             t.addfile(m, io.BytesIO(data))
 
-    with pytest.raises(UserError, match=r"^2 rows could not be built \(gtsrb: 2\), more than --max-error-rate 0"):
+    with pytest.raises(UserError, match=r"^2 of 20 rows could not be built \(gtsrb: 2\), more than --max-error-rate 0"):
         build(BuildConfig(root, str(tmp_path / "strict"), datasets=["gtsrb"], max_error_rate=0))
     assert not os.path.exists(tmp_path / "strict" / "_manifest.json")
 

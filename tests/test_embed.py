@@ -108,7 +108,7 @@ def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb
                          batch_size=16)
 
     def ctrl_c_after_the_first_shard(line: str) -> None:
-        if re.match(r"\[embed\] \d+/\d+ shards", line):
+        if re.match(r"\[embed\] \d+/\d+ units", line):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -116,7 +116,7 @@ def test_resume_finishes_an_interrupted_run_with_the_same_result(image_run, mieb
     assert not (tmp_path / "out" / "_manifest.json").exists()
     records = list((tmp_path / "out" / "_progress").rglob("*.json"))
     assert 0 < len(records) < len(manifest["shards"])
-    with pytest.raises(UserError, match="holds .* shards of an unfinished run; pass --resume"):
+    with pytest.raises(UserError, match="holds an unfinished run of embed .*; pass --resume"):
         embed(config)
     lines = []
     again = embed(dataclasses.replace(config, resume=True), log=lines.append)
@@ -142,7 +142,7 @@ def test_in_process_embed_equals_the_ray_run_and_resumes(image_run, mieb_train, 
                          batch_size=16, executor="local")
 
     def ctrl_c_after_the_first_shard(line: str) -> None:
-        if re.match(r"\[embed\] \d+/\d+ shards", line):
+        if re.match(r"\[embed\] \d+/\d+ units", line):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -173,27 +173,26 @@ def test_the_encoder_reports_each_model_call_for_in_process_progress(tiny_clip):
     assert not out["embedding"][2].any() and np.allclose(np.linalg.norm(out["embedding"][[0, 1, 3]], axis=1), 1)
 
 
-def test_pick_executor_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_clip):
-    from mieb_ray import connect
-    from mieb_ray.pipelines.embed import pick_executor
-    from mieb_ray.topk import executor
+def test_placement_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_clip):
+    from mieb_ray.pipelines.embed import placement_of
+    from mieb_ray.runtime import cluster, placement
 
-    monkeypatch.setattr(executor, "ray_running", lambda: False)
-    monkeypatch.setattr(connect, "address", lambda: None)
+    monkeypatch.setattr(placement, "ray_running", lambda: False)
+    monkeypatch.setattr(cluster, "address", lambda: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = EmbedConfig("in", "out", tiny_clip)
-    assert pick_executor(config)[0] == ("ray" if torch.cuda.is_available() else "local")
-    assert pick_executor(dataclasses.replace(config, workers=2))[0] == "ray"
-    assert pick_executor(dataclasses.replace(config, gpus_per_worker=1.0))[0] == "ray"
-    assert pick_executor(dataclasses.replace(config, executor="ray"))[0] == "ray"
+    assert placement_of(config).mode == ("ray" if torch.cuda.is_available() else "local")
+    assert placement_of(dataclasses.replace(config, workers=2)).mode == "ray"
+    assert placement_of(dataclasses.replace(config, gpus_per_worker=1.0)).mode == "ray"
+    assert placement_of(dataclasses.replace(config, executor="ray")).mode == "ray"
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert pick_executor(config) == ("ray", "a cluster was asked for (RAY_ADDRESS)")
-    assert pick_executor(dataclasses.replace(config, executor="local"))[0] == "local"
+    assert placement_of(config).describe() == "on Ray (a cluster was asked for (RAY_ADDRESS))"
+    assert placement_of(dataclasses.replace(config, executor="local")).mode == "local"
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setattr(executor, "ray_running", lambda: True)
-    assert pick_executor(config) == ("ray", "Ray already running in this process")  # a caller's ray.init: its Ray
-    monkeypatch.setattr(connect, "started_here", lambda: True)  # the one-node Ray this job started (demo's build)
-    assert pick_executor(config)[0] == ("ray" if torch.cuda.is_available() else "local")
+    monkeypatch.setattr(placement, "ray_running", lambda: True)
+    assert placement_of(config).describe() == "on Ray (Ray already running in this process)"  # a caller's ray.init
+    monkeypatch.setattr(cluster, "started_here", lambda: True)  # the one-node Ray this job started (demo's build)
+    assert placement_of(config).mode == ("ray" if torch.cuda.is_available() else "local")
     with pytest.raises(UserError, match="unknown --executor 'threads'"):
         embed(dataclasses.replace(config, executor="threads"))
 
@@ -214,7 +213,7 @@ def test_the_command_line_embeds_in_process_without_importing_ray(tiny_clip, tmp
     assert done.returncode == 0, done.stderr[-2000:]
     if torch.cuda.is_available():
         pytest.skip("a machine with a GPU embeds on Ray")
-    assert "[embed] in this process (no cluster and no GPU: Ray not started)" in done.stdout
+    assert "[embed] in this process (no cluster: Ray not started)" in done.stdout
     assert "ray imported: False" in done.stdout
     assert json.loads((tmp_path / "out" / "_manifest.json").read_text())["counts"] == {"total": 6, "errors": 0}
 

@@ -127,7 +127,7 @@ def test_in_process_equals_ray_and_mteb(ray_local, data, tmp_path):
     for where in ("local", "ray", "auto"):
         evaluate(root, images, texts, str(tmp_path / where), query_block=7, partitions=3, executor=where,
                  log=lines.append)
-    assert any(line.startswith("[eval] in-process (--executor local") for line in lines)
+    assert any(line.startswith("[eval] in this process (--executor local") for line in lines)
     assert any(line.startswith("[eval] on Ray (Ray already running in this process") for line in lines)
     local = _outputs(tmp_path / "local")
     assert local == _outputs(tmp_path / "ray") == _outputs(tmp_path / "auto")
@@ -152,7 +152,7 @@ def test_a_small_eval_never_starts_ray(data, tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[-1] == "no ray" and lines[0].startswith("[eval] in-process (") and "Ray not started" in lines[0]
+    assert lines[-1] == "no ray" and lines[0].startswith("[eval] in this process (") and "Ray not started" in lines[0]
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "_manifest.json").exists()
 
 
@@ -222,7 +222,7 @@ def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, cap
     logged = capsys.readouterr().out.splitlines()
     assert [line for line in logged if line.startswith(("[embed] in this process", "[embed] on Ray"))] == \
         ["[embed] in this process (--executor local)"] * 2
-    assert any(line.startswith("[eval] in-process (--executor local") for line in logged)
+    assert any(line.startswith("[eval] in this process (--executor local") for line in logged)
     results = json.loads((out / RESULTS_FILE).read_text())
     assert results["mieb_ray"]["text_embeddings"]["model"]["name"] == tiny_clip
     texts = lookup(str(out / "embeddings" / "texts"))

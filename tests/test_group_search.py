@@ -9,7 +9,7 @@ import pytest
 from numerics import lattice_vectors
 
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.group_search import group_topk
+from mieb_ray.topk.engine import group_topk
 from mieb_ray.retrieval.groupmax import merge_topk, normalize, rank_of, ranked
 from mieb_ray.topk.kernels import CandidateMax, Candidates, TopK, build_partition, split
 

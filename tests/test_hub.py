@@ -140,34 +140,6 @@ def test_an_audit_against_a_table_on_the_hub_through_an_outage_is_retried_by_ray
     assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES
 
 
-def test_an_in_process_embed_runs_a_unit_again_as_ray_would():
-    from mieb_ray.pipelines.embed import _retried
-
-    calls = []
-
-    def stage(batch, fail):  # fails `fail` times, then succeeds
-        calls.append(batch)
-        if len(calls) <= fail:
-            raise storage.TransientStorageError("the hub kept failing on hf://x: 503")
-        return {"ok": batch}
-
-    assert _retried(stage, {"unit": [0]}, fail=storage.UNIT_RETRIES) == {"ok": {"unit": [0]}}
-    assert len(calls) == storage.UNIT_RETRIES + 1
-    calls.clear()
-    with pytest.raises(storage.TransientStorageError):
-        _retried(stage, {"unit": [0]}, fail=storage.UNIT_RETRIES + 1)
-    assert len(calls) == storage.UNIT_RETRIES + 1
-
-    def broken(batch):
-        calls.append(batch)
-        raise UserError("no such file: hf://x")
-
-    calls.clear()
-    with pytest.raises(UserError, match="no such file"):  # any other error is not retried
-        _retried(broken, {"unit": [0]})
-    assert len(calls) == 1
-
-
 def test_an_outage_that_outlasts_the_retries_is_one_transient_line(mirror, hub):
     root, _ = mirror
     hub(root=root, fail=["train-00000-of"])  # every request for that file: 503

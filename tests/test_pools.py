@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mieb_ray.errors import UserError
-from mieb_ray.pools import Cluster, cpu_pool, encoder_pool, read_cluster
+from mieb_ray.runtime.cluster import read_cluster
+from mieb_ray.runtime.pools import Cluster, cpu_pool, encoder_pool
 
 LAPTOP = Cluster(cpus=8, gpus=0, max_cpus=8, max_gpus=0, nodes=1, autoscaler=None)
 GPU_BOX = Cluster(cpus=16, gpus=2, max_cpus=16, max_gpus=2, nodes=1, autoscaler=None)

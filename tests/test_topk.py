@@ -1,6 +1,6 @@
 """The top-k engine: the pure kernels against brute force (ties included), and the Ray engine reading every
 shard once, exact with many partitions and a deep merge tree, on float16 shards, with sparse pools; the same
-engine run inline (executor "local", no Ray) gives the same bits. Exact results are asserted on lattice vectors
+engine run inline (tasks.using("local"), no Ray) gives the same bits. Exact results are asserted on lattice vectors
 (every cosine exact in float32 on any CPU: tests/numerics.py), random floats within a tolerance."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from numerics import assert_topk_close, lattice_vectors
 
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
-from mieb_ray.errors import UserError
-from mieb_ray.topk import engine, executor
+from mieb_ray.runtime import tasks
+from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import (Candidates, CandidateMax, PoolMask, TopK, TopRows, batches, build_partition,
                                    group_maxima, index_of, split, top_rows)
 
@@ -225,11 +225,11 @@ def test_every_shard_is_opened_once(ray_local, corpus, tmp_path):
 def test_many_partitions_and_a_deep_merge_tree_are_exact(ray_local, corpus, where):
     queries, docs, groups = corpus
     chunks = [(docs[i:i + 500], groups[i:i + 500]) for i in range(0, len(docs), 500)]
-    with executor.using(where):
+    with tasks.using(where):
         lay = engine.layout(chunks=chunks, partitions=20)
         # 20 partials per block, fan-in 3: merged 20 -> 7 -> 3 -> 1, a tree of depth 3
-        refs = engine.search(lay, [queries[:30], executor.put(queries[30:])], TopK(10), fan_in=3)
-        got = [np.concatenate(a) for a in zip(*executor.get(refs))]
+        refs = engine.search(lay, [queries[:30], tasks.put(queries[30:])], TopK(10), fan_in=3)
+        got = [np.concatenate(a) for a in zip(*tasks.get(refs))]
     want = brute_topk(queries, docs, groups, 10)
     assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
 
@@ -245,7 +245,7 @@ def test_float16_shards(ray_local, floats, tmp_path):
 
 @pytest.mark.parametrize("where", ["ray", "local"])
 def test_candidate_max_over_a_key_lookup_with_pools(ray_local, tied, tmp_path, where):
-    with executor.using(where):
+    with tasks.using(where):
         _candidate_max_over_a_key_lookup_with_pools(tied, tmp_path)
 
 
@@ -268,67 +268,7 @@ def _candidate_max_over_a_key_lookup_with_pools(tied, tmp_path):
     refs = engine.search(lay, [queries[a:b] for a, b in blocks], CandidateMax(),
                          [Candidates(candidates[a:b], indptr[a:b + 1] - indptr[a], pool_docs[indptr[a]:indptr[b]])
                           for a, b in blocks], fan_in=2)
-    got_s, got_d = (np.concatenate(x) for x in zip(*executor.get(refs)))
+    got_s, got_d = (np.concatenate(x) for x in zip(*tasks.get(refs)))
     keep = np.array(present)
     want_s, want_d = brute_candidates(queries, docs[keep], groups[keep], doc_ids[keep], candidates, pools)
     assert np.array_equal(got_s, want_s) and np.array_equal(got_d, want_d)
-
-
-# ---------------------------------------------------------------------------------------------- executor
-
-
-@executor.remote(num_cpus=1, num_returns=2)
-def _two(a, b):
-    return a + b, a * b
-
-
-@executor.remote(num_cpus=1)
-def _fails(what):
-    raise UserError(what)
-
-
-def test_local_executor_runs_tasks_inline_as_ray_would():
-    """Refs as arguments are resolved (top level), num_returns splits the one list, a task runs once and only
-    when fetched, its error surfaces at get (as Ray's), and Ray is never touched."""
-    calls = []
-
-    @executor.remote(num_cpus=1)
-    def counted(x):
-        calls.append(x)
-        return x
-
-    with executor.using("local"):
-        s, p = _two.remote(executor.put(3), 4)
-        total = _two.options(num_returns=2).remote(s, p)[0]
-        ref = counted.remote(total)
-        failing = _fails.remote("bad input")  # not fetched: not run
-        assert executor.is_ref(ref) and not calls
-        assert executor.get([ref, s]) == [19, 7] and executor.get(ref) == 19 and calls == [19]
-        for _ in range(2):  # fetched again, it raises again
-            with pytest.raises(UserError, match="bad input"):
-                executor.get(failing)
-        assert executor.mode() == "local"
-    assert executor.mode() == "ray"
-
-
-def test_choose_keeps_ray_for_clusters_big_corpora_and_a_running_ray(monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(executor, "ray_running", lambda: False)
-    assert executor.choose("auto", 100, 1000, None)[0] == "local"
-    assert executor.choose("auto", 1001, 1000, None)[0] == "ray"
-    assert executor.choose("auto", 100, 1000, "auto")[0] == "ray"
-    assert executor.choose("ray", 100, 1000, None)[0] == "ray"
-    assert executor.choose("local", 10 ** 12, 1000, "auto")[0] == "local"
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a `ray job submit` job: stays on its cluster
-    assert executor.choose("auto", 100, 1000, None) == ("ray", "a cluster was asked for (RAY_ADDRESS), 0.0 MiB "
-                                                                "of embeddings")
-    monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setattr(executor, "ray_running", lambda: True)
-    assert executor.choose("auto", 100, 1000, None)[0] == "ray"
-    from mieb_ray import connect  # not the one-node Ray this job brought up itself (the demo's build)
-
-    monkeypatch.setattr(connect, "started_here", lambda: True)
-    assert executor.choose("auto", 100, 1000, None) == ("local", "0.0 MiB of embeddings, at most 0 MiB: scored in "
-                                                                  "this process")
-    with pytest.raises(UserError, match="--executor must be one of auto, ray, local"):
-        executor.choose("gpu", 100, 1000, None)

@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from mieb_ray.commit import Progress
+from mieb_ray.runtime.output import Progress
 from mieb_ray.io import embeddings, tables
 
 

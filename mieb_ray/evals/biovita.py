@@ -22,11 +22,12 @@ import pyarrow.parquet as pq
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import protocol
-from mieb_ray.evals.protocol import EmbedInputs, get
+from mieb_ray.evals.protocol import EmbedInputs
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval import biovita
 from mieb_ray.retrieval.groupmax import NEG, rank_of, ranked
-from mieb_ray.topk import engine, executor
+from mieb_ray.runtime import tasks
+from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import CandidateMax, Candidates
 
 K_VALUES = (1, 5, 10)
@@ -78,7 +79,7 @@ def task_result(scores: dict[str, dict], seconds: float, phases: list[dict]) -> 
 # ---------------------------------------------------------------------------------------------- tasks
 
 
-@executor.remote(num_cpus=1, num_returns=3)
+@tasks.remote(num_cpus=1, num_returns=3)
 def _corpus(data: str, name: str):
     """The key lookup (corpus id -> doc = row, group = taxon id), the taxon vocabulary, the photo count."""
     ids, taxa = biovita.read_corpus(data, name)
@@ -87,7 +88,7 @@ def _corpus(data: str, name: str):
         vocabulary, len(ids)
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
                 blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str], gallery: int):
     """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs; best photos are found for
@@ -100,14 +101,14 @@ def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list
     return out if len(out) > 1 else out[0]
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _query_vectors(uri: str, blocks: list[list[str]], what: str):
     """The dim, then per block the (q, d) float32 embeddings of its texts."""
     dim, vectors = protocol.text_vectors(uri, [t for b in blocks for t in b], what)
     return [dim, *np.split(vectors, np.cumsum([len(b) for b in blocks])[:-1])]
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _photos(data: str, name: str, docs: list[int]) -> dict[int, tuple[str, bytes | None]]:
     """Corpus id and image bytes of a few docs (rows of the corpus), for the report."""
     ids, _ = biovita.read_corpus(data, name)
@@ -163,7 +164,7 @@ class BioVITASuite:
         image_shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
         self.images, self.texts, self.t_score = images, texts, time.time()
         runs = {name: self._submit(q, image_shards, texts) for name, q in queries.items()}
-        photos = dict(zip(runs, get([r.photos for r in runs.values()])))
+        photos = dict(zip(runs, tasks.get([r.photos for r in runs.values()])))
         sizes = ", ".join(f"{n}: {len(r.queries.query_ids)} queries, {photos[n]} images" for n, r in runs.items())
         log(f"[eval] {sizes}")
         return runs
@@ -184,7 +185,7 @@ class BioVITASuite:
 
     def _check(self, run: _Run) -> None:
         """The one-line errors, in order: query texts, corpus photos, dimensions."""
-        text_dim = get(run.dim)
+        text_dim = tasks.get(run.dim)
         n, sample, duplicates = engine.missing_keys(run.layout)
         where = storage.display(self.images)
         if n:
@@ -204,7 +205,7 @@ class BioVITASuite:
         for name, run in runs.items():
             self._check(run)
             q = run.queries
-            merged = get(run.results)
+            merged = tasks.get(run.results)
             best, docs = np.concatenate([s for s, _ in merged]), np.concatenate([d for _, d in merged])
             correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
             scores[name], ranks = subset_scores(best, correct)
@@ -277,7 +278,7 @@ def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
         wanted = sorted({int(docs[i, p]) for i in range(shown) for p in top[i] if docs[i, p] >= 0})
         photo_refs[name] = _photos.remote(config.data, name, wanted) if wanted else None
         cards += [(name, i, top[i]) for i in range(shown)]
-    photos = {name: get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
+    photos = {name: tasks.get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
     gallery, images = [], {}
     for name, i, top in cards:
         q, (best, docs, ranks) = queries[name], tops[name]

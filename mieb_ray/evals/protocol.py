@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mieb_ray import __version__, connect, storage
-from mieb_ray.errors import UserError, find_user_error
+from mieb_ray import __version__, storage
+from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
-from mieb_ray.topk import engine, executor
+from mieb_ray.runtime import placement, tasks
+from mieb_ray.topk import engine
 
 MTEB_VERSION = "2.26.24"  # the scorers we equal
 
@@ -61,20 +62,6 @@ def task_result(task: str, revision: str, split: str, entries: list[dict], secon
             "evaluation_phases": phases}
 
 
-def get(refs):
-    """executor.get (ray.get, or inline), a UserError raised in a Ray task re-raised as itself (one line, no
-    task traceback)."""
-    try:
-        return executor.get(refs)
-    except Exception as exc:
-        if not executor.is_task_error(exc):
-            raise
-        user = find_user_error(exc.cause) if exc.cause is not None else None
-        if user is None:
-            raise
-        raise user from None
-
-
 def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray]:
     """The dim and the (n, d) float32 embeddings of `texts` from an embed output keyed by the text (in a task)."""
     tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]
@@ -97,16 +84,15 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
 def embedding_bytes(*uris: str) -> int:
     """The embedding shards' total size, from the listing (no shard opened)."""
     shards = [embeddings.shard_uris(uri) for uri in uris]  # one listing each: they may be on different stores
-    return sum(sum(engine.file_sizes(s)) for s in shards if s)
+    return sum(sum(storage.file_sizes(s)) for s in shards if s)
 
 
-def pick_executor(requested: str, images: str, texts: str, log=print) -> str:
-    """"ray" or "local" (executor.choose): in-process for at most one engine partition of embeddings when no
-    cluster was asked for. Logs the choice in one line."""
-    which, why = executor.choose(requested, embedding_bytes(images, texts), engine.PARTITION_BYTES,
-                                 connect.address())
-    log(f"[eval] {'in-process' if which == 'local' else 'on Ray'} ({why})")
-    return which
+def placement_of(requested: str, images: str, texts: str) -> placement.Placement:
+    """Where scoring runs (runtime/placement.py): under auto, in this process for at most one engine partition
+    of embeddings when no cluster was asked for."""
+    size = embedding_bytes(images, texts)
+    needs_ray = f"more than {engine.PARTITION_BYTES >> 20} MiB" if size > engine.PARTITION_BYTES else None
+    return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings")
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
@@ -139,15 +125,14 @@ def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
         allow_mixed_models: bool = False, executor_name: str = "auto") -> dict[str, dict]:
     """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
     Image and text embeddings of different models are refused unless allow_mixed_models. executor_name: "ray",
-    "local" (the same tasks inline in this process, Ray never started) or "auto" (pick_executor)."""
+    "local" (the same tasks inline in this process, Ray never started) or "auto" (placement_of)."""
     t0 = time.time()
     for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
         log(f"[eval] warning: {note}")
-    which = pick_executor(executor_name, images, texts, log)
-    if which == "ray":
-        connect.ray_up()  # after the checks that need no Ray
-    with executor.using(which):
-        return _run(suite, out, images, texts, log, t0, which)
+    where = placement_of(executor_name, images, texts)
+    log(f"[eval] {where.describe()}")
+    with tasks.using(where.mode):
+        return _run(suite, out, images, texts, log, t0, where.mode)
 
 
 def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float, which: str) -> dict[str, dict]:

@@ -24,11 +24,12 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals.protocol import EmbedInputs, get, task_result, text_vectors
+from mieb_ray.evals.protocol import EmbedInputs, task_result, text_vectors
 from mieb_ray.evals.zeroshot_scoring import PROMPT_SETS, ClassArgmax, TaskPrompts, metrics
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, readers
-from mieb_ray.topk import engine, executor
+from mieb_ray.runtime import tasks
+from mieb_ray.topk import engine
 
 UNIT_ROWS = 50_000  # eval-split rows per label-reading task
 BLOCK_BYTES = 128 << 20  # image-embedding shard bytes per query block
@@ -50,7 +51,7 @@ class Planned:
 # ---------------------------------------------------------------------------------------------- tasks
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
     """(index, label) of one read unit's rows; a missing label is -1."""
     from mieb_ray.sources import by_slug
@@ -65,18 +66,18 @@ def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(index), np.concatenate(label)
 
 
-@executor.remote(num_cpus=1, num_returns=2)
+@tasks.remote(num_cpus=1, num_returns=2)
 def _prompt_corpus(uri: str, prompts: list[str]):
     """The dim, and the prompt corpus chunk (vectors, group = row) from text embeddings keyed by the text."""
     dim, vectors = text_vectors(uri, prompts, "prompts")
     return dim, (vectors, np.arange(len(prompts), dtype=np.int64))
 
 
-@executor.remote(num_cpus=1, num_returns=3)
+@tasks.remote(num_cpus=1, num_returns=3)
 def _image_block(uris: list[str], prefixes: list[str]):
     """One query block from a batch of shards, each opened once: the vectors of rows keyed
     `<prefix><index>` for a chosen task's prefix, their task numbers, and the block's metadata."""
-    vectors, tasks, index, rows, dims, bad = [], [], [], 0, set(), []
+    vectors, task_of, index, rows, dims, bad = [], [], [], 0, set(), []
     for uri in uris:
         table = embeddings.open_shard(uri)
         rows += table.num_rows
@@ -94,18 +95,18 @@ def _image_block(uris: list[str], prefixes: list[str]):
                 bad.append(next(prefix + r for r in rest.to_pylist() if not r.isdigit()))
                 continue
             vectors.append(matrix[np.flatnonzero(mine)].astype(np.float32))
-            tasks.append(np.full(len(idx), t, np.int32))
+            task_of.append(np.full(len(idx), t, np.int32))
             index.append(idx)
     dim = sorted(dims)
     d = dim[0] if len(dim) == 1 else 0
     meta = {"rows": rows, "dims": dim, "bad_keys": bad[:5],
-            "task": np.concatenate(tasks) if tasks else np.zeros(0, np.int32),
+            "task": np.concatenate(task_of) if task_of else np.zeros(0, np.int32),
             "index": np.concatenate(index) if index else np.zeros(0, np.int64)}
     block = np.concatenate(vectors) if vectors else np.zeros((0, d), np.float32)
     return block, meta["task"], meta
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _images(slug: str, units: list[str], wanted: list[int]) -> dict[int, bytes | None]:
     """Image bytes of a few rows of an eval split (for the report's gallery)."""
     from mieb_ray.sources import by_slug
@@ -202,7 +203,7 @@ class ZeroShotSuite:
         dim, chunk = _prompt_corpus.remote(texts, corpus)
         lay = engine.layout(chunks=[chunk], partitions=1)
         shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
-        sizes = engine.file_sizes(shards) if shards else []
+        sizes = storage.file_sizes(shards) if shards else []
         prefixes = [p.task.key_prefix() for p in planned]
         reader = _image_block.options(num_returns=3)
         blocks = [reader.remote(shards[a:b], prefixes) for a, b in engine.batches(sizes, BLOCK_BYTES)]
@@ -215,8 +216,8 @@ class ZeroShotSuite:
 
     def collect(self, pending: _Pending, log) -> dict[str, dict]:
         where = storage.display(pending.images_uri)
-        metas = get([m for m, _ in pending.blocks])
-        text_dim = get(pending.texts_dim)
+        metas = tasks.get([m for m, _ in pending.blocks])
+        text_dim = tasks.get(pending.texts_dim)
         for m in metas:
             if m["bad_keys"]:
                 raise UserError(f"{where} has keys that are not <slug>/<split>/<index>: "
@@ -226,7 +227,7 @@ class ZeroShotSuite:
             raise storage.StorageError(f"{where} mixes embedding dimensions {dims}")
         if dims and dims[0] != text_dim:
             raise UserError(f"text embeddings have dim {text_dim} but image embeddings dim {dims[0]}")
-        scored = get([r for _, r in pending.blocks])
+        scored = tasks.get([r for _, r in pending.blocks])
         self.predictions = {}
         results = {}
         for t, p in enumerate(pending.planned):
@@ -236,7 +237,7 @@ class ZeroShotSuite:
         return results
 
     def _task(self, t: int, p: Planned, metas: list[dict], scored: list[dict], where: str, start: float) -> dict:
-        index, label = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in zip(*get(p.labels)))
+        index, label = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in zip(*tasks.get(p.labels)))
         n = int(index.max()) + 1 if len(index) else 0
         labels = np.full(n, -1, np.int64)
         labels[index] = label
@@ -308,19 +309,19 @@ class ZeroShotSuite:
         return ["predictions.parquet", "summary.json", "report.html"], {"mean_accuracy": m}
 
     def summary(self, results: dict[str, dict], pending: _Pending) -> dict:
-        tasks = []
+        rows = []
         for p in pending.planned:
             r = results[p.task.name]
             mteb = {k: v for k, v in r["scores"][p.task.split][0].items()
                     if k not in ("main_score", "hf_subset", "languages", "mteb_version")}
             fixed = r["mieb_ray"]["fixed_prompts"]
-            tasks.append({"task": p.task.name, "split": p.task.split, "images": r["mieb_ray"]["images"],
-                          "classes": r["mieb_ray"]["classes"], "mteb": mteb, "fixed": fixed,
-                          "difference": fixed["accuracy"] - mteb["accuracy"]})
-        mean = {s: float(np.mean([t[s]["accuracy"] for t in tasks])) if tasks else 0.0 for s in PROMPT_SETS}
+            rows.append({"task": p.task.name, "split": p.task.split, "images": r["mieb_ray"]["images"],
+                         "classes": r["mieb_ray"]["classes"], "mteb": mteb, "fixed": fixed,
+                         "difference": fixed["accuracy"] - mteb["accuracy"]})
+        mean = {s: float(np.mean([t[s]["accuracy"] for t in rows])) if rows else 0.0 for s in PROMPT_SETS}
         return {"title": "MIEB zero-shot classification",
                 "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),
-                "evaluation_time": time.time() - pending.start, "tasks": tasks,
+                "evaluation_time": time.time() - pending.start, "tasks": rows,
                 "mean": {**mean, "difference": mean["fixed"] - mean["mteb"]}}
 
     def _gallery(self, pending: _Pending) -> tuple[list[dict], dict[str, bytes]]:
@@ -340,7 +341,7 @@ class ZeroShotSuite:
         for p in chosen:
             if p.task.name not in refs:
                 continue
-            got, pr = get(refs[p.task.name]), self.predictions[p.task.name]
+            got, pr = tasks.get(refs[p.task.name]), self.predictions[p.task.name]
             for i in wanted[p.task.name]:
                 key = f"{p.task.key_prefix()}{i}"
                 if got.get(i):

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mieb_ray import storage
-from mieb_ray.commit import PROGRESS, commit_file
 from mieb_ray.errors import UserError
 
 ERROR_SCHEMA = pa.schema([("key", pa.string()), ("error", pa.string())])
@@ -59,10 +58,10 @@ def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, 
         result["error_file"] = f"_errors/{name}"
         table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in rows["__error"][bad]]},
                          schema=ERROR_SCHEMA)
-        commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
+        storage.commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
     table = shard_table(schema_, [str(k) for k in rows[key][~bad]], rows["embedding"][~bad],
                         {c: list(rows[c][~bad]) for c in carry})
-    return {**result, **commit_file(storage.join(out, name), lambda local: write_ipc(local, table))}
+    return {**result, **storage.commit_file(storage.join(out, name), lambda local: write_ipc(local, table))}
 
 
 def open_shard(path: str) -> pa.Table:
@@ -194,7 +193,7 @@ def shards(root: str) -> tuple[list[str], str | None]:
         return [p if "://" in p or p.startswith("/") else storage.join(root, p) for p in paths], None
     where = storage.display(root)
     files = storage.list_files(root)
-    if manifest is None and any(_is_under(root, u, PROGRESS) for u in files):
+    if manifest is None and any(_is_under(root, u, storage.PROGRESS) for u in files):
         raise storage.StorageError(f"{where} is an unfinished embed output (no {storage.MANIFEST} yet): run the "
                                    "embed job again with --resume to finish it")
     found = [u for u in files if _is_shard(root, u)]

@@ -2,8 +2,8 @@
 
 plan     driver: the train table and the eval tables (`mieb`: the MIEB eval splits, built into
          OUT/eval-data by the build job through the same readers, and reused); units of rows of one file
-hash     a CPU task per unit: each image's sha256 and pixel hash, committed as a Parquet file sorted by join
-         partition (one row group each), then its progress record                  (audit/fingerprints.py)
+hash     the job's one stage, per unit: each image's sha256 and pixel hash, committed as a Parquet file sorted
+         by join partition (one row group each), then its progress record   (audit/fingerprints.py, runtime/)
 join     a CPU task per partition: its row group of every hash file, joined on each hash (audit/matches.py)
 near     with embeddings: the top-k engine, the train embeddings as the corpus (every row its own group) and
          each eval embedding shard as a query block, reduced to each eval image's nearest train rows; pairs
@@ -11,12 +11,14 @@ near     with embeddings: the top-k engine, the train embeddings as the corpus (
 write    contamination.parquet, summary.json, report.html, errors.parquet, then _manifest.json last
 
 The driver holds units, refs, statistics and the pairs found, never an image, a hash table or an embedding.
-`--resume` skips the units whose hash file an earlier run committed with the same settings.
+`--resume` skips the units whose hash file an earlier run committed with the same settings. The hash, join and
+near tasks run on Ray, or in this process for a small audit (runtime/placement.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -24,13 +26,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import ray
 
-from mieb_ray import __version__, commit, storage
+from mieb_ray import __version__, storage
 from mieb_ray.audit import matches
-from mieb_ray.connect import ray_up
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, tables
+from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.job import Job
+from mieb_ray.runtime.output import Progress
+from mieb_ray.runtime.units import Stage
 from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import TopRows
 
@@ -42,6 +46,7 @@ PARTITION_ROWS = 2_000_000  # hash rows one join task holds (about 100 bytes eac
 NEAR_K = 10  # nearest train rows kept per eval image
 DEFAULT_THRESHOLD = 0.95
 REPORT_PAIRS = 48  # pairs shown per detector on the page
+LOCAL_BYTES = 256 << 20  # at most this many bytes of tables audit in this process under --executor auto
 _HASHES = "_hashes"
 
 
@@ -62,6 +67,7 @@ class AuditConfig:
     workers: int | None = None
     gpus_per_worker: float | None = None
     cpus_per_worker: float = 1.0
+    executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
 
     def check(self) -> None:
         if not self.against:
@@ -116,39 +122,47 @@ class Side:
 
 
 def audit(config: AuditConfig, log=print) -> dict:
-    """Run the audit on the connected Ray cluster; return the manifest."""
-    t0 = time.time()
+    """Run the audit on Ray or in this process; return the manifest."""
     config.check()
     if config.train_embeddings:  # before any hashing: embeddings of two models are refused at once
         for note in embeddings.check_inputs({"train": config.train_embeddings, "eval": config.against_embeddings},
                                             config.allow_mixed_models):
             log(f"[audit] warning: {note}")
-    commit.prepare(config.out, config.overwrite, "a complete audit")
     train = Side("train", (config.train,), (None,))
+    job = Job("audit", config.out, "a complete audit", re.compile(rf"^{_HASHES}/"), config.resume, config.overwrite,
+              log)
+    job.start()
     against = _against(config, log)
-    planned = {side.name: side.plan() for side in (train, against)}
-    rows = sum(u.hi - u.lo for units in planned.values() for _, u in units)
-    partitions = max(1, -(-rows // PARTITION_ROWS))
-    settings = {"version": __version__, "partitions": partitions, "unit_rows": UNIT_ROWS,
-                "train": storage.display(config.train), "against": [storage.display(u) for u in against.uris]}
-    progress = commit.Progress(config.out, settings)
-    names = {side.name: [_hash_name(side.name, n, u) for n, u in planned[side.name]] for side in (train, against)}
-    done = progress.done({name: u.identity for side in planned for name, (_, u) in zip(names[side], planned[side])}) \
-        if config.resume else {}
-    if not config.resume:
-        progress.clear()
-    log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
-        f"{partitions} join partitions; {len(done)} units already hashed")
-    ray_up()  # after the checks that need no Ray
-    results = _hash(config, (train, against), planned, names, partitions, progress, done, log)
-    pairs, errors = _join(config, results, partitions, log)
-    near_info = {}
-    if config.near:
-        near, near_info = _near(config, train, against, results, log)
-        pairs = pa.concat_tables([pairs, near])
-    pairs = matches.sort_pairs(pairs)
-    return _write(config, pairs, errors, results, planned, {"train": train, "against": against}, near_info,
-                  progress, t0, log)
+    size = sum(_table_bytes(uri) for uri in (*train.uris, *against.uris))
+    where = placement.choose(config.executor, f"{size / 2 ** 20:,.0f} MiB of tables, more than "
+                             f"{LOCAL_BYTES >> 20} MiB" if size > LOCAL_BYTES else None,
+                             f"{size / 2 ** 20:,.1f} MiB of tables")
+    log(f"[audit] {where.describe()}")
+    with tasks.using(where.mode):
+        planned = {side.name: side.plan() for side in (train, against)}
+        rows = sum(u.hi - u.lo for units in planned.values() for _, u in units)
+        partitions = max(1, -(-rows // PARTITION_ROWS))
+        settings = {"version": __version__, "partitions": partitions, "unit_rows": UNIT_ROWS,
+                    "train": storage.display(config.train), "against": [storage.display(u) for u in against.uris]}
+        work = [(side, n, u, _hash_name(side.name, n, u), i) for side in (train, against)
+                for i, (n, u) in enumerate(planned[side.name])]
+        done = job.earlier({name: u.identity for _, _, u, name, _ in work}, settings)
+        log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
+            f"{partitions} join partitions; {len(done)} units already hashed")
+        results = _hash(config, work, partitions, job, done, where.mode)
+        pairs, errors = _join(config, results, partitions, log)
+        near_info = {}
+        if config.near:
+            near, near_info = _near(config, train, against, results, log)
+            pairs = pa.concat_tables([pairs, near])
+        pairs = matches.sort_pairs(pairs)
+        return _write(config, pairs, errors, results, planned, {"train": train, "against": against}, near_info,
+                      job, log)
+
+
+def _table_bytes(uri: str) -> int:
+    _, files = tables.input_files(uri)
+    return sum(storage.file_sizes([f.uri for f in files], "input file"))
 
 
 def _against(config: AuditConfig, log) -> Side:
@@ -160,14 +174,14 @@ def _against(config: AuditConfig, log) -> Side:
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
     slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
-    uris, tasks, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
+    uris, task_of, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
     try:  # and the BioVITA corpus, keyed by photo id
         uris.append(biovita.corpus_files(config.data, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
-        tasks.append(biovita.TASK)
+        task_of.append(biovita.TASK)
         keys.append("id")
     except UserError as exc:
         log(f"[audit] warning: no BioVITA corpus to audit against ({exc})")
-    return Side("against", tuple(uris), tuple(tasks), tuple(keys))
+    return Side("against", tuple(uris), tuple(task_of), tuple(keys))
 
 
 # ---------------------------------------------------------------------------------------------- hash
@@ -177,21 +191,23 @@ def _hash_name(side: str, table: int, unit: tables.Unit) -> str:
     return f"{side}/{table}/{unit.name.removesuffix('.arrow')}"
 
 
-# a task whose hub requests outlasted the local retries runs again (its file rewritten the same)
-_RETRIED = dict(retry_exceptions=[storage.TransientStorageError], max_retries=storage.UNIT_RETRIES)
+def hash_stage(batch: dict, work: list[tuple], out: str, partitions: int, progress: Progress) -> dict:
+    """Hash each unit's images; commit its hash file (one row group per partition), then its record."""
+    return {"result": np.array([json.dumps(_hash_unit(out, work[int(i)], partitions, progress))
+                                for i in batch["unit"]])}
 
 
-@ray.remote(num_cpus=1, **_RETRIED)
-def _hash_unit(out: str, name: str, unit: tables.Unit, columns: tables.Columns, number: int, task: str | None,
-               partitions: int, progress: commit.Progress) -> dict:
-    """Hash one unit's images; commit its hash file (one row group per partition), then its record.
-    task: the eval task of every row, BY_SLUG (the task its key's slug serves), or None (train)."""
+def _hash_unit(out: str, item: tuple, partitions: int, progress: Progress) -> dict:
+    """item: (side, table number, unit, name, the unit's number in its side); the side's task per table is the
+    eval task of every row, BY_SLUG (the task its key's slug serves), or None (train)."""
+    side, table_number, unit, name, number = item
+    columns, task = side.columns(table_number), side.tasks[table_number]
     by_slug = task_names() if task == BY_SLUG else None
     chunks, first = [], 0
     for rows in tables.read_unit(unit, columns, "image"):
         keys = rows[columns.key]
-        tasks = [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
-        chunks.append(matches.hash_rows(keys, rows["image"], number, first, partitions, tasks))
+        row_tasks = [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
+        chunks.append(matches.hash_rows(keys, rows["image"], number, first, partitions, row_tasks))
         first += len(keys)
     table = matches.by_partition(pa.concat_tables(chunks) if chunks else matches.HASH_SCHEMA.empty_table())
     bounds = np.flatnonzero(np.diff(table["part"].to_numpy())) + 1
@@ -202,10 +218,11 @@ def _hash_unit(out: str, name: str, unit: tables.Unit, columns: tables.Columns, 
                 if hi > lo:
                     writer.write_table(table.slice(lo, hi - lo))
     path = f"{_HASHES}/{name}.parquet"
-    stats = commit.commit_file(storage.join(out, path), write)
-    tasks = pc.value_counts(pc.fill_null(table["eval_task"], "")).to_pylist() if table.num_rows else []
-    result = {"path": path, "rows": table.num_rows, "errors": pc.sum(pc.is_valid(table["error"])).as_py() or 0,
-              "tasks": {t["values"]: t["counts"] for t in tasks}, "datasets": _dataset_counts(table["key"]), **stats}
+    stats = storage.commit_file(storage.join(out, path), write)
+    counts = pc.value_counts(pc.fill_null(table["eval_task"], "")).to_pylist() if table.num_rows else []
+    result = {"path": path, "name": name, "rows": table.num_rows,
+              "errors": pc.sum(pc.is_valid(table["error"])).as_py() or 0,
+              "tasks": {t["values"]: t["counts"] for t in counts}, "datasets": _dataset_counts(table["key"]), **stats}
     progress.record(name, unit.identity, result)
     return result
 
@@ -218,35 +235,15 @@ def _dataset_counts(keys: pa.ChunkedArray) -> dict[str, int]:
     return {v["values"]: v["counts"] for v in pc.value_counts(prefix).to_pylist()}
 
 
-def _hash(config, sides, planned, names, partitions, progress, done, log) -> dict[str, list[dict]]:
-    results = {side.name: [None] * len(planned[side.name]) for side in sides}
-    pending = {}
-    for side in sides:
-        for i, ((n, unit), name) in enumerate(zip(planned[side.name], names[side.name])):
-            if name in done:
-                results[side.name][i] = done[name]
-            else:
-                ref = _hash_unit.remote(config.out, name, unit, side.columns(n), i, side.tasks[n], partitions,
-                                        progress)
-                pending[ref] = (side.name, i)
-    total, t_log, t_run, hashed = len(pending), 0.0, time.time(), 0
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=5)
-        for ref in ready:
-            side, i = pending.pop(ref)
-            results[side][i] = _get(ref)
-            hashed += results[side][i]["rows"]
-        if time.time() - t_log > 5 or not pending:
-            t_log = time.time()
-            log(f"[audit] hashed {total - len(pending)}/{total} units, {hashed:,} images, "
-                f"{hashed / max(time.time() - t_run, 1e-9):,.0f} images/s")
+def _hash(config, work: list[tuple], partitions: int, job: Job, done: dict, mode: str) -> dict[str, list[dict]]:
+    """Every unit's hash result, by side, in planned order (the hash files' unit numbers are their positions)."""
+    todo = [i for i, (_, _, _, name, _) in enumerate(work) if name not in done]
+    stage = Stage(hash_stage, dict(work=work, out=config.out, partitions=partitions, progress=job.progress))
+    found = done | {r["name"]: r for r in job.run(todo, [stage], mode, total=len(work))}
+    results = {"train": [], "against": []}
+    for side, _, _, name, _ in work:
+        results[side.name].append(found[name])
     return results
-
-
-def _get(refs):
-    from mieb_ray.evals.protocol import get
-
-    return get(refs)
 
 
 # ---------------------------------------------------------------------------------------------- join
@@ -266,7 +263,7 @@ def _read_part(uris: list[str], part: int) -> pa.Table:
     return pa.concat_tables(pieces) if pieces else matches.HASH_SCHEMA.empty_table()
 
 
-@ray.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _join_part(train: list[str], against: list[str], part: int) -> tuple[pa.Table, pa.Table]:
     left, right = _read_part(train, part), _read_part(against, part)
     return matches.hash_pairs(left, right), pa.concat_tables([matches.error_rows("train", left),
@@ -275,7 +272,7 @@ def _join_part(train: list[str], against: list[str], part: int) -> tuple[pa.Tabl
 
 def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
     uris = {side: [storage.join(config.out, r["path"]) for r in rs] for side, rs in results.items()}
-    joined = _get([_join_part.remote(uris["train"], uris["against"], p) for p in range(partitions)])
+    joined = tasks.get([_join_part.remote(uris["train"], uris["against"], p) for p in range(partitions)])
     pairs = pa.concat_tables([j[0] for j in joined])
     errors = pa.concat_tables([j[1] for j in joined])
     log(f"[audit] exact: {pc.sum(pc.equal(pairs['method'], 'exact')).as_py() or 0} pairs, pixels: "
@@ -301,27 +298,27 @@ def _embeddings(config: AuditConfig, train: Side, against: Side, log) -> tuple[s
                                    "image", log, **pools) for n, uri in enumerate(against.uris)]
 
 
-@ray.remote(num_cpus=1, num_returns=3)
+@tasks.remote(num_cpus=1, num_returns=3)
 def _query_block(uri: str):
     """An eval shard's vectors, keys and dim (None: an empty shard whose type gives none)."""
     table = embeddings.open_shard(uri)
     return embeddings.matrix(table).astype(np.float32), table["key"].combine_chunks(), embeddings.dim(table)
 
 
-@ray.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _near_rows(result, keys: pa.Array, threshold: float) -> pa.Table:
     scores, docs = result
     return matches.near_rows(scores, docs, keys, threshold)
 
 
-@ray.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _doc_keys(uri: str, rows: np.ndarray) -> list[str]:
     return embeddings.open_shard(uri)["key"].take(pa.array(rows)).to_pylist()
 
 
 def _check_dims(train_uri: str, lay: engine.Layout, eval_dims: list[int | None]) -> None:
     """One dim on both sides, read from the shards (a manifest's `dim` may be missing or wrong)."""
-    _get(lay.stat_refs)  # a train shard's one-line error, raised as itself
+    tasks.get(lay.stat_refs)  # a train shard's one-line error, raised as itself
     train = lay.stats()["dim"]
     if isinstance(train, list):
         raise storage.StorageError(f"{storage.display(train_uri)} mixes embedding dimensions {train}")
@@ -339,16 +336,16 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
     lay = engine.layout(shards, group_column=engine.ROWS)
     parts = len(lay.partitions)
     blocks = [_query_block.remote(u) for u in query_shards]
-    dims = _get([b[2] for b in blocks])
+    dims = tasks.get([b[2] for b in blocks])
     _check_dims(train_uri, lay, dims)
     blocks = [b for b, d in zip(blocks, dims) if d is not None]  # empty shards of no dim: nothing to query
     found = engine.search(lay, [b[0] for b in blocks], TopRows(k))
-    rows = pa.concat_tables(_get([_near_rows.remote(r, b[1], threshold) for r, b in zip(found, blocks)]))
+    rows = pa.concat_tables(tasks.get([_near_rows.remote(r, b[1], threshold) for r, b in zip(found, blocks)]))
     docs = rows["doc"].to_numpy()
     shard_of, row_of = docs >> 32, docs & 0xFFFFFFFF
     keys = np.empty(len(docs), object)
     wanted = np.unique(shard_of)
-    for s, got in zip(wanted, _get([_doc_keys.remote(shards[s], row_of[shard_of == s]) for s in wanted])):
+    for s, got in zip(wanted, tasks.get([_doc_keys.remote(shards[s], row_of[shard_of == s]) for s in wanted])):
         keys[shard_of == s] = got
     stats = lay.stats()
     counts = pc.value_counts(rows["eval_key"]).field("counts") if rows.num_rows else None
@@ -365,8 +362,8 @@ def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tupl
     t0 = time.time()
     rows, info = near_pairs(train_uri, against_uris, config.threshold)
     hashes = [storage.join(config.out, r["path"]) for r in results["against"]]
-    tasks = _get(_locate.remote(hashes, pc.unique(rows["eval_key"]), ["eval_task"]))
-    task_of = dict(zip(tasks["key"].to_pylist(), tasks["eval_task"].to_pylist()))
+    located = tasks.get(_locate.remote(hashes, pc.unique(rows["eval_key"]), ["eval_task"]))
+    task_of = dict(zip(located["key"].to_pylist(), located["eval_task"].to_pylist()))
     n = rows.num_rows
     pairs = pa.table({"train_key": rows["train_key"],
                       "eval_task": pa.array([task_of.get(k) for k in rows["eval_key"].to_pylist()], pa.string()),
@@ -386,7 +383,7 @@ def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tupl
 # ---------------------------------------------------------------------------------------------- write
 
 
-def _write(config, pairs, errors, results, planned, sides, near_info, progress, t0, log) -> dict:
+def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, log) -> dict:
     from mieb_ray.audit import report
 
     eval_rows, train_rows = {}, {}
@@ -399,12 +396,12 @@ def _write(config, pairs, errors, results, planned, sides, near_info, progress, 
     summary = matches.summary(pairs, eval_rows, train_rows)
     files = {"contamination.parquet": pairs, "errors.parquet": errors}
     for name, table in files.items():
-        commit.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
+        storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
     summary = {**summary, "threshold": config.threshold if config.near else None, "near": near_info or None}
     storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
     page = report.render(summary, _gallery(config, pairs, results, planned, sides))
     storage.write_bytes(storage.join(config.out, "report.html"), page.encode())
-    manifest = commit.finish(config.out, {
+    manifest = job.finish({
         "format": FORMAT, "format_version": 1, "version": __version__,
         "config": {"train": storage.display(config.train), "against": list(config.against),
                    "data": storage.display(config.data) if config.against == (MIEB,) else None,
@@ -414,16 +411,16 @@ def _write(config, pairs, errors, results, planned, sides, near_info, progress, 
         "counts": {"train_rows": sum(train_rows.values()), "eval_rows": sum(eval_rows.values()),
                    "pairs": summary["totals"]["pairs"], "train_rows_flagged": summary["totals"]["train_rows_flagged"],
                    "errors": errors.num_rows},
-        "seconds": round(time.time() - t0, 3)}, progress)
+        "seconds": round(time.time() - job.t0, 3)}, {r["path"] for rs in results.values() for r in rs})
     storage.delete_tree(storage.join(config.out, _HASHES))  # after the manifest: a resume may still need them
     totals = summary["totals"]
     log(f"[audit] done: {totals['train_rows_flagged']:,} train rows flagged of {sum(train_rows.values()):,}, "
         f"{totals['eval_images_affected']:,} eval images affected; pairs {totals['pairs']}; "
-        f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
+        f"{time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
     return manifest
 
 
-@ray.remote(num_cpus=1, **_RETRIED)
+@tasks.remote(num_cpus=1)
 def _thumbnails(unit: tables.Unit, columns: tables.Columns, rows: list[int]) -> dict[int, str | None]:
     from mieb_ray.audit.report import thumbnail
 
@@ -446,13 +443,13 @@ def _gallery(config, pairs: pa.Table, results, planned, sides: dict[str, Side]) 
     for side, key_field in (("train", "train_key"), ("against", "eval_key")):
         keys = pa.array(sorted({r[key_field] for r in shown}), pa.string())
         uris = [storage.join(config.out, r["path"]) for r in results[side]]
-        located = _get(_locate.remote(uris, keys, ["unit", "row"]))
+        located = tasks.get(_locate.remote(uris, keys, ["unit", "row"]))
         for k, u, row in zip(*(located[c].to_pylist() for c in ("key", "unit", "row"))):
             where.setdefault((side, k), (u, row))
     by_unit = {}
     for (side, _), (u, row) in where.items():
         by_unit.setdefault((side, u), set()).add(row)
-    fetched = _get([_thumbnails.remote(planned[side][u][1], sides[side].columns(planned[side][u][0]), sorted(rows))
+    fetched = tasks.get([_thumbnails.remote(planned[side][u][1], sides[side].columns(planned[side][u][0]), sorted(rows))
                     for (side, u), rows in by_unit.items()])
     thumbs = {(side, u, row): uri for ((side, u), _), got in zip(by_unit.items(), fetched) for row, uri in got.items()}
     for r in shown:
@@ -462,7 +459,7 @@ def _gallery(config, pairs: pa.Table, results, planned, sides: dict[str, Side]) 
     return shown
 
 
-@ray.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _locate(uris: list[str], keys: pa.Array, columns: list[str]) -> pa.Table:
     """`columns` of the hash rows whose key is in `keys` (key first)."""
     out = []

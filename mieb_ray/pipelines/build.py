@@ -6,9 +6,10 @@ layout, keyed `<slug>/<split>/<index>`, every row kept; it goes to its own outpu
 check     driver, before anything is written or Ray works: the cheap part of check-sources (listing, layout,
           columns, class names); a wrong mirror fails in seconds with the table (preflight.py)
 plan      driver: file listings and footers only; units of rows [k*N, (k+1)*N) of one source
-build     the ShardBuilder actor pool (Ray Data), one unit per call: read, caption, write and commit the
-          shards, then the unit's progress record (shard_builder.py, commit.py)
-manifest  driver, last: built from the units' results
+build     ShardBuilder, one unit per call: read, caption, write and commit the shards, then the unit's progress
+          record (shard_builder.py); an actor pool on Ray (each actor holds the class tables once), or in this
+          process for a small build (runtime/placement.py)
+manifest  driver, last: built from the units' results (runtime/job.py)
 
 `--resume` skips the units whose progress record an earlier run committed with the same settings.
 """
@@ -16,22 +17,25 @@ manifest  driver, last: built from the units' results
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import ray
 
-from mieb_ray import __version__, commit, preflight, storage
+from mieb_ray import __version__, preflight, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
-from mieb_ray.pools import cpu_pool, read_cluster
+from mieb_ray.runtime import placement
+from mieb_ray.runtime.cluster import read_cluster
+from mieb_ray.runtime.job import Job
+from mieb_ray.runtime.pools import cpu_pool
+from mieb_ray.runtime.units import Stage
 from mieb_ray.shard_builder import ShardBuilder, unit_name
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
@@ -39,6 +43,7 @@ FORMAT = "mieb-train"
 FORMAT_VERSION = 1
 FORMATS = ("parquet", "webdataset")
 SPLITS = ("train", "eval")  # eval: each source's `eval_split`
+LOCAL_ROWS = 100_000  # at most this many rows build in this process under --executor auto (a second or two)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class BuildConfig:
     cpus_per_worker: float = 1.0
     split: str = "train"  # one of SPLITS
     exclude: str | None = None  # an audit output: its flagged train rows are left out
+    executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
 
     def check(self) -> None:
         if self.fmt not in FORMATS:
@@ -99,37 +105,43 @@ def check_counts(counts: dict[str, int], expected: dict[str, int], total: int = 
 
 
 def build(config: BuildConfig, log=print) -> dict:
-    """Run the build on the connected Ray cluster; return the manifest."""
+    """Run the build on Ray or in this process; return the manifest."""
     config.check()
     selected = select(config.datasets)
     exclude = excluded_keys(config.exclude) if config.exclude else None
     check_sources(selected, config.sources, config.split, log)
-    commit.prepare(config.out, config.overwrite, "a complete build")
+    slugs = "|".join(s.slug for s in selected)
+    settings = {"sources": storage.display(config.sources), "format": config.fmt,
+                "rows_per_shard": config.rows_per_shard, "split": config.split, "version": __version__,
+                "exclude": _exclusion(config, exclude)}
+    # shards and error files of these sources (an interrupted run's other shard sizes are stale at the end)
+    ours = re.compile(rf"^({slugs})/\d{{6}}\.(parquet|tar)$|^_errors/({slugs})/\d{{12}}\.parquet$")
+    job = Job("build", config.out, "a complete build", ours, config.resume, config.overwrite, log)
+    job.start()
 
     t0 = time.time()
     units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
     log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
         f"in {time.time() - t0:.1f}s")
-    progress = commit.Progress(config.out, {"sources": storage.display(config.sources), "format": config.fmt,
-                                            "rows_per_shard": config.rows_per_shard, "split": config.split,
-                                            "version": __version__, "exclude": _exclusion(config, exclude)})
-    built = progress.done({unit_name(u): asdict(u) for u in units}) if config.resume else {}
+    built = job.earlier({unit_name(u): asdict(u) for u in units}, settings)
     if config.resume:
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
-    results = list(built.values())
-    todo = [u for u in units if unit_name(u) not in built]
-    rows, new_rows, t_run, t_log = sum(r["rows"] for r in results), 0, time.time(), 0.0
     if exclude is not None:
         log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)}")
-    for result in _run_units(config, todo, tables, progress, exclude, log):
-        results.append(result)
-        rows += result["rows"]
-        new_rows += result["rows"]
-        if time.time() - t_log > 5 or len(results) == len(units):
-            t_log, elapsed = time.time(), time.time() - t_run
-            log(f"[build] {len(results)}/{len(units)} units, {rows:,} rows, "
-                f"{new_rows / max(elapsed, 1e-9):,.0f} rows/s")
-    return _manifest(config, selected, results, progress, _exclusion(config, exclude), t0, log)
+    todo = [i for i, u in enumerate(units) if unit_name(u) not in built]
+    rows = sum((u.hi or u.lo + config.rows_per_shard) - u.lo for u in units)
+    where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
+                             else None, f"about {rows:,} rows")
+    log(f"[build] {where.describe()}")
+    stage = Stage(ShardBuilder, dict(units=units, tables=tables, out=config.out, fmt=config.fmt,
+                                     rows_per_shard=config.rows_per_shard, progress=job.progress,
+                                     exclude=_by_dataset(exclude)))
+    if where.mode == "ray" and todo:
+        pool = cpu_pool(read_cluster(), config.cpus_per_worker, config.workers, cap=len(todo), what="shard builders")
+        log(f"[build] {pool.why}")
+        stage = dataclasses.replace(stage, num_cpus=pool.num_cpus, pool=pool)
+    results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units)))
+    return _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
 
 
 def check_sources(selected: list[Source], sources: str, split: str, log=print) -> None:
@@ -172,31 +184,6 @@ def _plan(selected, sources: str, rows_per_shard: int, split: str):
     with ThreadPoolExecutor(8) as pool:
         planned = list(pool.map(one, selected))
     return [u for _, units, _ in planned for u in units], {s.slug: t for s, _, t in planned}
-
-
-def _run_units(config: BuildConfig, todo, tables, progress: commit.Progress, exclude: pa.Array | None, log):
-    """Build `todo` in a ShardBuilder actor pool; yield each unit's result as it comes."""
-    if not todo:
-        return
-    pool = cpu_pool(read_cluster(), config.cpus_per_worker, config.workers, cap=len(todo), what="shard builders")
-    log(f"[build] {pool.why}")
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # our own progress lines
-    # a unit whose reads outlasted the local retries (storage.TransientStorageError) runs again, its shards
-    # rewritten the same; Ray Data picks the errors it retries by "Class: message" of the UDF's exception
-    ctx.retried_map_errors = ["TransientStorageError"]
-    ctx.max_map_retries = storage.UNIT_RETRIES
-    ds = ray.data.from_items([{"unit": u.to_json()} for u in todo], override_num_blocks=len(todo))
-    ds = ds.map_batches(
-        ShardBuilder, fn_constructor_kwargs=dict(tables=tables, out=config.out, fmt=config.fmt,
-                                                 rows_per_shard=config.rows_per_shard, progress=progress,
-                                                 exclude=_by_dataset(exclude)),
-        batch_size=1, batch_format="numpy", num_cpus=pool.num_cpus, compute=pool.strategy())
-    for row in ds.iter_rows():
-        result = json.loads(row["result"])
-        if "user_error" in result:
-            raise UserError(result["user_error"])
-        yield result
 
 
 def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None) -> str:
@@ -243,8 +230,8 @@ def dataset_card(splits: dict[str, str], fmt: str, exclusion: dict | None = None
     return "\n".join(lines)
 
 
-def _manifest(config: BuildConfig, selected, results: list[dict], progress: commit.Progress, exclusion: dict | None,
-              t0: float, log) -> dict:
+def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, exclusion: dict | None, t0: float,
+              log) -> dict:
     slugs = [s.slug for s in selected]
     counts, errors, dropped, excluded = ({slug: 0 for slug in slugs} for _ in range(4))
     for r in results:
@@ -254,15 +241,9 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
         excluded[r["slug"]] += r.get("excluded", 0)
     shards = sorted((s for r in results for s in r["shards"]), key=lambda s: s["path"])
     error_files = sorted(r["error_file"] for r in results if r["error_file"])
-    # shards an interrupted earlier run left (e.g. with another --rows-per-shard) are not ours now
-    ours = re.compile(rf"^({'|'.join(slugs)})/\d{{6}}\.(parquet|tar)$|^_errors/({'|'.join(slugs)})/\d{{12}}\.parquet$")
-    commit.remove_stale(config.out, {s["path"] for s in shards} | set(error_files), ours)
-
     rows, n_errors = sum(counts.values()), sum(errors.values())
-    if n_errors > config.max_error_rate * (rows + n_errors):
-        worst = ", ".join(f"{k}: {v:,}" for k, v in errors.items() if v)
-        raise UserError(f"{n_errors:,} rows could not be built ({worst}), more than --max-error-rate "
-                        f"{config.max_error_rate}; see {storage.display(storage.join(config.out, '_errors'))}")
+    job.check_errors(n_errors, rows, config.max_error_rate, "built", ", ".join(f"{k}: {v:,}" for k, v in errors.items()
+                                                                              if v))
     expected = {s.slug: expected_rows(s, config.split) for s in selected}
     verify = (config.sources == readers.HF) if config.verify_counts is None else config.verify_counts
     if verify:
@@ -271,7 +252,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
                      TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
     splits = {s.slug: source_split(s, config.split) for s in selected}
     storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt, exclusion).encode())
-    manifest = commit.finish(config.out, {
+    manifest = job.finish({
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
                    "rows_per_shard": config.rows_per_shard, "split": config.split, "counts_verified": verify,
@@ -281,7 +262,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], progress: comm
                    "expected": expected},
         "shards": shards,
         "error_files": error_files,
-    }, progress)
+    }, {s["path"] for s in shards} | set(error_files))
     log(f"[build] done: {rows:,} rows in {len(shards)} shards, {n_errors:,} errors, "
         f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return manifest

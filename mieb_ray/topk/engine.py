@@ -1,5 +1,5 @@
 """The top-k engine on Ray: lay the corpus out once, score query blocks x partitions, merge in a tree.
-The same tasks run inline in the driver, Ray never started, under executor.using("local") (topk/executor.py):
+The same tasks run inline in the driver, Ray never started, under tasks.using("local") (runtime/tasks.py):
 what an eval does for a corpus of at most one partition when no cluster was asked for.
 
     shards ──► map tasks (a contiguous batch of about MAP_BYTES of shards each, every shard opened once:
@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from mieb_ray import storage
 from mieb_ray.io import embeddings
 from mieb_ray.retrieval.groupmax import normalize
-from mieb_ray.topk import executor
-from mieb_ray.topk.kernels import batches, build_partition, split
+from mieb_ray.runtime import tasks
+from mieb_ray.topk.kernels import TopK, batches, build_partition, split
 
 MAP_BYTES = 512 << 20  # shard bytes one map task reads
 PARTITION_BYTES = 256 << 20  # corpus bytes per partition: what one score task holds
@@ -76,7 +75,7 @@ class Layout:
         corpus_bytes (the files' total), read_ratio (1.0: every shard opened once) and, with a lookup,
         matched (rows whose key is in it). Waits for the map tasks."""
         if self._stats is None:
-            parts = executor.get(self.stat_refs)
+            parts = tasks.get(self.stat_refs)
             total = {k: sum(p[k] for p in parts) for k in ("rows", "shards", "bytes_opened", "matched")}
             dims = {p["dim"] for p in parts if p["dim"] is not None}
             self._stats = {**total, "partitions": len(self.partitions), "map_tasks": len(parts),
@@ -90,17 +89,6 @@ def default_partitions(corpus_bytes: int) -> int:
     return max(1, -(-corpus_bytes // PARTITION_BYTES))
 
 
-def file_sizes(uris: list[str]) -> list[int]:
-    """Sizes of files from the filesystem's listing (never opened); a listed shard that is not there is a
-    one-line error (a manifest may list files another tool never wrote)."""
-    fs, _ = storage.filesystem(uris[0])
-    infos = fs.get_file_info([storage.filesystem(u)[1] for u in uris])
-    for uri, info in zip(uris, infos):
-        if info.type != pafs.FileType.File:
-            raise storage.StorageError(f"no such embedding shard: {storage.display(uri)}")
-    return [i.size for i in infos]
-
-
 def layout(shards: list[str] | None = None, *, chunks: list | None = None, group_column: str | None = None,
            lookup: KeyLookup | object | None = None, partitions: int | None = None,
            map_bytes: int = MAP_BYTES) -> Layout:
@@ -109,11 +97,11 @@ def layout(shards: list[str] | None = None, *, chunks: list | None = None, group
     if (shards is None) == (chunks is None) or (shards is not None and (group_column is None) == (lookup is None)):
         raise ValueError("give shards with group_column or lookup, or chunks")
     if shards is not None:
-        sizes = file_sizes(shards) if shards else []
+        sizes = storage.file_sizes(shards) if shards else []
         corpus_bytes = sum(sizes)
         partitions = partitions or default_partitions(corpus_bytes)
-        if lookup is not None and not executor.is_ref(lookup):
-            lookup = executor.put(lookup)
+        if lookup is not None and not tasks.is_ref(lookup):
+            lookup = tasks.put(lookup)
         mapper = _map_shards.options(num_returns=partitions + 2)
         outs = [mapper.remote(shards[a:b], a, partitions, group_column, lookup)
                 for a, b in batches(sizes, map_bytes)]
@@ -131,7 +119,7 @@ def layout(shards: list[str] | None = None, *, chunks: list | None = None, group
 def missing_keys(lay: Layout, limit: int = 5) -> tuple[int, list[str], int]:
     """For a lookup layout: how many lookup keys no shard holds, the first `limit` of them (in doc order),
     and how many keys more than one row holds."""
-    return executor.get(_missing.remote(lay.lookup, limit, *lay.matched_refs))
+    return tasks.get(_missing.remote(lay.lookup, limit, *lay.matched_refs))
 
 
 def search(lay: Layout, query_blocks: list, reducer, block_data: list | None = None, fan_in: int = FAN_IN) -> list:
@@ -150,8 +138,25 @@ def search(lay: Layout, query_blocks: list, reducer, block_data: list | None = N
     return out
 
 
+def group_topk(queries: np.ndarray, k: int = 10, shards: list[str] | None = None, group_column: str | None = None,
+               chunks: list[tuple[np.ndarray, np.ndarray]] | None = None, query_block: int = 1024,
+               partitions: int | None = None, stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The engine as one call: (Q, k) scores and group ids of each query's k groups whose best item scores
+    highest, best first, ties by group id (groups: non-negative integers). The corpus is embedding `shards`
+    (group ids in their `group_column`) or in-memory `chunks` of (vectors, groups); stats: a dict to fill with
+    the layout's statistics."""
+    lay = layout(shards, chunks=chunks, group_column=group_column, partitions=partitions)
+    blocks = [queries[lo:lo + query_block] for lo in range(0, len(queries), query_block)]
+    merged = tasks.get(search(lay, blocks, TopK(k)))
+    if stats is not None:
+        stats.update(lay.stats())
+    if not merged:
+        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+    return np.concatenate([s for s, _ in merged]), np.concatenate([i for _, i in merged])
+
+
 def _ref(x):
-    return x if executor.is_ref(x) else executor.put(x)
+    return x if tasks.is_ref(x) else tasks.put(x)
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -161,12 +166,12 @@ def _stats(rows: int, shards: int, bytes_opened: int, dim: int | None, matched: 
     return {"rows": rows, "shards": shards, "bytes_opened": bytes_opened, "dim": dim, "matched": matched}
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _map_shards(uris: list[str], first: int, partitions: int, group_column: str | None, lookup: KeyLookup | None):
     """Shards first, first + 1, ... each opened once: its rows normalised, labelled, split by group % P."""
     tables = [embeddings.open_shard(u) for u in uris]
     dim = embeddings.common_dim(tables, storage.display(uris[0].rsplit("/", 1)[0])) if tables else None
-    opened = sum(file_sizes(uris))
+    opened = sum(storage.file_sizes(uris))
     if lookup is not None:  # one hash of the lookup for the whole batch
         at = pc.fill_null(pc.index_in(pa.chunked_array([c for t in tables for c in t["key"].chunks],
                                                        pa.string()), value_set=lookup.keys), -1).to_numpy()
@@ -189,7 +194,7 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
     return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: int):
     vectors, groups = chunk
     groups = np.asarray(groups, np.int64)
@@ -198,12 +203,12 @@ def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: in
     return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _partition(*pieces):
     return build_partition(list(pieces))
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _score(part, queries: np.ndarray, reducer, data):
     _task_threads()
     return reducer.score(part, normalize(queries), data)
@@ -212,18 +217,18 @@ def _score(part, queries: np.ndarray, reducer, data):
 def _task_threads() -> None:
     """One torch thread in a Ray task: one task per CPU, and Ray, not torch, spreads the work. Inline (the local
     executor) the driver's threads stay: it is the only worker."""
-    if executor.mode() == "ray":
+    if tasks.mode() == "ray":
         import torch
 
         torch.set_num_threads(1)
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _merge(reducer, *parts):
     return reducer.merge(list(parts))
 
 
-@executor.remote(num_cpus=1)
+@tasks.remote(num_cpus=1)
 def _missing(lookup: KeyLookup, limit: int, *matched):
     counts = np.bincount(np.concatenate(matched) if matched else np.zeros(0, np.int64), minlength=len(lookup.docs))
     gone = np.flatnonzero(counts == 0)

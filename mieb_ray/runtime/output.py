@@ -1,5 +1,5 @@
-"""How a job's outputs become visible, shared by build and embed: files committed whole by the workers that
-make them, a progress record per finished unit, and the manifest last.
+"""How a job's outputs become visible, the same for every job: files committed whole by the workers that make
+them, a progress record per finished unit, and the manifest last.
 
 A worker writes each file to a local staging file and commits it (storage.commit: rename on local disk, one
 upload on S3) under a name that depends only on what it holds, so a retried or repeated unit rewrites the
@@ -16,13 +16,11 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 
-PROGRESS = "_progress"
 
 
 @contextlib.contextmanager
@@ -44,23 +42,6 @@ def no_empty_folder_on_failure(out: str | None):
         raise
 
 
-def commit_staged(local: str, dest: str) -> dict:
-    """Make the finished staging file `local` visible at `dest` whole: {"bytes", "sha256"}."""
-    stats = storage.file_stats(local)
-    storage.commit(local, dest)
-    return stats
-
-
-def commit_file(dest: str, write: Callable[[str], object]) -> dict:
-    """`write(local_path)` into a staging file, then commit it to `dest`: {"bytes", "sha256"}."""
-    local = storage.staging_path(dest)
-    try:
-        write(local)
-        return commit_staged(local, dest)
-    finally:
-        storage.discard(local)  # a failed write leaves nothing behind
-
-
 class Progress:
     """The progress records of one output: `_progress/<name>.json`, each {"unit", "settings", "result"}.
 
@@ -72,7 +53,7 @@ class Progress:
         self.settings = json.loads(json.dumps(settings))  # as a record will read back (tuples become lists)
 
     def path(self, name: str) -> str:
-        return storage.join(self.out, PROGRESS, f"{name}.json")
+        return storage.join(self.out, storage.PROGRESS, f"{name}.json")
 
     def record(self, name: str, unit, result: dict) -> None:
         """Called by the worker once every file of the unit is committed. `unit`: JSON-able, what was read."""
@@ -82,7 +63,7 @@ class Progress:
     def done(self, units: dict[str, object]) -> dict[str, dict]:
         """{name: result} of the wanted units ({name: unit}) an earlier run finished, with these settings."""
         wanted = {self.path(n): n for n in units}
-        found = [uri for uri in storage.list_files(storage.join(self.out, PROGRESS)) if uri in wanted]
+        found = [uri for uri in storage.list_files(storage.join(self.out, storage.PROGRESS)) if uri in wanted]
         with ThreadPoolExecutor(16) as pool:
             records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
         same = json.loads(json.dumps(units))
@@ -90,7 +71,7 @@ class Progress:
                 if r.get("settings") == self.settings and r.get("unit") == same[wanted[uri]]}
 
     def clear(self) -> None:
-        storage.delete_tree(storage.join(self.out, PROGRESS))
+        storage.delete_tree(storage.join(self.out, storage.PROGRESS))
 
 
 def prepare(out: str, overwrite: bool, what: str) -> None:

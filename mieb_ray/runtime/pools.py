@@ -7,19 +7,16 @@ to comes from Ray itself: the cluster config its autoscaler reports to the GCS (
 config. Without either there is no autoscaler we know of, and the maximum is what is up now.
 
 Pools then autoscale between a minimum (what fits now, at least one) and that maximum. The rules are pure
-functions of a `Cluster`, tested without Ray; a pool carries one line that says what it uses and why.
+functions of a `Cluster` (runtime/cluster.py reads one from Ray), tested without Ray; a pool carries one line
+that says what it uses and why.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-
-import yaml
 
 from mieb_ray.errors import UserError
 
-BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
 CPUS_PER_CPU_ENCODER = 4  # on CPUs, one encoder per 4 CPUs: the rest decode images for it
 
 
@@ -66,33 +63,6 @@ def launcher_capacity(config: dict) -> dict[str, float]:
         for resource in total:
             total[resource] += float(node_type.get("resources", {}).get(resource, 0)) * count
     return total
-
-
-def read_cluster() -> Cluster:
-    """What the Ray cluster has now and can grow to (joining it, or starting a local Ray, on first use)."""
-    import ray
-
-    from mieb_ray.connect import ray_up
-
-    ray_up()
-
-    now = ray.cluster_resources()
-    cpus, gpus = float(now.get("CPU", 0)), float(now.get("GPU", 0))
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    grown, source = None, None
-    try:
-        reported = ray._private.state.state.get_max_resources_from_cluster_config()
-    except Exception:  # a private API: its absence must not stop a job
-        reported = None
-    if reported:
-        grown, source = {"CPU": float(reported.get("CPU", 0)), "GPU": float(reported.get("GPU", 0))}, \
-            "Ray's cluster config"
-    elif os.path.exists(path := os.path.expanduser(BOOTSTRAP_CONFIG)):
-        with open(path) as f:
-            grown, source = launcher_capacity(yaml.safe_load(f) or {}), "the cluster launcher's config"
-    if grown is None:
-        return Cluster(cpus, gpus, cpus, gpus, nodes, None)
-    return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source)
 
 
 def _sized(now: int, most: int, workers: int | None, cap: int | None) -> tuple[int, int]:

@@ -1,10 +1,10 @@
-"""Ray starts when a job first needs it, not before: a check that needs no Ray (a wrong path, a complete
-output, an unknown name) fails in a second rather than after Ray's start-up.
+"""The Ray cluster: joined (or a local Ray started) when a job's Ray work begins, not before, so that a check
+that needs no Ray (a wrong path, a complete output, an unknown name) fails in a second rather than after Ray's
+start-up; and what it has now and can grow to.
 
-The command line calls `configure` with the cluster address; the pipelines call `ray_up()` where their Ray
-work begins (pools.read_cluster, the top-k engine, ...). A caller that started Ray itself keeps its Ray. An eval
-of a small corpus with no cluster asked for (`address()`, RAY_ADDRESS) never calls it: it scores in-process
-(topk/executor.py).
+The command line calls `configure` with the cluster address; the runtime calls `ray_up()` where Ray work
+begins (runtime/units.py, read_cluster). A caller that started Ray itself keeps its Ray. Work placed in this
+process (runtime/placement.py) never calls it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,16 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 
+import yaml
+
 from mieb_ray.errors import UserError
+from mieb_ray.hubfs import worker_runtime_env
+from mieb_ray.runtime.pools import Cluster, launcher_capacity
+
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
 
 _address: str | None = None
 _started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
@@ -46,9 +53,7 @@ def address() -> str | None:
 
 def started_here() -> bool:
     """Ray runs in this process because ray_up brought it up with no cluster named (--address, RAY_ADDRESS), on
-    one node: a laptop job's own Ray (the demo's build), not a cluster and not a caller's ray.init."""
-    import sys
-
+    one node: a laptop job's own Ray, not a cluster and not a caller's ray.init."""
     ray = sys.modules.get("ray")
     return _started_here and ray is not None and ray.is_initialized() and \
         sum(1 for n in ray.nodes() if n.get("Alive")) == 1
@@ -60,14 +65,13 @@ def ray_up() -> None:
     import ray
 
     if not ray.is_initialized():
-        from mieb_ray.hubfs import worker_runtime_env  # HF_TOKEN and hub settings to every worker, never logged
-
         address = _address or os.environ.get("RAY_ADDRESS")
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
         own = {}  # a new local Ray: room for idle workers, unless the user set Ray's own variable for it
         if address is None and "RAY_num_workers_soft_limit" not in os.environ:
             own = {"_system_config": {"num_workers_soft_limit": worker_soft_limit(os.cpu_count() or 1)}}
+        # HF_TOKEN and the hub settings reach every worker through its environment, never a log
         ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env(), **own)
         _started_here = address is None
         if threading.current_thread() is threading.main_thread():
@@ -84,3 +88,28 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
         socket.create_connection((found.group(1), int(found.group(2))), timeout=timeout).close()
     except OSError as exc:
         raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+
+
+def read_cluster() -> Cluster:
+    """What the Ray cluster has now and can grow to (joining it, or starting a local Ray, on first use)."""
+    import ray
+
+    ray_up()
+
+    now = ray.cluster_resources()
+    cpus, gpus = float(now.get("CPU", 0)), float(now.get("GPU", 0))
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    grown, source = None, None
+    try:
+        reported = ray._private.state.state.get_max_resources_from_cluster_config()
+    except Exception:  # a private API: its absence must not stop a job
+        reported = None
+    if reported:
+        grown, source = {"CPU": float(reported.get("CPU", 0)), "GPU": float(reported.get("GPU", 0))}, \
+            "Ray's cluster config"
+    elif os.path.exists(path := os.path.expanduser(BOOTSTRAP_CONFIG)):
+        with open(path) as f:
+            grown, source = launcher_capacity(yaml.safe_load(f) or {}), "the cluster launcher's config"
+    if grown is None:
+        return Cluster(cpus, gpus, cpus, gpus, nodes, None)
+    return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source)

@@ -1,0 +1,91 @@
+"""A job's flow, the same for build, embed and audit: plan -> units -> commit -> manifest.
+
+The job supplies its units (name -> what the unit reads), its stages (runtime/units.py) and its manifest;
+`Job` does the rest:
+
+    start()   the output checked and writable, a complete one refused without --overwrite; an unfinished one
+              continued with --resume, started again with --overwrite, and refused otherwise: hours of work are
+              never replaced by mistake
+    earlier() with --resume, the units whose progress record an earlier run committed with these settings
+    run()     the remaining units on Ray or in this process (runtime/placement.py), results as they come, a
+              progress line every 5 s
+    finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
+              run's other shard sizes), the manifest written last, then the progress records dropped
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.runtime import output, units
+from mieb_ray.runtime.output import Progress
+
+TICK_SECONDS = 5.0
+
+
+class Job:
+    def __init__(self, name: str, out: str, what: str, ours: re.Pattern, resume: bool = False,
+                 overwrite: bool = False, log=print):
+        """name: the log's prefix (build, embed, audit); what: the output, for messages ("a complete build");
+        ours: the relative paths of the files this kind of job writes (shards, error and hash files)."""
+        self.name, self.out, self.what, self.ours = name, out, what, ours
+        self.resume, self.overwrite, self.log = resume, overwrite, log
+        self.progress: Progress | None = None  # once the plan gives the settings (earlier)
+        self.t0 = time.time()
+
+    def start(self) -> None:
+        """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
+        one kept for --resume, removed with --overwrite and refused otherwise."""
+        output.prepare(self.out, self.overwrite, self.what)
+        if self.resume:
+            return
+        left = self._unfinished()
+        if left and not self.overwrite:
+            raise UserError(f"{storage.display(self.out)} holds an unfinished run of {self.name} ({len(left)} files); "
+                            "pass --resume to continue it or --overwrite to start again")
+        for uri in left:
+            storage.delete(uri)
+        storage.delete_tree(storage.join(self.out, storage.PROGRESS))
+
+    def earlier(self, planned: dict[str, object], settings: dict) -> dict[str, dict]:
+        """{unit name: result} of the planned units ({name: what it reads}) an earlier run finished with the same
+        `settings` (what a progress record must match to be reused), when resuming; {} otherwise. From here on
+        `progress` is the records the workers commit."""
+        self.progress = Progress(self.out, settings)
+        return self.progress.done(planned) if self.resume else {}
+
+    def _unfinished(self) -> list[str]:
+        root = self.out.rstrip("/") + "/"
+        return [u for u in storage.list_files(self.out)
+                if u.startswith(root + storage.PROGRESS + "/") or self.ours.match(u[len(root):])]
+
+    def run(self, todo: list[int], stages: list[units.Stage], mode: str, total: int | None = None,
+            on_rows=None) -> Iterator[dict]:
+        """The results of units `todo` as they come, with a progress line every TICK_SECONDS and at the end.
+        total: the planned units (default: len(todo))."""
+        total = total or len(todo)
+        done, rows, t_run, t_log = total - len(todo), 0, time.time(), 0.0
+        for result in units.run(todo, stages, mode, on_rows):
+            done += 1
+            rows += result["rows"] + result.get("errors", 0)
+            if time.time() - t_log > TICK_SECONDS or done == total:
+                t_log, elapsed = time.time(), time.time() - t_run
+                self.log(f"[{self.name}] {done}/{total} units, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s")
+            yield result
+
+    def check_errors(self, errors: int, rows: int, rate: float, verb: str, detail: str = "") -> None:
+        """Fail when more than `rate` of the rows could not be made (the rows themselves are in _errors/)."""
+        if errors > rate * (rows + errors):
+            detail = f" ({detail})" if detail else ""
+            raise UserError(f"{errors:,} of {rows + errors:,} rows could not be {verb}{detail}, more than "
+                            f"--max-error-rate {rate}; see {storage.display(storage.join(self.out, '_errors'))}")
+
+    def finish(self, manifest: dict, keep: set[str]) -> dict:
+        """Remove the files of this job's kind that are not in `keep` (relative paths), write the manifest, drop
+        the progress records; the manifest as a reader will see it."""
+        output.remove_stale(self.out, keep, self.ours)
+        return output.finish(self.out, manifest, self.progress)

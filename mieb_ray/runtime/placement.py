@@ -1,0 +1,58 @@
+"""The one rule for where a job's work runs: on Ray, or in this process with Ray never started.
+
+`--executor ray|local` decides when given. Under `auto` (the default) work runs on Ray when a cluster was
+asked for (--address, RAY_ADDRESS: a `ray job submit` job stays on its cluster), when this process already runs
+a caller's Ray, or when the job itself needs Ray's parallelism (more work than one process does well, a pool of
+encoders or a GPU asked for, a GPU on this machine); otherwise in this process, and Ray's start-up (seconds) is
+skipped. The one-node Ray an earlier stage of the same command brought up (cluster.started_here) does not hold
+the later stages on Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from mieb_ray.errors import UserError
+from mieb_ray.runtime import cluster
+
+EXECUTORS = ("auto", "ray", "local")
+
+
+@dataclass(frozen=True)
+class Placement:
+    mode: str  # "ray" or "local" (runtime.tasks.using)
+    why: str  # one line for the log
+
+    def describe(self) -> str:
+        return f"{'on Ray' if self.mode == 'ray' else 'in this process'} ({self.why})"
+
+
+def ray_running() -> bool:
+    """This process is connected to Ray (without importing Ray to find out)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def keep_ray() -> str | None:
+    """Why work runs on Ray whatever its size (None: nothing holds it there)."""
+    if address := cluster.address() or os.environ.get("RAY_ADDRESS"):
+        return f"a cluster was asked for ({'--address' if address == cluster.address() else 'RAY_ADDRESS'})"
+    if ray_running() and not cluster.started_here():
+        return "Ray already running in this process"
+    return None
+
+
+def choose(requested: str, needs_ray: str | None, size: str = "") -> Placement:
+    """Where to run, for a job asked to run on `requested` (auto, ray, local) whose own reason to use Ray is
+    `needs_ray` (None: the work fits this process). `size`: what the work is, for the log line."""
+    if requested not in EXECUTORS:
+        raise UserError(f"--executor must be one of {', '.join(EXECUTORS)}, not {requested!r}")
+    more = f", {size}" if size else ""
+    if requested != "auto":
+        return Placement(requested, f"--executor {requested}{more}")
+    if why := keep_ray() or needs_ray:
+        return Placement("ray", f"{why}{more}")
+    alone = "beside the one-node Ray this job started" if ray_running() else "Ray not started"
+    return Placement("local", f"no cluster{more}: {alone}")

@@ -1,0 +1,129 @@
+"""A job's units through its stages: on Ray Data, or inline in this process, the same stage code either way.
+
+A unit is what one worker reads and commits whole (rows [lo, hi) of a file, of a source split): the job plans
+a list of them, and each goes through the job's stages as one block, from its number in (`{"unit": [i]}`) to
+its committed result out (`{"result": [json]}`, what the unit's progress record holds). A stage is a function
+`fn(batch, **kwargs) -> batch` (a Ray task per unit) or a class built once with `kwargs` and called per batch
+(a Ray Data actor pool: a model, the build's class tables).
+
+On Ray, the stages are one Ray Data pipeline, with this job's DataContext settings applied and restored after
+it: blocks never sliced (a unit reaches its last stage whole), a worker's exception raised as itself, our own
+progress lines instead of Ray Data's bars, and a unit that raised TransientStorageError run again (UNIT_RETRIES,
+runtime/tasks.py). Inline, one unit at a time, with the same retries; with several stages a thread runs the
+first stage (the read) of the next unit while the others run this one, and class stages are built after the
+first read is under way (a model loads while the first unit decodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mieb_ray.errors import surfaced
+from mieb_ray.runtime import cluster
+from mieb_ray.runtime.pools import Pool
+from mieb_ray.runtime.tasks import UNIT_RETRIES, retrying
+
+
+@dataclass(frozen=True)
+class Stage:
+    fn: object  # a function (batch, **kwargs) -> batch, or a class built with **kwargs whose instances take a batch
+    kwargs: dict = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory: int | None = None  # bytes: Ray's scheduling hint (and it keeps the stage from being fused)
+    pool: Pool | None = None  # a class stage on Ray: its actor pool
+
+    def build(self):
+        """Inline: the callable that takes a batch."""
+        return self.fn(**self.kwargs) if isinstance(self.fn, type) else functools.partial(self.fn, **self.kwargs)
+
+
+@contextmanager
+def data_context():
+    """Ray Data settings for this job, restored after it."""
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ours = {"target_max_block_size": None,  # never sliced: a unit reaches its last stage whole
+            "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
+            "enable_progress_bars": False,  # our own progress lines
+            # Ray Data matches "Class: message" of the stage's exception
+            "retried_map_errors": ["TransientStorageError"], "max_map_retries": UNIT_RETRIES}
+    saved = {k: getattr(ctx, k) for k in ours}
+    for k, v in ours.items():
+        setattr(ctx, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(ctx, k, v)
+
+
+def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None) -> Iterator[dict]:
+    """The results of units `todo` (numbers the stages look up), as they come, on Ray or inline. on_rows: inline,
+    given to each class stage that has an `on_rows` attribute (it reports rows done within a unit)."""
+    if not todo:
+        return iter(())
+    return _on_ray(todo, stages) if mode == "ray" else _inline(todo, stages, on_rows)
+
+
+def _on_ray(todo: list[int], stages: list[Stage]) -> Iterator[dict]:
+    import ray
+
+    cluster.ray_up()
+    with data_context(), surfaced():
+        ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
+        for n, stage in enumerate(stages):
+            options = dict(num_cpus=stage.num_cpus, batch_format="numpy",
+                           batch_size=1 if n == 0 else None)  # None: the whole block, that is the whole unit
+            if stage.num_gpus:
+                options["num_gpus"] = stage.num_gpus
+            if stage.memory:
+                options["memory"] = stage.memory
+            if isinstance(stage.fn, type):
+                ds = ds.map_batches(stage.fn, fn_constructor_kwargs=stage.kwargs, compute=stage.pool.strategy(),
+                                    **options)
+            else:
+                ds = ds.map_batches(stage.fn, fn_kwargs=stage.kwargs, **options)
+        for row in ds.iter_rows():
+            yield json.loads(row["result"])
+
+
+def _inline(todo: list[int], stages: list[Stage], on_rows) -> Iterator[dict]:
+    def build(stage: Stage):
+        made = stage.build()
+        if on_rows is not None and hasattr(made, "on_rows"):
+            made.on_rows = on_rows
+        return made
+
+    if len(stages) == 1:  # nothing to overlap
+        one = build(stages[0])
+        for i in todo:
+            yield from _results(retrying(one, _batch(i)))
+        return
+    read = build(stages[0])
+    with ThreadPoolExecutor(1, thread_name_prefix="mieb-read") as reader:
+        ahead = reader.submit(retrying, read, _batch(todo[0]))
+        rest = [build(stage) for stage in stages[1:]]  # a model loads while the first unit is read
+        for i in todo[1:] + [None]:
+            batch = ahead.result()
+            if i is not None:
+                ahead = reader.submit(retrying, read, _batch(i))
+            for stage in rest:
+                batch = retrying(stage, batch)
+            yield from _results(batch)
+
+
+def _batch(i: int) -> dict:
+    return {"unit": np.array([i])}
+
+
+def _results(batch: dict) -> Iterator[dict]:
+    return (json.loads(r) for r in batch["result"])
