@@ -21,12 +21,11 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # before `import ray`: no token auth, no ~/.ray/auth_token
 
+import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
-
-import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
 
 from mieb_ray.runtime.cluster import worker_soft_limit  # noqa: E402
 

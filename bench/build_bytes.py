@@ -98,7 +98,8 @@ def main() -> None:
         return manifest["counts"]["total"]
 
     contenders = [("copy floor (pyarrow read_table + write_table, 1 process)", b.copy_floor),
-                  ("minimal Ray Data pipeline (read_parquet -> take in as many actors as the build -> write_parquet)", b.minimal_pipeline),
+                  ("minimal Ray Data pipeline (read_parquet -> take in as many actors as the build -> write_parquet)",
+                   b.minimal_pipeline),
                   ("mieb-ray build (parquet, rows_per_shard=10,000)", run_build)]
     times = {name: [] for name, _ in contenders}
     rows_out = {}
@@ -134,7 +135,8 @@ def main() -> None:
             for name, (_, _, ts) in results.items()) + "\n")
     print(f"Row counts: all three outputs hold the {in_rows:,} input rows.\n" if same else
           f"Row counts: MISMATCH, {sorted(row_counts)} vs {in_rows:,} input rows.\n")
-    print(f"**build / copy = {build_ratio:.2f} (target <= 1.5); minimal Ray Data pipeline / copy = {minimal_ratio:.2f}**\n")
+    print(f"**build / copy = {build_ratio:.2f} (target <= 1.5); "
+          f"minimal Ray Data pipeline / copy = {minimal_ratio:.2f}**\n")
     b.footer("Ray start-up excluded from all timings; each contender's own actor start-up included; "
              "outputs to local disk, page cache not dropped.")
     if not same:

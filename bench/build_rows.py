@@ -38,12 +38,11 @@ import time
 from pathlib import Path
 
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import ray  # noqa: E402  after _baselines, which sets RAY_AUTH_MODE
 
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, SOURCES
-
-import ray  # noqa: E402  after _baselines, which sets RAY_AUTH_MODE
 
 TAR_ROWS = 10_000  # samples per tar, as in the hub's WebDataset repos (CLIP_benchmark --max-count)
 TINY = bytes(range(80))  # every image: the build copies image bytes, it never decodes them

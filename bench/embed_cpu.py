@@ -38,9 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
-
 from embed_loop_call import plain_loop
+from PIL import Image
 
 from mieb_ray.fixtures.models import make_clip_b32
 from mieb_ray.pipelines.embed import EmbedConfig, embed

@@ -34,12 +34,11 @@ from pathlib import Path
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 import pyarrow as pa
-
 import ray
 
 from mieb_ray.io import embeddings
-from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.topk import engine
+from mieb_ray.topk.groupmax import normalize
 from mieb_ray.topk.kernels import TopK
 
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import mteb  # noqa: E402,F401  imported up front: part of the call's cost
 from mteb_reference import mteb_scores  # noqa: E402
 
+from mieb_ray.evals import biovita_data as biovita  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
-from mieb_ray.retrieval import biovita  # noqa: E402
 
 
 def main() -> None:

@@ -7,9 +7,19 @@ import argparse
 import signal
 import sys
 
-from mieb_ray.errors import find_user_error
+from mieb_ray import storage
+from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
+from mieb_ray.errors import UserError, find_user_error
+from mieb_ray.evals import protocol
+from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
+from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals.zeroshot_tasks import select_tasks
+from mieb_ray.pipelines import preflight
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.pipelines.embed import EmbedConfig, embed
 from mieb_ray.runtime import cluster
 from mieb_ray.runtime.output import no_empty_folder_on_failure
+from mieb_ray.sources import select
 
 
 def add_build_flags(p: argparse.ArgumentParser) -> None:
@@ -47,9 +57,6 @@ def _interrupt(signum, frame):
 
 
 def run_build(args: argparse.Namespace) -> None:
-    from mieb_ray.pipelines.build import BuildConfig, build
-    from mieb_ray.sources import select
-
     config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
                          verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
@@ -72,9 +79,7 @@ def add_check_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace) -> None:
-    from mieb_ray.preflight import run
-
-    run(args.sources, args.datasets, split=args.split, compare_rows=args.verify_counts)
+    preflight.run(args.sources, args.datasets, split=args.split, compare_rows=args.verify_counts)
 
 
 def add_embed_flags(p: argparse.ArgumentParser) -> None:
@@ -107,8 +112,6 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_embed(args: argparse.Namespace) -> None:
-    from mieb_ray.pipelines.embed import EmbedConfig, embed
-
     config = EmbedConfig(args.input, args.out, args.model, revision=args.revision, modality=args.modality,
                          image_column=args.image_column, text_column=args.text_column, key_column=args.key_column,
                          carry_columns=tuple(c for c in args.carry_columns.split(",") if c),
@@ -164,8 +167,6 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
-
     _embedding_flags(args)
     cluster.configure(args.address)
     pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
@@ -196,8 +197,6 @@ def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _embedding_flags(args: argparse.Namespace) -> None:
-    from mieb_ray.errors import UserError
-
     if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
         raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
     if not args.model and not (args.image_embeddings and args.text_embeddings):
@@ -205,11 +204,6 @@ def _embedding_flags(args: argparse.Namespace) -> None:
 
 
 def run_zeroshot(args: argparse.Namespace) -> None:
-    from mieb_ray import storage
-    from mieb_ray.evals import protocol
-    from mieb_ray.evals.zeroshot import ZeroShotSuite
-    from mieb_ray.evals.zeroshot_tasks import select_tasks
-
     _embedding_flags(args)
     suite = ZeroShotSuite(select_tasks(args.tasks), args.data)  # an unknown task fails here, before Ray starts
     storage.check_output(args.out)
@@ -248,8 +242,6 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_audit(args: argparse.Namespace) -> None:
-    from mieb_ray.pipelines.audit import DEFAULT_THRESHOLD, AuditConfig, audit
-
     config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, data=args.data,
                          model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
                          against_embeddings=args.against_embeddings,
@@ -263,7 +255,9 @@ def run_audit(args: argparse.Namespace) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    from mieb_ray.demo import demo
+    from mieb_ray.demo import (
+        demo,  # here: its fixtures import transformers and datasets (seconds)
+    )
 
     cluster.configure(args.address)
     demo(args.out)

@@ -6,15 +6,15 @@ import os
 import time
 
 from mieb_ray import storage
+from mieb_ray.evals import protocol
+from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
+from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals.zeroshot_tasks import select_tasks
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
-from mieb_ray.evals import protocol
-from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
-from mieb_ray.evals.zeroshot import ZeroShotSuite
-from mieb_ray.evals.zeroshot_tasks import select_tasks
 
 ZEROSHOT_TASK, ZEROSHOT_ROWS = "CIFAR10ZeroShot", 100  # one zero-shot task, on 100 test images of the mirror
 

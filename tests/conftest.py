@@ -11,16 +11,16 @@ import shutil
 import tempfile
 
 import pytest
-
 import s3server
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def pytest_collection_modifyitems(items):
-    """The tests on the multi-node `cluster` last, together: it stays up from its first test to the session's
-    end, and its 30 idle processes take about 0.15 of a core, which the other tests on 2 cores would lose."""
-    items.sort(key=lambda item: "cluster" in getattr(item, "fixturenames", ()))
+    """The package's shape first (test_layers.py: seconds, so a layer violation fails at once); the tests on the
+    multi-node `cluster` last, together: it stays up from its first test to the session's end, and its 30 idle
+    processes take about 0.15 of a core, which the other tests on 2 cores would lose."""
+    items.sort(key=lambda item: (item.module.__name__ != "test_layers", "cluster" in getattr(item, "fixturenames", ())))
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +51,10 @@ def fake_hub_config(tmp_path_factory) -> str:
 def ray_local(s3, tmp_path_factory):
     import ray
 
+    from mieb_ray.fixtures import fakehub
+
     # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
     from mieb_ray.runtime.cluster import worker_soft_limit
-    from mieb_ray.fixtures import fakehub
 
     hub = {"MIEB_RAY_HUB_FS": fakehub.FACTORY, "MIEB_RAY_HUB_FAKE": fake_hub_config(tmp_path_factory),
            "MIEB_RAY_HUB_RETRY_WAIT": "0.01"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mieb_ray.retrieval.biovita import SPLIT, TASK, Subset
+from mieb_ray.evals.biovita_data import SPLIT, TASK, Subset
 
 TAXON_KEYS = ("taxon_top_1_accuracy", "taxon_top_5_accuracy", "taxon_top_10_accuracy", "main_score")
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
 from s3server import free_port
 
 from mieb_ray.runtime.cluster import worker_soft_limit

@@ -10,7 +10,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-
 _handed_out: set[int] = set()
 
 

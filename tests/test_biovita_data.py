@@ -17,10 +17,10 @@ from PIL import Image
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
+from mieb_ray.evals import biovita_data as biovita
+from mieb_ray.evals.biovita_data import REPO, SUBSETS, load_subset
 from mieb_ray.fixtures.biovita import SIDECAR, make_biovita_embeddings, make_biovita_mirror
 from mieb_ray.io import embeddings
-from mieb_ray.retrieval import biovita
-from mieb_ray.retrieval.biovita import REPO, SUBSETS, load_subset
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from mieb_ray.cli import main
 from mieb_ray.fixtures.mirror import hub_names, label_of, make_mirror
 from mieb_ray.io.readers import Unit
 from mieb_ray.pipelines.build import BuildConfig, build
-from mieb_ray.shard_builder import unit_name
+from mieb_ray.pipelines.shard_builder import unit_name
 from mieb_ray.sources import PARQUET, by_slug
 
 pytestmark = pytest.mark.timeout(600)

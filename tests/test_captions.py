@@ -14,8 +14,15 @@ from importlib import resources
 import pyarrow as pa
 import pytest
 
-from mieb_ray.captions import (ClassTable, all_tables, class_table, clean_caption, clean_captions,
-                               indefinite_article, words)
+from mieb_ray.captions import (
+    ClassTable,
+    all_tables,
+    class_table,
+    clean_caption,
+    clean_captions,
+    indefinite_article,
+    words,
+)
 from mieb_ray.sources import SOURCES, by_slug, read_labels
 from mieb_ray.sources.catalog import AS_IS, CAMEL, HUB, PATH, SNAKE
 
@@ -132,8 +139,8 @@ AN_NAMES = {
     "cifar10": {"airplane", "automobile"},
     "stl10": {"airplane"},
     "cifar100": {"apple", "aquarium fish", "elephant", "oak tree", "orange", "orchid", "otter"},
-    "caltech101": {"accordion", "airplane", "off-center face", "anchor", "ant", "electric guitar", "elephant", "emu", "ibis",
-                   "inline skate", "octopus", "okapi", "umbrella"},
+    "caltech101": {"accordion", "airplane", "off-center face", "anchor", "ant", "electric guitar", "elephant", "emu",
+                   "ibis", "inline skate", "octopus", "okapi", "umbrella"},
     "sun397": {
         "abbey", "airplane cabin", "airport terminal", "alley", "amphitheater", "amusement arcade",
         "amusement park", "anechoic chamber", "apartment building outdoor", "apse indoor", "aquarium", "aqueduct",

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from mieb_ray.pipelines.embed import DECODE_MEMORY
 from mieb_ray.runtime.cluster import worker_soft_limit
 from mieb_ray.runtime.pools import launcher_capacity
-from mieb_ray.pipelines.embed import DECODE_MEMORY
 
 CONFIG = Path(__file__).resolve().parents[1] / "cluster.yaml"
 
@@ -53,8 +53,8 @@ def test_the_nodes_install_this_checkout(config):
 
 
 def test_every_node_keeps_idle_workers_for_the_pools(config):
-    # `ray start` on each node sets Ray's idle-worker limit as a laptop's own Ray gets it (runtime/cluster.py ray_up): with
-    # Ray's default, the workers that read and commit tasks take turns with were killed between units
+    # `ray start` on each node sets Ray's idle-worker limit as a laptop's own Ray gets it (runtime/cluster.py's
+    # ray_up): with Ray's default, the workers that read and commit tasks take turns with were killed between units
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         [start] = [c for c in config[key] if " ray start " in f" {c} "]
         env = start.split("ray start")[0]

@@ -17,11 +17,11 @@ from mteb_reference import mteb_scores, rank_bounds
 from mieb_ray import storage
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
-from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
-from mieb_ray.io import embeddings
+from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig
 from mieb_ray.evals.biovita import evaluate as evaluate_config
-from mieb_ray.retrieval import biovita
+from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
+from mieb_ray.io import embeddings
 
 pytestmark = pytest.mark.timeout(600)
 TAXON_KEYS = [f"taxon_top_{k}_accuracy" for k in (1, 5, 10)]

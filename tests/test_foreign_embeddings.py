@@ -9,8 +9,8 @@ Every vector is float16-exact, so a shard stored in float16, float32 or float64 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mieb_ray.audit.job import near_pairs
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.evals.zeroshot_tasks import select_tasks
@@ -25,7 +26,6 @@ from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirr
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.fixtures.zeroshot import zeroshot_vectors
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.audit import near_pairs
 
 pytestmark = pytest.mark.timeout(300)
 

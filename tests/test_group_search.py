@@ -10,7 +10,7 @@ from numerics import lattice_vectors
 
 from mieb_ray.io import embeddings
 from mieb_ray.topk.engine import group_topk
-from mieb_ray.retrieval.groupmax import merge_topk, normalize, rank_of, ranked
+from mieb_ray.topk.groupmax import merge_topk, normalize, rank_of, ranked
 from mieb_ray.topk.kernels import CandidateMax, Candidates, TopK, build_partition, split
 
 

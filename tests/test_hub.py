@@ -128,7 +128,7 @@ def test_an_embed_through_an_outage_that_outlasts_the_local_retries_is_retried_b
 def test_an_audit_against_a_table_on_the_hub_through_an_outage_is_retried_by_ray(ray_local, hub, tmp_path):
     import pyarrow.parquet as pq
 
-    from mieb_ray.pipelines.audit import AuditConfig, audit
+    from mieb_ray.audit.job import AuditConfig, audit
 
     path = _pictures_on_the_hub(tmp_path / "hub")
     train = str(tmp_path / "hub" / path)  # the same images: every row is an exact duplicate

@@ -10,11 +10,11 @@ import tarfile
 import pyarrow.parquet as pq
 import pytest
 
-from mieb_ray import preflight
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.io import formats
+from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, WEBDATASET, by_slug, select
 

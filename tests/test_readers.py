@@ -14,7 +14,7 @@ from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import SCIMMIR_NO_CAPTION, hub_names, label_of, make_mirror
 from mieb_ray.io import readers
-from mieb_ray.shard_builder import ShardBuilder
+from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.sources import by_slug
 
 

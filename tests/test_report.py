@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mieb_ray.retrieval.report import PALETTE, THUMB_PX, render
+from mieb_ray.evals.biovita_report import render
+from mieb_ray.page import PALETTE, THUMB_PX
 
 FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
 NASTY = "O'Brien's \"<script>alert(1)</script>\" warbler"

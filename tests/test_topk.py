@@ -14,11 +14,22 @@ import ray
 from numerics import assert_topk_close, lattice_vectors
 
 from mieb_ray.io import embeddings
-from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.runtime import tasks
 from mieb_ray.topk import engine
-from mieb_ray.topk.kernels import (Candidates, CandidateMax, PoolMask, TopK, TopRows, batches, build_partition,
-                                   group_maxima, index_of, split, top_rows)
+from mieb_ray.topk.groupmax import normalize
+from mieb_ray.topk.kernels import (
+    CandidateMax,
+    Candidates,
+    PoolMask,
+    TopK,
+    TopRows,
+    batches,
+    build_partition,
+    group_maxima,
+    index_of,
+    split,
+    top_rows,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

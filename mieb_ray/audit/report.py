@@ -10,8 +10,8 @@ from __future__ import annotations
 from html import escape
 
 from mieb_ray.audit.matches import METHODS
-from mieb_ray.retrieval.report import CSS as BASE_CSS
-from mieb_ray.retrieval.report import thumbnail
+from mieb_ray.page import CSS as BASE_CSS
+from mieb_ray.page import thumbnail
 
 __all__ = ["render", "thumbnail"]
 

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 
 from PIL import ExifTags, Image
 
-from mieb_ray.encode.preprocess import MAX_PIXELS, ImageSpec, load_images, resize_output_size
+from mieb_ray.encode.preprocess import (
+    MAX_PIXELS,
+    ImageSpec,
+    load_images,
+    resize_output_size,
+)
+from mieb_ray.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -112,8 +118,6 @@ class DeviceDecoder:
                  strict: bool = True):
         reason = device_decode_available(device)
         if reason is not None and strict:
-            from mieb_ray.errors import UserError
-
             raise UserError(f"--decode gpu cannot decode on {device}: {reason}; use --decode cpu")
         self.spec, self.device, self.max_pixels, self.batch = spec, device, max_pixels, batch
         self.on_device = reason is None

@@ -30,6 +30,7 @@ import numpy as np
 
 from mieb_ray import storage
 from mieb_ray.encode import families
+from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.errors import UserError
 
 if TYPE_CHECKING:
@@ -208,8 +209,6 @@ def load_info(path: str, name: str, revision: str | None, modality: str = "image
 def _image_config(path: str, shown: str, required: bool) -> dict | None:
     """The image processor's settings (families.image_config), checked against what preprocess can reproduce
     when images are to be embedded; None for a model without an image processor."""
-    from mieb_ray.encode.preprocess import ImageSpec
-
     if not any(os.path.exists(os.path.join(path, f)) for f in ("preprocessor_config.json", "processor_config.json")):
         return None
     try:

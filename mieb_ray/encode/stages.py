@@ -17,8 +17,11 @@ import json
 
 import numpy as np
 
-from mieb_ray.runtime.output import Progress
+from mieb_ray.encode.gpu_decode import DeviceDecoder
+from mieb_ray.encode.model import Encoder, load_info, resolve
+from mieb_ray.encode.preprocess import ImageSpec, load_images, normalize
 from mieb_ray.io import embeddings, tables
+from mieb_ray.runtime.output import Progress
 
 
 def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, modality: str,
@@ -33,8 +36,6 @@ def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, m
         modality = "bytes"  # decoded by the encoder, on its device
         images = np.empty(n, dtype=object)
     elif modality == "image":
-        from mieb_ray.encode.preprocess import ImageSpec, load_images
-
         spec_ = ImageSpec(**spec)
         pixels = np.zeros((n, spec_.height, spec_.width, 3), np.uint8)  # filled in place: no concatenation
     else:
@@ -75,8 +76,6 @@ class EncodeStage:
                  batch_size: int, device: str | None, threads: int, decode: str = "cpu", strict: bool = True):
         import torch
 
-        from mieb_ray.encode.model import Encoder, load_info, resolve
-
         torch.set_num_threads(max(1, threads))
         path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
@@ -84,9 +83,6 @@ class EncodeStage:
         self.on_rows = None  # in-process runs: called with the rows of each model call, for progress lines
         self.decoder = None
         if modality == "image" and decode == "gpu":
-            from mieb_ray.encode.gpu_decode import DeviceDecoder
-            from mieb_ray.encode.preprocess import ImageSpec
-
             self.decoder = DeviceDecoder(ImageSpec(**spec), str(self.encoder.device), strict=strict)
 
     def __call__(self, batch: dict) -> dict:
@@ -109,8 +105,6 @@ class EncodeStage:
         if self.modality == "text":
             return self.encoder.encode_texts([str(t) for t in data])
         import torch
-
-        from mieb_ray.encode.preprocess import ImageSpec, normalize
 
         pixels = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(data))
         pixels = pixels.to(self.encoder.device)

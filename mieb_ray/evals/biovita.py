@@ -21,13 +21,14 @@ import pyarrow.parquet as pq
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
+from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals import protocol
+from mieb_ray.evals.biovita_report import render
 from mieb_ray.evals.protocol import EmbedInputs
 from mieb_ray.io import embeddings
-from mieb_ray.retrieval import biovita
-from mieb_ray.retrieval.groupmax import NEG, rank_of, ranked
 from mieb_ray.runtime import tasks
 from mieb_ray.topk import engine
+from mieb_ray.topk.groupmax import NEG, rank_of, ranked
 from mieb_ray.topk.kernels import CandidateMax, Candidates
 
 K_VALUES = (1, 5, 10)
@@ -268,8 +269,6 @@ def _write_ranks(out: str, rows: list[dict]) -> None:
 def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
     """The report's gallery: per subset the first queries' top-5 taxa, each with its best photo in the query's
     pool (the doc CandidateMax found; smallest doc on ties), read by one small task per subset."""
-    from mieb_ray.retrieval.report import render
-
     cards, photo_refs = [], {}
     for name, q in queries.items():
         best, docs, ranks = tops[name]

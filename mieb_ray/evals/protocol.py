@@ -20,6 +20,7 @@ import numpy as np
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
+from mieb_ray.pipelines.embed import embed_table
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.topk import engine
 
@@ -95,25 +96,9 @@ def placement_of(requested: str, images: str, texts: str) -> placement.Placement
     return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings")
 
 
-def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
-                **pools) -> str:
-    """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output already complete
-    there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
-    from mieb_ray.pipelines.embed import EmbedConfig, embed as run_embed
-
-    done = storage.read_manifest(target) or {}
-    config = done.get("config") if isinstance(done.get("config"), dict) else {}
-    if embeddings.manifest_model(done).get("name") == model and config.get("input") == storage.display(source):
-        log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
-        return target
-    run_embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
-                          overwrite=True, **pools), log=log)
-    return target
-
-
 def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:
-    """Embed the suite's images and texts into OUT/embeddings/{images,texts} (embed_table). pools: the embed
-    job's workers, gpus_per_worker, cpus_per_worker."""
+    """Embed the suite's images and texts into OUT/embeddings/{images,texts} (embed_table: complete embeddings of
+    the same model and input are reused). pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
     return (embed_table(inputs.images, inputs.image_key, storage.join(root, "images"), model, revision, "image",

@@ -25,10 +25,18 @@ import pyarrow.parquet as pq
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals.protocol import EmbedInputs, task_result, text_vectors
-from mieb_ray.evals.zeroshot_scoring import PROMPT_SETS, ClassArgmax, TaskPrompts, metrics
+from mieb_ray.evals.zeroshot_report import render
+from mieb_ray.evals.zeroshot_scoring import (
+    PROMPT_SETS,
+    ClassArgmax,
+    TaskPrompts,
+    metrics,
+)
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, readers
+from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
+from mieb_ray.sources import by_slug
 from mieb_ray.topk import engine
 
 UNIT_ROWS = 50_000  # eval-split rows per label-reading task
@@ -54,8 +62,6 @@ class Planned:
 @tasks.remote(num_cpus=1)
 def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
     """(index, label) of one read unit's rows; a missing label is -1."""
-    from mieb_ray.sources import by_slug
-
     source, unit = by_slug(slug), readers.Unit.from_json(unit_json)
     index, label = [], []
     for _, chunk in readers.read_unit(source, unit):
@@ -109,8 +115,6 @@ def _image_block(uris: list[str], prefixes: list[str]):
 @tasks.remote(num_cpus=1)
 def _images(slug: str, units: list[str], wanted: list[int]) -> dict[int, bytes | None]:
     """Image bytes of a few rows of an eval split (for the report's gallery)."""
-    from mieb_ray.sources import by_slug
-
     source, want, out = by_slug(slug), set(wanted), {}
     for unit_json in units:
         unit = readers.Unit.from_json(unit_json)
@@ -175,8 +179,6 @@ class ZeroShotSuite:
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The eval splits built into OUT/eval-data/<id> by the build job (reused when complete), the prompts
         into a table keyed by their text."""
-        from mieb_ray.pipelines.build import build_eval_splits
-
         data_out = build_eval_splits(self.data, out, log, [t.slug for t in self.tasks])
         prompts = self.prompts()
         digest = hashlib.sha256("\0".join(prompts).encode()).hexdigest()[:12]
@@ -283,8 +285,6 @@ class ZeroShotSuite:
 
     def write(self, out: str, results: dict[str, dict], pending: _Pending, log) -> tuple[list[str], dict]:
         import json
-
-        from mieb_ray.evals.zeroshot_report import render
 
         rows = []
         for p in pending.planned:

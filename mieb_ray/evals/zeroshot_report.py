@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from html import escape
 
-from mieb_ray.retrieval.report import CSS as BASE_CSS
-from mieb_ray.retrieval.report import PALETTE, _duration, thumbnail
+from mieb_ray.page import CSS as BASE_CSS
+from mieb_ray.page import PALETTE, duration, thumbnail
 
 DASH = "\u2013"  # a missing or non-finite value
 SETS = (("mteb", "mteb prompts", PALETTE[1]), ("fixed", "fixed prompts", PALETTE[0]))
@@ -168,7 +168,7 @@ def _num(v) -> float | None:
 
 def _secs(v) -> str:
     v = _num(v)
-    return DASH if v is None else _duration(v)
+    return DASH if v is None else duration(v)
 
 
 def _pct(v) -> str:

@@ -16,27 +16,28 @@ manifest  driver, last: built from the units' results (runtime/job.py)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-import dataclasses
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, preflight, storage
+from mieb_ray import __version__, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import readers
+from mieb_ray.pipelines import preflight
+from mieb_ray.pipelines.shard_builder import ShardBuilder, unit_name
 from mieb_ray.runtime import placement
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import cpu_pool
 from mieb_ray.runtime.units import Stage
-from mieb_ray.shard_builder import ShardBuilder, unit_name
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
 FORMAT = "mieb-train"

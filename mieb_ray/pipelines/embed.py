@@ -127,6 +127,20 @@ def embed(config: EmbedConfig, log=print) -> dict:
     return _manifest(config, plan, [results[n] for n in sorted(results)], job, where.mode, log)
 
 
+def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
+                **pools) -> str:
+    """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output already complete
+    there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
+    done = storage.read_manifest(target) or {}
+    config = done.get("config") if isinstance(done.get("config"), dict) else {}
+    if embeddings.manifest_model(done).get("name") == model and config.get("input") == storage.display(source):
+        log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
+        return target
+    embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
+               overwrite=True, **pools), log=log)
+    return target
+
+
 def placement_of(config: EmbedConfig) -> placement.Placement:
     """Where the job runs (runtime/placement.py): under auto, in this process on a machine alone without a GPU
     when no pool was asked for; a laptop's CPU encoder waits on its model, so Ray's parallel decode buys

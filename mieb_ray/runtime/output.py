@@ -22,7 +22,6 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 
 
-
 @contextlib.contextmanager
 def no_empty_folder_on_failure(out: str | None):
     """A run that fails leaves no folder behind that it made and wrote nothing into (a local `out`, or the

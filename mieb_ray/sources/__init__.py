@@ -5,7 +5,15 @@ from __future__ import annotations
 from importlib import resources
 
 from mieb_ray.errors import UserError
-from mieb_ray.sources.catalog import EVAL_TOTAL_ROWS, PARQUET, SOURCES, TOTAL_ROWS, WEBDATASET, Source
+from mieb_ray.sources.catalog import (
+    EVAL_TOTAL_ROWS,
+    HUB,
+    PARQUET,
+    SOURCES,
+    TOTAL_ROWS,
+    WEBDATASET,
+    Source,
+)
 
 __all__ = ["EVAL_TOTAL_ROWS", "PARQUET", "SOURCES", "TOTAL_ROWS", "WEBDATASET", "Source", "by_slug", "select",
            "read_labels", "hub_labels", "expected_names", "UnknownDatasetError"]
@@ -54,6 +62,4 @@ def hub_labels(slug: str) -> list[str] | None:
 
 def expected_names(source: Source) -> list[str]:
     """The class list the catalog expects of a source: its hub list for `hub` names, else its own labels file."""
-    from mieb_ray.sources.catalog import HUB
-
     return (hub_labels(source.slug) or []) if source.names == HUB else read_labels(source.names)

@@ -40,8 +40,8 @@ import pyarrow.compute as pc
 
 from mieb_ray import storage
 from mieb_ray.io import embeddings
-from mieb_ray.retrieval.groupmax import normalize
 from mieb_ray.runtime import tasks
+from mieb_ray.topk.groupmax import normalize
 from mieb_ray.topk.kernels import TopK, batches, build_partition, split
 
 MAP_BYTES = 512 << 20  # shard bytes one map task reads

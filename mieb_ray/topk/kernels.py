@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mieb_ray.retrieval.groupmax import NEG, merge_topk, topk_of
+from mieb_ray.topk.groupmax import NEG, merge_topk, topk_of
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from mieb_ray import storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import formats, readers
-from mieb_ray.sources import PARQUET, Source, expected_names
+from mieb_ray.sources import PARQUET, Source, expected_names, select
 from mieb_ray.sources.catalog import HUB
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -232,8 +232,6 @@ def error(rows: list[Row]) -> str:
 def run(sources: str, datasets: str | list[str] | None = None, split: str = "train", count: bool = True,
         compare_rows: bool = True, log=print) -> list[Row]:
     """check-sources: print the table; a UserError (exit 1) when any source fails."""
-    from mieb_ray.sources import select
-
     selected = select(datasets)
     rows = check_sources(selected, sources, split, count, None if compare_rows else {s.slug: None for s in selected})
     log(render(rows))

@@ -23,9 +23,9 @@ from mieb_ray import storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.io.readers import SourceError, Unit, read_unit
 from mieb_ray.io.writers import WRITERS
+from mieb_ray.mieb_train import train_rows
 from mieb_ray.runtime.output import Progress
 from mieb_ray.sources import by_slug
-from mieb_ray.table import train_rows
 
 
 def shard_path(slug: str, shard: int, suffix: str) -> str:

@@ -28,9 +28,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import __version__, storage
-from mieb_ray.audit import matches
+from mieb_ray.audit import matches, report
+from mieb_ray.audit.report import thumbnail
 from mieb_ray.errors import UserError
+from mieb_ray.evals import biovita_data as biovita
+from mieb_ray.evals.zeroshot_tasks import TASKS
 from mieb_ray.io import embeddings, tables
+from mieb_ray.pipelines.build import build_eval_splits
+from mieb_ray.pipelines.embed import embed_table, table_units
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.output import Progress
@@ -88,8 +93,6 @@ class AuditConfig:
 
 def task_names() -> dict[str, str]:
     """Source slug -> the MIEB task(s) its eval split serves."""
-    from mieb_ray.evals.zeroshot_tasks import TASKS
-
     return {t.slug: t.name for t in TASKS} | {"scimmir": "SciMMIRI2TRetrieval/SciMMIRT2IRetrieval"}
 
 
@@ -107,8 +110,6 @@ class Side:
 
     def plan(self) -> list[tuple[int, tables.Unit]]:
         """(table number, unit) of every table, in order."""
-        from mieb_ray.pipelines.embed import table_units
-
         units = []
         for n, uri in enumerate(self.uris):
             fmt, files = tables.input_files(uri)
@@ -168,9 +169,6 @@ def _table_bytes(uri: str) -> int:
 def _against(config: AuditConfig, log) -> Side:
     if config.against != (MIEB,):
         return Side("against", config.against, tuple(u.rstrip("/").rsplit("/", 1)[-1] for u in config.against))
-    from mieb_ray.pipelines.build import build_eval_splits
-    from mieb_ray.retrieval import biovita
-
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
     slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
@@ -286,8 +284,6 @@ def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
 def _embeddings(config: AuditConfig, train: Side, against: Side, log) -> tuple[str, list[str]]:
     if config.train_embeddings:
         return config.train_embeddings, [config.against_embeddings]
-    from mieb_ray.evals.protocol import embed_table
-
     # images that do not decode are the audit's error rows already: they must not stop the embedding
     pools = dict(workers=config.workers, gpus_per_worker=config.gpus_per_worker,
                  cpus_per_worker=config.cpus_per_worker, max_error_rate=1.0)
@@ -384,8 +380,6 @@ def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tupl
 
 
 def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, log) -> dict:
-    from mieb_ray.audit import report
-
     eval_rows, train_rows = {}, {}
     for r in results["against"]:
         for task, n in r["tasks"].items():
@@ -422,8 +416,6 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
 
 @tasks.remote(num_cpus=1)
 def _thumbnails(unit: tables.Unit, columns: tables.Columns, rows: list[int]) -> dict[int, str | None]:
-    from mieb_ray.audit.report import thumbnail
-
     want, out, at = set(rows), {}, 0
     for chunk in tables.read_unit(unit, columns, "image"):
         for image in chunk["image"]:

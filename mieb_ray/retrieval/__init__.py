@@ -1,1 +1,0 @@
-"""BioVITA text-to-image taxon retrieval: the benchmark's data, group-max scoring and metrics (no Ray here)."""
