@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python jobs/eval_biovita.py --data hf --image-embeddings ... --out ...`
+"""`ray job submit --working-dir . -- python jobs/eval_biovita.py --sources hf --image-embeddings ... --out ...`
 
 The eval job as a Ray job entrypoint: the same flags as `mieb-ray eval-biovita`. It joins the cluster it
 was submitted to (RAY_ADDRESS), prints progress and a summary line, and exits non-zero on failure.

@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python jobs/eval_zeroshot.py --data hf --model ... --out ...`
+"""`ray job submit --working-dir . -- python jobs/eval_zeroshot.py --sources hf --model ... --out ...`
 
 The zero-shot eval job as a Ray job entrypoint: the same flags as `mieb-ray eval-zeroshot`. It joins the
 cluster it was submitted to (RAY_ADDRESS), prints progress and a summary line, and exits non-zero on failure.

@@ -1,5 +1,5 @@
-"""`mieb-ray build | check-sources | embed | eval-biovita | eval-zeroshot | audit | demo`: parse flags, connect to
-Ray, call a pipeline. No logic of its own."""
+"""`mieb-ray build | check-sources | embed | eval | eval-biovita | eval-zeroshot | audit | demo`: parse flags, say
+where Ray is, call a job. No logic of its own."""
 
 from __future__ import annotations
 
@@ -7,13 +7,9 @@ import argparse
 import signal
 import sys
 
-from mieb_ray import storage
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
-from mieb_ray.errors import UserError, find_user_error
-from mieb_ray.evals import protocol
-from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
-from mieb_ray.evals.zeroshot import ZeroShotSuite
-from mieb_ray.evals.zeroshot_tasks import select_tasks
+from mieb_ray.errors import find_user_error
+from mieb_ray.evals import registry
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
@@ -22,10 +18,15 @@ from mieb_ray.runtime.output import no_empty_folder_on_failure
 from mieb_ray.sources import select
 
 
+def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("--sources", "--data", dest="sources", default="hf",
+                   help=f"{what}'hf' for the Hugging Face hub at the pinned revisions (default), or a mirror of it: a "
+                        "root (local path or s3://bucket/prefix) holding <org>/<repo>/ folders as the hub's "
+                        "`--local-dir` downloads make them; --data is the same flag")
+
+
 def add_build_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sources", default="hf",
-                   help="mirror root (local path or s3://bucket/prefix) holding <org>/<repo>/ folders, or 'hf' for "
-                        "the Hugging Face hub at the pinned revisions (default: hf)")
+    add_sources_flag(p)
     p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
     p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: every catalog source)")
     p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"])
@@ -41,7 +42,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an unfinished run: skip the units it built (same settings)")
-    p.add_argument("--check-counts", dest="verify_counts", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=None,
                    help="fail unless each dataset has its catalog row count (default: on for --sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
                    help="fail when more than this fraction of rows cannot be built (default: 0.001)")
@@ -59,7 +60,7 @@ def _interrupt(signum, frame):
 def run_build(args: argparse.Namespace) -> None:
     config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
-                         verify_counts=args.verify_counts, max_error_rate=args.max_error_rate, workers=args.workers,
+                         check_counts=args.check_counts, max_error_rate=args.max_error_rate, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude,
                          executor=args.executor)
     config.check()
@@ -69,17 +70,17 @@ def run_build(args: argparse.Namespace) -> None:
 
 
 def add_check_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sources", default="hf", help="'hf' or a mirror root, as for build --sources (default: hf)")
+    add_sources_flag(p)
     p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: all)")
     p.add_argument("--split", default="train", choices=["train", "eval"],
                    help="the split to check, as for build --split (default: train)")
-    p.add_argument("--check-counts", dest="verify_counts", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=True,
                    help="fail when a source's rows differ from the catalog's (default: on; off for a mirror of "
                         "samples)")
 
 
 def run_check(args: argparse.Namespace) -> None:
-    preflight.run(args.sources, args.datasets, split=args.split, compare_rows=args.verify_counts)
+    preflight.run(args.sources, args.datasets, split=args.split, check_counts=args.check_counts)
 
 
 def add_embed_flags(p: argparse.ArgumentParser) -> None:
@@ -123,22 +124,32 @@ def run_embed(args: argparse.Namespace) -> None:
     embed(config)
 
 
-def add_eval_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="hf",
-                   help="'hf' for myang333/BioVITAT2IRetrieval at the pinned revision, or a mirror root (local or "
-                        "s3://) holding myang333/BioVITAT2IRetrieval/ (default: hf)")
-    p.add_argument("--image-embeddings", help="embed output of the corpus images, keyed by corpus id")
-    p.add_argument("--text-embeddings", help="embed output of the query texts, keyed by the text itself")
-    p.add_argument("--model", help="instead of the two embedding flags: embed corpus and queries with this model first")
+def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...]) -> None:
+    """The flags of `eval`, and of `eval-biovita` and `eval-zeroshot`: the same command limited to their tasks."""
+    names = [n for suite in within for n in suite.tasks]
+    if len(names) > 1:
+        p.add_argument("--tasks", default=registry.ALL,
+                       help=f"comma-separated mteb task names, or {registry.ALL} (default): "
+                            + ", ".join(names[:3]) + ", ...")
+    add_sources_flag(p, "where the tasks' data is read: ")
+    p.add_argument("--image-embeddings",
+                   help="embed output of the eval images, keyed by BioVITA's corpus id and, for the zero-shot tasks, "
+                        "<slug>/<split>/<index> (what build --split eval writes)")
+    p.add_argument("--text-embeddings", help="embed output of the query texts and prompts, keyed by the text itself")
+    p.add_argument("--model", help="instead of the two embedding flags: embed what the tasks need with this model "
+                                   "first (complete embeddings of the same model and input are reused)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--out", required=True, help="output folder: results JSON, per-query ranks, report.html")
-    p.add_argument("--query-block", type=int, default=256, help="queries per scoring task (default: 256)")
-    p.add_argument("--partitions", type=int, default=None,
-                   help="taxon-aligned corpus partitions, each scored by its own tasks (default: one per 256 MB "
-                        "of image embeddings)")
+    p.add_argument("--out", required=True, help="output folder: <Task>.json per task (mteb's TaskResult layout), "
+                                                "report.html, per-query ranks or predictions")
+    if any(suite.name == "biovita" for suite in within):
+        p.add_argument("--query-block", type=int, default=256, help="BioVITA queries per scoring task (default: 256)")
+        p.add_argument("--partitions", type=int, default=None,
+                       help="BioVITA's taxon-aligned corpus partitions, each scored by its own tasks (default: one "
+                            "per 256 MB of image embeddings)")
     add_mixed_models_flag(p)
     add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
+    p.set_defaults(run=run_eval, within=within)
 
 
 def add_executor_flag(p: argparse.ArgumentParser) -> None:
@@ -167,53 +178,14 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    _embedding_flags(args)
+    selected = registry.select(getattr(args, "tasks", None), args.within)  # unknown names fail before Ray starts
+    options = registry.Options(args.sources, getattr(args, "query_block", 256), getattr(args, "partitions", None))
     cluster.configure(args.address)
-    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
-                 executor=args.executor)
-    images, texts = (embed_biovita(args.data, args.model, args.revision, args.out, **pools) if args.model
-                     else (args.image_embeddings, args.text_embeddings))
-    evaluate(EvalConfig(args.data, images, texts, args.out, query_block=args.query_block,
-                        partitions=args.partitions, allow_mixed_models=args.allow_mixed_models,
-                        executor=args.executor))
-
-
-def add_zeroshot_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated mteb task names (default: all 22, e.g. CIFAR100ZeroShot,RenderedSST2)")
-    p.add_argument("--data", default="hf",
-                   help="'hf' for the tasks' repos at the pinned revisions, or a mirror root (local or s3://) holding "
-                        "<org>/<repo>/ folders, as for build --sources (default: hf)")
-    p.add_argument("--image-embeddings", help="embed output of the eval images, keyed <slug>/<split>/<index>")
-    p.add_argument("--text-embeddings",
-                   help="embed output of the prompts (mteb's and the fixed ones), keyed by the text")
-    p.add_argument("--model", help="instead of the two embedding flags: build the eval splits and embed them and the "
-                                   "prompts with this model first (complete embeddings of the same model are reused)")
-    p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--out", required=True, help="output folder: <Task>.json per task, summary.json, report.html")
-    add_mixed_models_flag(p)
-    add_executor_flag(p)
-    add_pool_flags(p, "with --model: ")
-
-
-def _embedding_flags(args: argparse.Namespace) -> None:
-    if bool(args.model) == bool(args.image_embeddings or args.text_embeddings):
-        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
-    if not args.model and not (args.image_embeddings and args.text_embeddings):
-        raise UserError("--image-embeddings and --text-embeddings go together")
-
-
-def run_zeroshot(args: argparse.Namespace) -> None:
-    _embedding_flags(args)
-    suite = ZeroShotSuite(select_tasks(args.tasks), args.data)  # an unknown task fails here, before Ray starts
-    storage.check_output(args.out)
-    cluster.configure(args.address)
-    pools = dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
-                 executor=args.executor)
-    images, texts = (protocol.embed(suite, args.out, args.model, args.revision, **pools) if args.model
-                     else (args.image_embeddings, args.text_embeddings))
-    protocol.run(suite, args.out, images, texts, allow_mixed_models=args.allow_mixed_models,
-                 executor_name=args.executor)
+    registry.evaluate_tasks(selected, options, args.out, model=args.model, revision=args.revision,
+                            images=args.image_embeddings, texts=args.text_embeddings,
+                            allow_mixed_models=args.allow_mixed_models, executor=args.executor,
+                            workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+                            cpus_per_worker=args.cpus_per_worker)
 
 
 def add_audit_flags(p: argparse.ArgumentParser) -> None:
@@ -222,8 +194,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", required=True,
                    help="'mieb' for the MIEB eval splits of the sources (read from --data), or comma-separated "
                         "tables with key and image; a table's eval task is the last component of its path")
-    p.add_argument("--data", default="hf",
-                   help="with --against mieb: 'hf' or a mirror root, as for build --sources (default: hf)")
+    add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
     p.add_argument("--out", required=True,
                    help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")
     p.add_argument("--model", help="find near-duplicates too: embed both sides with this CLIP model first "
@@ -242,7 +213,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_audit(args: argparse.Namespace) -> None:
-    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, data=args.data,
+    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, data=args.sources,
                          model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
                          against_embeddings=args.against_embeddings,
                          threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
@@ -285,13 +256,12 @@ def parser() -> argparse.ArgumentParser:
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
-    v = command("eval-biovita", help="score embeddings on BioVITA text-to-image taxon retrieval")
-    add_eval_flags(v)
-    v.set_defaults(run=run_eval)
-    z = command("eval-zeroshot", help="score embeddings on the 22 MIEB zero-shot classification tasks, with "
-                                      "mteb's prompts and with fixed ones")
-    add_zeroshot_flags(z)
-    z.set_defaults(run=run_zeroshot)
+    biovita, zeroshot = registry.SUITES
+    add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA and the 22 zero-shot "
+                                        "classification tasks), equal to mteb's scores"), registry.SUITES)
+    add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
+    add_eval_flags(command("eval-zeroshot", help="eval limited to the 22 MIEB zero-shot classification tasks, with "
+                                                 "mteb's prompts and with fixed ones"), (zeroshot,))
     a = command("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
     add_audit_flags(a)
     a.set_defaults(run=run_audit)

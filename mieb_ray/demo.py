@@ -6,9 +6,7 @@ import os
 import time
 
 from mieb_ray import storage
-from mieb_ray.evals import protocol
-from mieb_ray.evals.biovita import EvalConfig, embed_biovita, evaluate
-from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals import registry
 from mieb_ray.evals.zeroshot_tasks import select_tasks
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
@@ -17,6 +15,7 @@ from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
 
 ZEROSHOT_TASK, ZEROSHOT_ROWS = "CIFAR10ZeroShot", 100  # one zero-shot task, on 100 test images of the mirror
+TASKS = f"BioVITAT2IReranking,{ZEROSHOT_TASK}"
 
 
 def demo(out: str, rows: int = 40, log=print) -> dict:
@@ -24,8 +23,9 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
     mirror, train, model = (os.path.join(out, d) for d in ("mirror", "mieb-train", "tiny-clip"))
     t0 = time.time()
     written = make_mirror(mirror, rows=rows, eval_rows={select_tasks(ZEROSHOT_TASK)[0].slug: ZEROSHOT_ROWS})
-    log(f"[demo] fixture mirror of {len(written)} sources ({sum(written.values()):,} rows, the hub's layout) "
-        f"in {time.time() - t0:.1f}s: {mirror}")
+    make_biovita_mirror(mirror)
+    log(f"[demo] fixture mirror of the {len(written)} sources ({sum(written.values()):,} rows) and of a BioVITA-shaped "
+        f"benchmark, in the hub's layout, from real pictures, in {time.time() - t0:.1f}s: {mirror}")
     built = build(BuildConfig(mirror, train, rows_per_shard=rows // 2, overwrite=True), log=log)
     make_tiny_clip(model)
     log(f"[demo] a tiny random CLIP saved with save_pretrained: {model}")
@@ -34,14 +34,9 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
         target = os.path.join(out, f"embeddings-{modality}")
         outputs[target] = embed(EmbedConfig(train, target, model, modality=modality, carry_columns=("dataset_name",),
                                             overwrite=True), log=log)
-    biovita, scored = os.path.join(out, "biovita"), os.path.join(out, "biovita-eval")
-    make_biovita_mirror(biovita)
-    log(f"[demo] a BioVITA-shaped benchmark (hub layout, real pictures): {biovita}")
-    images, texts = embed_biovita(biovita, model, None, scored, log=log)
-    outputs[scored] = evaluate(EvalConfig(biovita, images, texts, scored), log=log)
-    zeroshot, suite = os.path.join(out, "zeroshot-eval"), ZeroShotSuite(select_tasks(ZEROSHOT_TASK), mirror)
-    images, texts = protocol.embed(suite, zeroshot, model, None, log=log)
-    outputs[zeroshot] = protocol.run(suite, zeroshot, images, texts, log=log)[ZEROSHOT_TASK]
+    evaluated = os.path.join(out, "eval")
+    outputs[evaluated] = results = registry.evaluate_tasks(registry.select(TASKS), registry.Options(mirror),
+                                                           evaluated, model=model, log=log)
     log("[demo] outputs:")
     log(f"  {train}: {built['counts']['total']:,} rows in {len(built['shards'])} Parquet shards "
         f"(datasets.load_dataset({train!r}, 'cifar100'))")
@@ -50,15 +45,15 @@ def demo(out: str, rows: int = 40, log=print) -> dict:
         m = outputs[target]
         log(f"  {target}: {m['counts']['total']:,} {modality} embeddings (dim {m['dim']}) in {len(m['shards'])} "
             f"Arrow shards, manifest {storage.join(target, storage.MANIFEST)}")
-    result = outputs[scored]
+    result = results["BioVITAT2IReranking"]
     subsets = ", ".join(f"{e['hf_subset']} top-1/5/10 {e['taxon_top_1_accuracy']:.3f}/{e['taxon_top_5_accuracy']:.3f}/"
                         f"{e['taxon_top_10_accuracy']:.3f}" for e in result["scores"]["test"])
-    log(f"  {scored}: BioVITA-shaped scores with the tiny random CLIP (near chance, as it should be): {subsets}; "
-        f"task score {result['mieb_ray']['task_score']:.3f}; report {os.path.join(scored, 'report.html')}")
-    entry = outputs[zeroshot]["scores"]["test"][0]
-    log(f"  {zeroshot}: {ZEROSHOT_TASK} on {ZEROSHOT_ROWS} test images (built with `build --split eval`), "
-        f"accuracy {entry['accuracy']:.3f} with mteb's prompts, "
-        f"{outputs[zeroshot]['mieb_ray']['fixed_prompts']['accuracy']:.3f} with the fixed ones; "
-        f"report {os.path.join(zeroshot, 'report.html')}")
+    log(f"  {evaluated}/biovita: BioVITA-shaped scores with the tiny random CLIP (near chance, as it should be): "
+        f"{subsets}; task score {result['mieb_ray']['task_score']:.3f}; report {evaluated}/biovita/report.html")
+    zeroshot = results[ZEROSHOT_TASK]
+    log(f"  {evaluated}/zeroshot: {ZEROSHOT_TASK} on {ZEROSHOT_ROWS} test images (built with `build --split eval`), "
+        f"accuracy {zeroshot['scores']['test'][0]['accuracy']:.3f} with mteb's prompts, "
+        f"{zeroshot['mieb_ray']['fixed_prompts']['accuracy']:.3f} with the fixed ones; "
+        f"report {evaluated}/zeroshot/report.html")
     log(f"[demo] done in {time.time() - t0:.0f}s")
     return outputs

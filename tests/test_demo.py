@@ -32,11 +32,13 @@ def test_the_demo_command_builds_embeds_and_scores(tmp_path):
     assert len(placed) == 10 and all(" in this process (" in line and line.endswith("Ray not started)")
                                     for line in placed), placed
     assert any(line.startswith("[demo] outputs:") for line in lines)
-    scored = read(out / "biovita-eval" / "BioVITAT2IReranking.json")
+    # one eval command, two suites: each in its folder, the folders listed by the manifest written last
+    assert read(out / "eval" / "_manifest.json")["suites"] == {"biovita": "biovita", "zeroshot": "zeroshot"}
+    scored = read(out / "eval" / "biovita" / "BioVITAT2IReranking.json")
     assert 0 <= scored["mieb_ray"]["task_score"] <= 1
-    assert os.path.exists(out / "biovita-eval" / "report.html")
-    zeroshot = read(out / "zeroshot-eval" / "CIFAR10ZeroShot.json")
+    assert os.path.exists(out / "eval" / "biovita" / "report.html")
+    zeroshot = read(out / "eval" / "zeroshot" / "CIFAR10ZeroShot.json")
     assert 0 <= zeroshot["scores"]["test"][0]["accuracy"] <= 1
     assert 0 <= zeroshot["mieb_ray"]["fixed_prompts"]["accuracy"] <= 1
-    assert os.path.exists(out / "zeroshot-eval" / "report.html")
+    assert os.path.exists(out / "eval" / "zeroshot" / "report.html")
     assert any("CIFAR10ZeroShot on 100 test images" in line for line in lines)

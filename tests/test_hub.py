@@ -56,7 +56,7 @@ def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hu
                   log=lambda _: None)
     log = hub(root=root, every=3)  # every 3rd request of each process: 429, timeout, truncated range, reset, 503
     faulty = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=DATASETS, rows_per_shard=5,
-                               verify_counts=False), log=lambda _: None)
+                               check_counts=False), log=lambda _: None)
     assert shards(faulty) == shards(clean) and faulty["counts"]["datasets"] == clean["counts"]["datasets"]
     faults = [line.split() for line in open(log)]
     kinds = {kind for _, kind, _ in faults}
@@ -71,7 +71,7 @@ def test_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, 
     # in each worker, the first 6 requests for that file fail: as many as the local tries
     log = hub(root=root, flaky={"train-00000-of": int(os.environ.get(hubfs.ENV_RETRIES) or hubfs.DEFAULT_TRIES)},
               calm_pid=os.getpid())
-    out = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=["cifar10"], rows_per_shard=5, verify_counts=False),
+    out = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=["cifar10"], rows_per_shard=5, check_counts=False),
                 log=lambda _: None)
     assert shards(out) == shards(clean)
     assert [line.split()[1] for line in open(log)].count("flaky") >= hubfs.DEFAULT_TRIES

@@ -173,7 +173,7 @@ def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
     result = json.loads(open(os.path.join(out, "RenderedSST2.json")).read())
     assert 0 <= result["scores"]["test"][0]["main_score"] <= 1
     assert main(["eval-zeroshot", "--tasks", "Nope", "--data", data, "--out", out, "--model", "x"]) == 1
-    assert "unknown zero-shot task 'Nope'; valid:" in capsys.readouterr().err
+    assert "unknown eval task 'Nope'; valid: all, BirdsnapZeroShot" in capsys.readouterr().err
     # a rerun replaces the outputs whole
     assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
                  "--text-embeddings", texts, "--out", out]) == 0

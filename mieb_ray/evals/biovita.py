@@ -37,7 +37,7 @@ RESULTS_FILE = f"{biovita.TASK}.json"
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """One eval-biovita job's settings."""
+    """One eval-biovita job's settings (evaluate): the suite's, the embeddings and where to write."""
 
     data: str  # "hf" or a mirror root
     image_embeddings: str  # embed output of the corpus photos, keyed by corpus id
@@ -138,15 +138,19 @@ class BioVITASuite:
 
     kind = "mieb-biovita-eval"
 
-    def __init__(self, config: EvalConfig):
-        self.config = config
+    def __init__(self, data: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,
+                 partitions: int | None = None, gallery: int = 12):
+        """data: "hf" or a mirror root; query_block: queries per score task; partitions: taxon-aligned corpus
+        partitions (None: the engine's default); gallery: query cards per subset in the report."""
+        self.data, self.subsets, self.query_block, self.partitions = data, subsets, query_block, partitions
+        self.gallery = gallery
 
     def task_names(self) -> list[str]:
         return [biovita.TASK]
 
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The corpus photos (keyed by id) and the distinct query texts, written to a table keyed by the text."""
-        data = self.config.data
+        data = self.data
         first, *others = biovita.SUBSETS
         corpus = {name: set(biovita.read_corpus(data, name)[0]) for name in biovita.SUBSETS}  # ids only
         for name in others:  # the hub's subsets share one corpus of photos, by id
@@ -160,8 +164,7 @@ class BioVITASuite:
         return EmbedInputs(biovita.corpus_files(data, first)[0].rsplit("/", 1)[0], "id", queries)
 
     def submit(self, images: str, texts: str, log) -> dict[str, _Run]:
-        c = self.config
-        queries = {name: scored_queries(biovita.load_queries(c.data, name)) for name in c.subsets}
+        queries = {name: scored_queries(biovita.load_queries(self.data, name)) for name in self.subsets}
         image_shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
         self.images, self.texts, self.t_score = images, texts, time.time()
         runs = {name: self._submit(q, image_shards, texts) for name, q in queries.items()}
@@ -171,16 +174,15 @@ class BioVITASuite:
         return runs
 
     def _submit(self, q: biovita.Queries, image_shards: list[str], texts: str) -> _Run:
-        c = self.config
         start = time.time() - self.t_score
-        lookup, vocabulary, n_photos = _corpus.remote(c.data, q.name)
-        lay = engine.layout(image_shards, lookup=lookup, partitions=c.partitions)
+        lookup, vocabulary, n_photos = _corpus.remote(self.data, q.name)
+        lay = engine.layout(image_shards, lookup=lookup, partitions=self.partitions)
         n = len(q.query_ids)
-        blocks = [(a, min(a + c.query_block, n)) for a in range(0, n, c.query_block)]
+        blocks = [(a, min(a + self.query_block, n)) for a in range(0, n, self.query_block)]
         vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
             texts, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
         data = _candidates.options(num_returns=len(blocks)).remote(
-            c.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, c.gallery)
+            self.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, self.gallery)
         data = data if len(blocks) > 1 else [data]
         return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
 
@@ -227,7 +229,7 @@ class BioVITASuite:
         models = {k: embeddings.manifest_model(storage.read_manifest(u)) for k, u in (("image", self.images),
                                                                                           ("text", self.texts))}
         result["mieb_ray"] = {
-            "version": __version__, "task_score": task_score, "data": storage.display(self.config.data),
+            "version": __version__, "task_score": task_score, "data": storage.display(self.data),
             "image_embeddings": {"uri": storage.display(self.images), "model": models["image"]},
             "text_embeddings": {"uri": storage.display(self.texts), "model": models["text"]},
             "queries": {n: len(r.queries.query_ids) for n, r in runs.items()},
@@ -238,7 +240,7 @@ class BioVITASuite:
     def write(self, out: str, results: dict[str, dict], runs: dict[str, _Run], log) -> tuple[list[str], dict]:
         _write_ranks(out, self.per_query)
         result = results[biovita.TASK]
-        _write_report(self.config, {n: r.queries for n, r in runs.items()}, self.tops, self.scores, result)
+        _write_report(self, out, {n: r.queries for n, r in runs.items()}, self.tops, self.scores, result)
         return ["ranks.parquet", "report.html"], {"task_score": result["mieb_ray"]["task_score"]}
 
 
@@ -246,7 +248,8 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     """Score the embeddings on the subsets; write results JSON, per-query ranks and the HTML report."""
     t0 = time.time()
     storage.check_output(config.out)
-    result = protocol.run(BioVITASuite(config), config.out, config.image_embeddings, config.text_embeddings,
+    suite = BioVITASuite(config.data, config.subsets, config.query_block, config.partitions, config.gallery)
+    result = protocol.run(suite, config.out, config.image_embeddings, config.text_embeddings,
                           log, config.allow_mixed_models, config.executor)[biovita.TASK]
     log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return result
@@ -256,7 +259,7 @@ def embed_biovita(data: str, model: str, revision: str | None, out: str, log=pri
     """Embed the corpus images (keyed by id) and the distinct query texts (keyed by the text) with the embed
     pipeline, into OUT/embeddings/; an output already complete there for this model is reused. `pools`: the
     embed job's workers, gpus_per_worker, cpus_per_worker."""
-    return protocol.embed(BioVITASuite(EvalConfig(data, "", "", out)), out, model, revision, log, **pools)
+    return protocol.embed(BioVITASuite(data), out, model, revision, log, **pools)
 
 
 def _write_ranks(out: str, rows: list[dict]) -> None:
@@ -266,16 +269,16 @@ def _write_ranks(out: str, rows: list[dict]) -> None:
     storage.commit(local, dest)
 
 
-def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
+def _write_report(suite: BioVITASuite, out: str, queries, tops, scores, result) -> None:
     """The report's gallery: per subset the first queries' top-5 taxa, each with its best photo in the query's
     pool (the doc CandidateMax found; smallest doc on ties), read by one small task per subset."""
     cards, photo_refs = [], {}
     for name, q in queries.items():
         best, docs, ranks = tops[name]
-        shown = min(config.gallery, len(q.query_ids))
+        shown = min(suite.gallery, len(q.query_ids))
         top = ranked(best[:shown], 5)
         wanted = sorted({int(docs[i, p]) for i in range(shown) for p in top[i] if docs[i, p] >= 0})
-        photo_refs[name] = _photos.remote(config.data, name, wanted) if wanted else None
+        photo_refs[name] = _photos.remote(suite.data, name, wanted) if wanted else None
         cards += [(name, i, top[i]) for i in range(shown)]
     photos = {name: tasks.get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
     gallery, images = [], {}
@@ -294,4 +297,4 @@ def _write_report(config: EvalConfig, queries, tops, scores, result) -> None:
     summary = {"task_score": result["mieb_ray"]["task_score"], "evaluation_time": result["evaluation_time"],
                "model": result["mieb_ray"]["image_embeddings"]["model"] or {},
                "subsets": {n: {**s, "queries": len(queries[n].query_ids)} for n, s in scores.items()}}
-    storage.write_bytes(storage.join(config.out, "report.html"), render(summary, gallery, images).encode())
+    storage.write_bytes(storage.join(out, "report.html"), render(summary, gallery, images).encode())

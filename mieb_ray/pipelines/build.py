@@ -56,7 +56,7 @@ class BuildConfig:
     rows_per_shard: int = 10_000
     overwrite: bool = False
     resume: bool = False
-    verify_counts: bool | None = None  # None: on for the hub
+    check_counts: bool | None = None  # None: on for the hub
     max_error_rate: float = 0.001
     workers: int | None = None
     cpus_per_worker: float = 1.0
@@ -246,7 +246,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
     job.check_errors(n_errors, rows, config.max_error_rate, "built", ", ".join(f"{k}: {v:,}" for k, v in errors.items()
                                                                               if v))
     expected = {s.slug: expected_rows(s, config.split) for s in selected}
-    verify = (config.sources == readers.HF) if config.verify_counts is None else config.verify_counts
+    verify = (config.sources == readers.HF) if config.check_counts is None else config.check_counts
     if verify:
         # the rows left out by --exclude were read: the source still has its catalog count
         check_counts({k: counts[k] + excluded[k] for k in counts}, expected,
@@ -256,7 +256,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
     manifest = job.finish({
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
-                   "rows_per_shard": config.rows_per_shard, "split": config.split, "counts_verified": verify,
+                   "rows_per_shard": config.rows_per_shard, "split": config.split, "check_counts": verify,
                    "exclude": exclusion},
         "sources": {s.slug: {"repo": s.repo, "revision": s.revision, "split": splits[s.slug]} for s in selected},
         "counts": {"total": rows, "datasets": counts, "errors": errors, "dropped": dropped, "excluded": excluded,

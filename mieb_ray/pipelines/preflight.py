@@ -230,10 +230,10 @@ def error(rows: list[Row]) -> str:
 
 
 def run(sources: str, datasets: str | list[str] | None = None, split: str = "train", count: bool = True,
-        compare_rows: bool = True, log=print) -> list[Row]:
+        check_counts: bool = True, log=print) -> list[Row]:
     """check-sources: print the table; a UserError (exit 1) when any source fails."""
     selected = select(datasets)
-    rows = check_sources(selected, sources, split, count, None if compare_rows else {s.slug: None for s in selected})
+    rows = check_sources(selected, sources, split, count, None if check_counts else {s.slug: None for s in selected})
     log(render(rows))
     if failed(rows):
         raise UserError(error(rows))

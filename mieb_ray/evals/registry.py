@@ -1,0 +1,84 @@
+"""Every eval task by its mteb name, and the suite that scores it (evals/protocol.py's EvalSuite): adding a task
+type is one suite module and one entry in SUITES.
+
+`evaluate_tasks` is `mieb-ray eval`: the chosen tasks grouped by suite, each suite embedded first when a model
+is given (complete embeddings of the same model and input are reused) and scored. The outputs of one suite go
+to OUT; of several, each to OUT/<suite>/ (`biovita`, `zeroshot`), with OUT/_manifest.json listing them last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mieb_ray import __version__, storage
+from mieb_ray.errors import UserError
+from mieb_ray.evals import biovita_data, protocol
+from mieb_ray.evals.biovita import BioVITASuite
+from mieb_ray.evals.zeroshot import ZeroShotSuite
+from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
+
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Settings of the suites that use them: BioVITA's query blocks and corpus partitions."""
+
+    sources: str  # "hf" or a mirror root
+    query_block: int = 256
+    partitions: int | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str  # its folder when several suites run
+    tasks: tuple[str, ...]  # the mteb task names it scores
+    make: Callable[[list[str], Options], protocol.EvalSuite]
+
+
+SUITES = (
+    Suite("biovita", (biovita_data.TASK,),
+          lambda names, o: BioVITASuite(o.sources, query_block=o.query_block, partitions=o.partitions)),
+    Suite("zeroshot", tuple(t.name for t in TASKS), lambda names, o: ZeroShotSuite(select_tasks(names), o.sources)),
+)
+
+
+def select(tasks: str | None, within: tuple[Suite, ...] = SUITES) -> list[tuple[Suite, list[str]]]:
+    """(suite, its chosen task names) for `tasks`: comma-separated mteb names, or "all" / None for every task of
+    the suites `within`; an unknown name is one line listing the valid ones."""
+    valid = [name for suite in within for name in suite.tasks]
+    wanted = valid if tasks in (None, ALL) else [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in valid]
+    if unknown or not wanted:
+        raise UserError(f"unknown eval task {unknown[0]!r}; valid: {ALL}, {', '.join(valid)}" if unknown
+                        else f"no eval task given; valid: {ALL}, {', '.join(valid)}")
+    return [(suite, [t for t in suite.tasks if t in wanted]) for suite in within if set(suite.tasks) & set(wanted)]
+
+
+def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, out: str, model: str | None = None,
+                   revision: str | None = None, images: str | None = None, texts: str | None = None,
+                   allow_mixed_models: bool = False, executor: str = "auto", log=print, **pools) -> dict[str, dict]:
+    """Score the chosen tasks from `images` and `texts` (embed outputs), or embed what they need with `model`
+    first; {task name: its TaskResult}. pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+    if bool(model) == bool(images or texts):
+        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
+    if not model and not (images and texts):
+        raise UserError("--image-embeddings and --text-embeddings go together")
+    storage.check_output(out)
+    t0, results, folders = time.time(), {}, {}
+    for suite, names in selected:
+        scorer = suite.make(names, options)
+        where = storage.join(out, suite.name) if len(selected) > 1 else out
+        inputs = (protocol.embed(scorer, where, model, revision, log, executor=executor, **pools) if model
+                  else (images, texts))
+        results |= protocol.run(scorer, where, *inputs, log=log, allow_mixed_models=allow_mixed_models,
+                                executor_name=executor)
+        folders[suite.name] = suite.name
+    if len(selected) > 1:
+        storage.write_manifest(out, {"format": "mieb-eval", "format_version": 1, "version": __version__,
+                                     "tasks": list(results), "suites": folders,
+                                     "seconds": round(time.time() - t0, 3)})
+    log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
+    return results

@@ -1,0 +1,72 @@
+"""`mieb-ray eval --tasks`: mteb's task names dispatched through one registry to their suites, several suites from
+one set of embeddings, each suite's outputs equal to its own command's (eval-biovita, eval-zeroshot)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mieb_ray.cli import main
+from mieb_ray.errors import UserError
+from mieb_ray.evals import registry
+from mieb_ray.evals.zeroshot_tasks import select_tasks
+from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror, write_embeddings
+from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.fixtures.zeroshot import make_zeroshot_embeddings
+from mieb_ray.io import embeddings
+
+pytestmark = pytest.mark.timeout(600)
+ZS = "CIFAR100ZeroShot"
+
+
+def test_task_names_select_their_suites():
+    biovita, zeroshot = registry.SUITES
+    chosen = registry.select(f"{ZS},BioVITAT2IReranking,RenderedSST2")
+    assert [(s.name, names) for s, names in chosen] == [("biovita", ["BioVITAT2IReranking"]),
+                                                        ("zeroshot", ["CIFAR100ZeroShot", "RenderedSST2"])]
+    assert [len(names) for _, names in registry.select("all")] == [1, 22]
+    assert registry.select(None, (zeroshot,))[0][1] == list(zeroshot.tasks)
+    with pytest.raises(UserError, match=r"^unknown eval task 'CIFAR1000ZeroShot'; valid: all, BioVITAT2IReranking, "):
+        registry.select("CIFAR1000ZeroShot")
+    with pytest.raises(UserError, match="unknown eval task 'BioVITAT2IReranking'"):  # eval-zeroshot's own tasks only
+        registry.select("BioVITAT2IReranking", (zeroshot,))
+
+
+def _merged(parts: list[str], out: str, modality: str) -> str:
+    """One embed output holding the rows of several."""
+    keys, vectors = zip(*(embeddings.read_all(p) for p in parts))
+    write_embeddings(out, [k for ks in keys for k in ks], np.concatenate(vectors), modality, "float32", 2, {})
+    return out
+
+
+def test_one_command_scores_several_suites_as_their_own_commands_do(ray_local, tmp_path):
+    data = str(tmp_path / "mirror")
+    task = select_tasks(ZS)[0]
+    make_mirror(data, rows=2, datasets=[task.slug], files=1, eval_rows=20)
+    make_biovita_mirror(data)  # both benchmarks in one mirror
+    bio, zs = tmp_path / "bio", tmp_path / "zs"
+    make_biovita_embeddings(data, str(bio / "img"), str(bio / "txt"), dim=16)
+    make_zeroshot_embeddings([task], {task.slug: 20}, str(zs / "img"), str(zs / "txt"), dim=16)
+    images = _merged([str(bio / "img"), str(zs / "img")], str(tmp_path / "images"), "image")
+    texts = _merged([str(bio / "txt"), str(zs / "txt")], str(tmp_path / "texts"), "text")
+    flags = ["--sources", data, "--image-embeddings", images, "--text-embeddings", texts]
+    out = tmp_path / "eval"
+    assert main(["eval", "--tasks", f"BioVITAT2IReranking,{ZS}", *flags, "--out", str(out)]) == 0
+    assert main(["eval-biovita", *flags, "--out", str(tmp_path / "biovita")]) == 0
+    assert main(["eval-zeroshot", "--tasks", ZS, "--data", data, *flags[2:], "--out", str(tmp_path / "zeroshot")]) == 0
+
+    def scores(path) -> dict:
+        return json.loads(open(path).read())["scores"]
+
+    assert scores(out / "biovita" / "BioVITAT2IReranking.json") == \
+        scores(tmp_path / "biovita" / "BioVITAT2IReranking.json")
+    assert scores(out / "zeroshot" / f"{ZS}.json") == scores(tmp_path / "zeroshot" / f"{ZS}.json")
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["format"] == "mieb-eval" and manifest["tasks"] == ["BioVITAT2IReranking", ZS]
+    assert sorted(os.listdir(out / "biovita")) == sorted(os.listdir(tmp_path / "biovita"))
+    # one suite: its outputs in OUT itself, as eval-biovita writes them
+    assert main(["eval", "--tasks", "BioVITAT2IReranking", *flags, "--out", str(tmp_path / "one")]) == 0
+    assert sorted(os.listdir(tmp_path / "one")) == sorted(os.listdir(tmp_path / "biovita"))
