@@ -213,7 +213,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_audit(args: argparse.Namespace) -> None:
-    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, data=args.sources,
+    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, sources=args.sources,
                          model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
                          against_embeddings=args.against_embeddings,
                          threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,

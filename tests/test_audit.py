@@ -116,7 +116,7 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     train = str(tmp_path / "train")
     built = build(BuildConfig(mirror, train, datasets=slugs), log=lambda _: None)
     out = str(tmp_path / "audit")
-    audit(AuditConfig(train, ("mieb",), out, data=mirror), log=lambda _: None)
+    audit(AuditConfig(train, ("mieb",), out, sources=mirror), log=lambda _: None)
     digest = {}  # brute force: sha256 of every image of both tables
     for root, side in ((train, "train"), (os.path.join(out, "eval-data"), "eval")):
         for dirpath, _, files in os.walk(root):

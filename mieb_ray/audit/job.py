@@ -60,7 +60,7 @@ class AuditConfig:
     train: str
     against: tuple[str, ...]  # table URIs, or (MIEB,)
     out: str
-    data: str = "hf"  # where --against mieb reads the eval splits
+    sources: str = "hf"  # where --against mieb reads the eval splits: the hub or a mirror root
     model: str | None = None
     revision: str | None = None
     train_embeddings: str | None = None
@@ -172,9 +172,9 @@ def _against(config: AuditConfig, log) -> Side:
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
     slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
-    uris, task_of, keys = [build_eval_splits(config.data, config.out, log, slugs)], [BY_SLUG], ["key"]
+    uris, task_of, keys = [build_eval_splits(config.sources, config.out, log, slugs)], [BY_SLUG], ["key"]
     try:  # and the BioVITA corpus, keyed by photo id
-        uris.append(biovita.corpus_files(config.data, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
+        uris.append(biovita.corpus_files(config.sources, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
         task_of.append(biovita.TASK)
         keys.append("id")
     except UserError as exc:
@@ -398,7 +398,7 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
     manifest = job.finish({
         "format": FORMAT, "format_version": 1, "version": __version__,
         "config": {"train": storage.display(config.train), "against": list(config.against),
-                   "data": storage.display(config.data) if config.against == (MIEB,) else None,
+                   "sources": storage.display(config.sources) if config.against == (MIEB,) else None,
                    "model": config.model, "threshold": config.threshold if config.near else None,
                    "detectors": list(matches.METHODS if config.near else matches.METHODS[:2])},
         "files": ["contamination.parquet", "errors.parquet", "summary.json", "report.html"],

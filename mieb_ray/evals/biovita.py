@@ -39,7 +39,7 @@ RESULTS_FILE = f"{biovita.TASK}.json"
 class EvalConfig:
     """One eval-biovita job's settings (evaluate): the suite's, the embeddings and where to write."""
 
-    data: str  # "hf" or a mirror root
+    sources: str  # "hf" or a mirror root
     image_embeddings: str  # embed output of the corpus photos, keyed by corpus id
     text_embeddings: str  # embed output of the query texts, keyed by the text
     out: str
@@ -138,11 +138,11 @@ class BioVITASuite:
 
     kind = "mieb-biovita-eval"
 
-    def __init__(self, data: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,
+    def __init__(self, sources: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,
                  partitions: int | None = None, gallery: int = 12):
-        """data: "hf" or a mirror root; query_block: queries per score task; partitions: taxon-aligned corpus
+        """sources: "hf" or a mirror root; query_block: queries per score task; partitions: taxon-aligned corpus
         partitions (None: the engine's default); gallery: query cards per subset in the report."""
-        self.data, self.subsets, self.query_block, self.partitions = data, subsets, query_block, partitions
+        self.sources, self.subsets, self.query_block, self.partitions = sources, subsets, query_block, partitions
         self.gallery = gallery
 
     def task_names(self) -> list[str]:
@@ -150,7 +150,7 @@ class BioVITASuite:
 
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The corpus photos (keyed by id) and the distinct query texts, written to a table keyed by the text."""
-        data = self.data
+        data = self.sources
         first, *others = biovita.SUBSETS
         corpus = {name: set(biovita.read_corpus(data, name)[0]) for name in biovita.SUBSETS}  # ids only
         for name in others:  # the hub's subsets share one corpus of photos, by id
@@ -164,7 +164,7 @@ class BioVITASuite:
         return EmbedInputs(biovita.corpus_files(data, first)[0].rsplit("/", 1)[0], "id", queries)
 
     def submit(self, images: str, texts: str, log) -> dict[str, _Run]:
-        queries = {name: scored_queries(biovita.load_queries(self.data, name)) for name in self.subsets}
+        queries = {name: scored_queries(biovita.load_queries(self.sources, name)) for name in self.subsets}
         image_shards = embeddings.shard_uris(images)  # the manifest's list (or the folder's): no shard is opened
         self.images, self.texts, self.t_score = images, texts, time.time()
         runs = {name: self._submit(q, image_shards, texts) for name, q in queries.items()}
@@ -175,14 +175,14 @@ class BioVITASuite:
 
     def _submit(self, q: biovita.Queries, image_shards: list[str], texts: str) -> _Run:
         start = time.time() - self.t_score
-        lookup, vocabulary, n_photos = _corpus.remote(self.data, q.name)
+        lookup, vocabulary, n_photos = _corpus.remote(self.sources, q.name)
         lay = engine.layout(image_shards, lookup=lookup, partitions=self.partitions)
         n = len(q.query_ids)
         blocks = [(a, min(a + self.query_block, n)) for a in range(0, n, self.query_block)]
         vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
             texts, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
         data = _candidates.options(num_returns=len(blocks)).remote(
-            self.data, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, self.gallery)
+            self.sources, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, self.gallery)
         data = data if len(blocks) > 1 else [data]
         return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
 
@@ -229,7 +229,7 @@ class BioVITASuite:
         models = {k: embeddings.manifest_model(storage.read_manifest(u)) for k, u in (("image", self.images),
                                                                                           ("text", self.texts))}
         result["mieb_ray"] = {
-            "version": __version__, "task_score": task_score, "data": storage.display(self.data),
+            "version": __version__, "task_score": task_score, "sources": storage.display(self.sources),
             "image_embeddings": {"uri": storage.display(self.images), "model": models["image"]},
             "text_embeddings": {"uri": storage.display(self.texts), "model": models["text"]},
             "queries": {n: len(r.queries.query_ids) for n, r in runs.items()},
@@ -248,7 +248,7 @@ def evaluate(config: EvalConfig, log=print) -> dict:
     """Score the embeddings on the subsets; write results JSON, per-query ranks and the HTML report."""
     t0 = time.time()
     storage.check_output(config.out)
-    suite = BioVITASuite(config.data, config.subsets, config.query_block, config.partitions, config.gallery)
+    suite = BioVITASuite(config.sources, config.subsets, config.query_block, config.partitions, config.gallery)
     result = protocol.run(suite, config.out, config.image_embeddings, config.text_embeddings,
                           log, config.allow_mixed_models, config.executor)[biovita.TASK]
     log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
@@ -278,7 +278,7 @@ def _write_report(suite: BioVITASuite, out: str, queries, tops, scores, result) 
         shown = min(suite.gallery, len(q.query_ids))
         top = ranked(best[:shown], 5)
         wanted = sorted({int(docs[i, p]) for i in range(shown) for p in top[i] if docs[i, p] >= 0})
-        photo_refs[name] = _photos.remote(suite.data, name, wanted) if wanted else None
+        photo_refs[name] = _photos.remote(suite.sources, name, wanted) if wanted else None
         cards += [(name, i, top[i]) for i in range(shown)]
     photos = {name: tasks.get(ref) if ref is not None else {} for name, ref in photo_refs.items()}
     gallery, images = [], {}

@@ -141,12 +141,12 @@ class _Pending:
 
 
 class ZeroShotSuite:
-    """The chosen zero-shot tasks over one mirror (`data`: "hf" or a mirror root)."""
+    """The chosen zero-shot tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = "mieb-zeroshot-eval"
 
-    def __init__(self, tasks: list[ZeroShotTask], data: str, gallery_tasks: int = GALLERY_TASKS):
-        self.tasks, self.data, self.gallery_tasks = tasks, data, gallery_tasks
+    def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS):
+        self.tasks, self.sources, self.gallery_tasks = tasks, sources, gallery_tasks
         self._planned: list[Planned] | None = None
 
     def task_names(self) -> list[str]:
@@ -160,7 +160,7 @@ class ZeroShotSuite:
             from concurrent.futures import ThreadPoolExecutor
 
             def one(task: ZeroShotTask) -> Planned:
-                units, hub_names = readers.plan(task.source, self.data, UNIT_ROWS, split=task.split)
+                units, hub_names = readers.plan(task.source, self.sources, UNIT_ROWS, split=task.split)
                 classes, mteb = task.classes(hub_names), task.mteb_prompts(hub_names)
                 if len(mteb) != len(classes.text):
                     raise UserError(f"{task.name}: mteb has {len(mteb)} classes, the catalog {len(classes.text)}")
@@ -179,7 +179,7 @@ class ZeroShotSuite:
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The eval splits built into OUT/eval-data/<id> by the build job (reused when complete), the prompts
         into a table keyed by their text."""
-        data_out = build_eval_splits(self.data, out, log, [t.slug for t in self.tasks])
+        data_out = build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks])
         prompts = self.prompts()
         digest = hashlib.sha256("\0".join(prompts).encode()).hexdigest()[:12]
         table_uri = storage.join(out, "embeddings", "_prompts", f"prompts-{digest}.parquet")
@@ -246,7 +246,7 @@ class ZeroShotSuite:
         if len(index) != n or (labels < 0).any():
             bad = np.flatnonzero(labels < 0)[:5]
             raise UserError(f"{p.task.name}: rows {', '.join(map(str, bad))} of the {p.task.split} split have no "
-                            f"label in {storage.display(self.data)}")
+                            f"label in {storage.display(self.sources)}")
         cols = {f"{s}_{c}": [] for s in PROMPT_SETS for c in ("pred", "top", "topv", "pos")}
         at = []
         for m, r in zip(metas, scored):
