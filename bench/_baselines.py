@@ -7,6 +7,7 @@ The two baselines the build is compared with:
 and start_ray(), MemorySampler, train_files(), parquet_rows(), machine_facts(), footer(), markdown_table().
 
 Ray's workers import CaptionTake by its module name, `_baselines`: start_ray() puts bench/ on their PYTHONPATH.
+Importing it also puts tests/ on this process's path, for the fixtures the benchmarks share with the tests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # before `import ray`: no token auth, no ~/.ray/auth_token
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' fixtures (embeddings, planted)
 
 import psutil  # noqa: E402  Ray's vendored copy (ray/thirdparty_files), on sys.path once ray is imported
 import pyarrow as pa

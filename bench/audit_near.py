@@ -26,9 +26,9 @@ from pathlib import Path
 
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
+from embedding_fixtures import write_embeddings
 
 from mieb_ray.audit.job import NEAR_K, near_pairs
-from mieb_ray.fixtures.biovita import write_embeddings
 from mieb_ray.io import embeddings
 
 DIM, SHARD_ROWS, THRESHOLD = 512, 10_000, 0.95

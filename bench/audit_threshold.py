@@ -1,6 +1,6 @@
 """Calibrate the audit's near-duplicate threshold for a model on planted pairs: precision and recall per cosine.
 
-Data (mieb_ray/fixtures/audit.py): tiles of the real pictures in fixtures/images (no two share a pixel). Each
+Data (tests/planted.py): tiles of the real pictures in fixtures/images (no two share a pixel). Each
 tile is a train image; its planted copies are the changes the audit must see through: JPEG quality 90 -> 50,
 resized by 1 px, cropped 5%, mirrored. Every other (eval tile, train tile) pair is a distinct
 image. The embeddings are the model's, computed in this process with transformers (CLIPModel, its processor).
@@ -21,8 +21,7 @@ import tempfile
 import _baselines as b
 import numpy as np
 from PIL import Image
-
-from mieb_ray.fixtures.audit import PLANTS, _plant, encode, tiles
+from planted import PLANTS, _plant, encode, tiles
 
 THRESHOLDS = (0.80, 0.85, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # PNG -> JPEG needs a PNG train image: these train tiles are JPEGs, whose re-encode the quality change covers

@@ -40,12 +40,13 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from embedding_fixtures import make_biovita_embeddings  # noqa: E402
 from mteb_reference import mteb_scores  # noqa: E402
 
 from mieb_ray.evals import biovita_data as biovita  # noqa: E402
 from mieb_ray.evals import protocol  # noqa: E402
 from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig, evaluate, scored_queries, subset_scores  # noqa: E402
-from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror  # noqa: E402
+from mieb_ray.fixtures.biovita import make_biovita_mirror  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
 from mieb_ray.runtime import tasks  # noqa: E402
 from mieb_ray.topk import engine  # noqa: E402

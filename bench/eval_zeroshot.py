@@ -2,7 +2,7 @@
 process start to results JSON.
 
 Data: the fixture mirror's eval splits (real pictures, the hub's layout) and 512-d embeddings of them and of the
-prompts in our shard format (mieb_ray/fixtures/zeroshot.py). Not timed. Two shapes:
+prompts in our shard format (tests/embedding_fixtures.py). Not timed. Two shapes:
   1. CIFAR100ZeroShot at its real size, 10,000 test images (one task: the common case of a quick check);
   2. all 22 tasks, scaled to --rows eval images each (the real suite is 970,944 images; UCF101 alone 697,222).
 
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 
 import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+from embedding_fixtures import make_zeroshot_embeddings
 
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 from mieb_ray.fixtures.mirror import make_mirror
-from mieb_ray.fixtures.zeroshot import make_zeroshot_embeddings
 
 
 def same_scores(ours: Path, theirs: Path, tasks) -> bool:

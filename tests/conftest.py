@@ -14,6 +14,10 @@ import pytest
 import s3server
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# the tests' own modules (fakehub.py, the fixtures) importable in every process the tests start: Ray's nodes and
+# workers, the command-line runs
+TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
 
 
 def pytest_collection_modifyitems(items):
@@ -43,15 +47,14 @@ def hf_home(tmp_path_factory):
 
 
 def fake_hub_config(tmp_path_factory) -> str:
-    """Where test_hub.py writes the fake hub's settings (fixtures/fakehub.py)."""
+    """Where test_hub.py writes the fake hub's settings (tests/fakehub.py)."""
     return str(tmp_path_factory.getbasetemp() / "fakehub.json")
 
 
 @pytest.fixture(scope="session")
 def ray_local(s3, tmp_path_factory):
+    import fakehub
     import ray
-
-    from mieb_ray.fixtures import fakehub
 
     # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
     from mieb_ray.runtime.cluster import worker_soft_limit

@@ -13,8 +13,7 @@ the two behaviours on one machine; the suite passes under both.
 from __future__ import annotations
 
 import numpy as np
-
-from mieb_ray.fixtures.biovita import on_grid
+from embedding_fixtures import on_grid
 
 GRID = 256  # entries are multiples of 1/256: a cosine of 16-64 such entries is exact in float32 and float16
 

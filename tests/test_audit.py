@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 from numerics import assert_top_pairs_close
 from PIL import Image
+from planted import EVAL_TASKS, PLANTS, encode, make_planted, tiles
 
 from mieb_ray import storage
 from mieb_ray.audit import fingerprints
 from mieb_ray.audit.job import NEAR_K, AuditConfig, audit
 from mieb_ray.cli import main
-from mieb_ray.fixtures.audit import EVAL_TASKS, PLANTS, encode, make_planted, tiles
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.io import embeddings

@@ -13,13 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from embedding_fixtures import make_biovita_embeddings
 from PIL import Image
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals.biovita_data import REPO, SUBSETS, load_subset
-from mieb_ray.fixtures.biovita import SIDECAR, make_biovita_embeddings, make_biovita_mirror
+from mieb_ray.fixtures.biovita import SIDECAR, make_biovita_mirror
 from mieb_ray.io import embeddings
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from embedding_fixtures import make_biovita_embeddings
 from mteb_reference import mteb_scores, rank_bounds
 
 from mieb_ray import storage
@@ -20,7 +21,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig
 from mieb_ray.evals.biovita import evaluate as evaluate_config
-from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror
+from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.io import embeddings
 
 pytestmark = pytest.mark.timeout(600)

@@ -8,14 +8,14 @@ import os
 
 import numpy as np
 import pytest
+from embedding_fixtures import make_biovita_embeddings, make_zeroshot_embeddings, write_embeddings
 
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.evals import registry
 from mieb_ray.evals.zeroshot_tasks import select_tasks
-from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror, write_embeddings
+from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
-from mieb_ray.fixtures.zeroshot import make_zeroshot_embeddings
 from mieb_ray.io import embeddings
 
 pytestmark = pytest.mark.timeout(600)

@@ -17,14 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from embedding_fixtures import make_biovita_embeddings, write_embeddings, zeroshot_vectors
 
 from mieb_ray.audit.job import near_pairs
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError, find_user_error
 from mieb_ray.evals.zeroshot_tasks import select_tasks
-from mieb_ray.fixtures.biovita import make_biovita_embeddings, make_biovita_mirror, write_embeddings
+from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
-from mieb_ray.fixtures.zeroshot import zeroshot_vectors
 from mieb_ray.io import embeddings
 
 pytestmark = pytest.mark.timeout(300)

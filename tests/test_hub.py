@@ -1,4 +1,4 @@
-"""Hub access through a fake hub (fixtures/fakehub.py) plugged in where the real client is: faults injected
+"""Hub access through a fake hub (tests/fakehub.py) plugged in where the real client is: faults injected
 into every process of a build change nothing in its output; permanent errors are one line and fast; the
 token reaches every worker and no log, message or manifest; requests are bounded per process."""
 
@@ -11,11 +11,11 @@ import sys
 import threading
 import time
 
+import fakehub
 import pytest
 
 from mieb_ray import hubfs, storage
 from mieb_ray.errors import UserError
-from mieb_ray.fixtures import fakehub
 from mieb_ray.io import readers
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import by_slug

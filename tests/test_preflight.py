@@ -156,8 +156,9 @@ def test_the_build_checks_the_sources_before_anything(mirrors, tmp_path, capsys)
 def test_the_hub_path_through_a_faulty_fake_hub(mirrors, tmp_path, monkeypatch):
     """`--sources hf` reads the same metadata as the mirror it serves, retries and all (tail reads included).
     Every 5th request fails: at every 3rd, with hundreds of requests, some read fails its 6 tries by chance."""
+    import fakehub
+
     from mieb_ray import hubfs, storage
-    from mieb_ray.fixtures import fakehub
 
     same, _, written = mirrors
     config = fakehub.write_config(str(tmp_path / "fakehub.json"), root=same, every=5, log=str(tmp_path / "log"))

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from embedding_fixtures import make_zeroshot_embeddings, zeroshot_vectors
 from mteb_reference import mteb_zeroshot
 
 from mieb_ray import storage
@@ -17,7 +18,6 @@ from mieb_ray.evals import protocol
 from mieb_ray.evals.zeroshot import ZeroShotSuite
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 from mieb_ray.fixtures.mirror import hub_names, make_mirror
-from mieb_ray.fixtures.zeroshot import make_zeroshot_embeddings, zeroshot_vectors
 from mieb_ray.io import embeddings
 
 pytestmark = pytest.mark.timeout(600)
