@@ -28,28 +28,36 @@ def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
 def add_build_flags(p: argparse.ArgumentParser) -> None:
     add_sources_flag(p)
     p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
-    p.add_argument("--datasets", default=None, help="comma-separated dataset names (default: every catalog source)")
-    p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"])
+    p.add_argument("--datasets", default=None,
+                   help="comma-separated dataset slugs (default: all 23): ucf101, imagenet1k, scimmir, patchcamelyon, "
+                        "sun397, food101, clevr, clevr_count, mnist, cifar10, cifar100, country211, fer2013, gtsrb, "
+                        "resisc45, eurosat, birdsnap, stanfordcars, renderedsst2, stl10, dtd, oxfordpets, caltech101")
+    p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"],
+                   help="the shards' format (docs/formats.md)")
     # no argparse `choices`: a wrong value is then the one-line UserError of BuildConfig.check()
     p.add_argument("--split", default="train", metavar="{train,eval}",
                    help="train: the train splits, keys <slug>/<index> (default); eval: each task's MIEB eval split "
                         "(test; validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
     p.add_argument("--rows-per-shard", type=int, default=10_000,
-                   help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000)")
+                   help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000, "
+                        "as the WebDataset sources' tars)")
     p.add_argument("--exclude", default=None,
                    help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
                         "rows keep their keys")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
     p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run: skip the units it built (same settings)")
+                   help="continue an unfinished run: skip the units it built with the same settings (an unfinished "
+                        "output needs --resume or --overwrite)")
     p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=None,
-                   help="fail unless each dataset has its catalog row count (default: on for --sources hf)")
+                   help="fail unless each dataset has its catalog row count and all 23 make 4,434,196 (default: on for "
+                        "--sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
-                   help="fail when more than this fraction of rows cannot be built (default: 0.001)")
+                   help="fail when more than this fraction of rows cannot be built (default: 0.001); such rows are "
+                        "listed in OUT/_errors/, never silently dropped")
     p.add_argument("--workers", type=int, default=None,
                    help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster "
                         "can grow to)")
-    p.add_argument("--cpus-per-worker", type=float, default=1.0)
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per shard builder (default: 1)")
     add_executor_flag(p)
 
 
@@ -88,26 +96,36 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
                    help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; local or s3://")
     p.add_argument("--out", required=True, help="output root for the embedding shards, local or s3://")
     p.add_argument("--model", required=True,
-                   help="a CLIP model: hub name (e.g. openai/clip-vit-base-patch32), local directory or s3:// prefix")
-    p.add_argument("--revision", default=None, help="hub commit to load (default: the pinned one for known models)")
+                   help="a hub name (e.g. openai/clip-vit-base-patch32), a local directory or an s3:// prefix holding "
+                        "what save_pretrained writes: CLIP, SigLIP, SigLIP2 or any transformers model with "
+                        "get_image_features / get_text_features (docs/embed.md); never remote code")
+    p.add_argument("--revision", default=None,
+                   help="hub commit to load (default: the pinned one for openai/clip-vit-base-patch32 and "
+                        "-large-patch14; else the hub's, recorded in the manifest)")
     p.add_argument("--modality", default="image", choices=["image", "text"])
-    p.add_argument("--image-column", default="image")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--key-column", default="key")
-    p.add_argument("--carry-columns", default="", help="comma-separated input columns to copy beside each embedding")
+    p.add_argument("--image-column", default="image",
+                   help="HF Image structs or raw bytes; in tars, the image member")
+    p.add_argument("--text-column", default="text", help="in tars, the .txt member")
+    p.add_argument("--key-column", default="key", help="in tars, the sample key")
+    p.add_argument("--carry-columns", default="",
+                   help="comma-separated input columns to copy beside each embedding (in tars: members or fields of "
+                        "the .json)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per model call (default: 256)")
     p.add_argument("--rows-per-shard", type=int, default=10_000,
                    help="most rows per output shard; an input file with more is cut into row ranges (default: "
                         "10000; image shards hold at most 256 MB of decoded pixels)")
-    p.add_argument("--dtype", default="float32", choices=["float16", "float32"], help="stored embedding type")
-    p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the shards it committed")
+    p.add_argument("--dtype", default="float32", choices=["float16", "float32"],
+                   help="stored embedding type (the model runs in bf16 on a GPU, float32 on a CPU)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: skip the shards it committed with the same settings (an "
+                        "unfinished output needs --resume or --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
     p.add_argument("--decode", default="auto", choices=["cpu", "gpu", "auto"],
-                   help="where images are decoded: cpu (CPU tasks), gpu (the encoders, on their device: JPEGs by "
-                        "nvJPEG, other formats on their CPU; needs torchvision) or auto (default): gpu when the "
-                        "encoders have GPUs and torchvision can decode there, else cpu")
+                   help="where images are decoded: cpu (the read tasks), gpu (each encoder on its device: JPEGs by "
+                        "nvJPEG, other formats on its CPU; needs torchvision) or auto (default): gpu when the "
+                        "encoders have GPUs and torchvision can decode there, else cpu (docs/embed.md)")
     add_executor_flag(p)
     add_pool_flags(p)
 
@@ -154,10 +172,9 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
 
 def add_executor_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
-                   help="where the work runs: ray, local (in this process, Ray never started) or auto (default): "
-                        "local when no cluster was asked for (--address, RAY_ADDRESS), no caller's Ray runs here and "
-                        "the work is small (build: 100,000 rows; audit: 256 MiB of tables; scoring: 256 MiB of "
-                        "embeddings; embedding: no GPU here and no pool asked for)")
+                   help="where the work runs: ray, local (in this process, Ray never started) or auto (default): in "
+                        "this process when no cluster was asked for and the work is small, else on Ray (the rule: "
+                        "docs/architecture.md)")
 
 
 def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
@@ -192,7 +209,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", required=True,
                    help="a mieb-train output, or any Parquet/WebDataset table with key and image (local or s3://)")
     p.add_argument("--against", required=True,
-                   help="'mieb' for the MIEB eval splits of the sources (read from --data), or comma-separated "
+                   help="'mieb' for the MIEB eval splits of the sources (read from --sources), or comma-separated "
                         "tables with key and image; a table's eval task is the last component of its path")
     add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
     p.add_argument("--out", required=True,
@@ -244,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, parents=[common])
+        return sub.add_parser(name, help=help, description=help, parents=[common])
 
     b = command("build", help="build the mieb-train table from the catalog's sources")
     add_build_flags(b)
@@ -265,10 +282,31 @@ def parser() -> argparse.ArgumentParser:
     a = command("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
     add_audit_flags(a)
     a.set_defaults(run=run_audit)
-    d = command("demo", help="build a small mieb-train from a fixture mirror, on a local Ray")
+    d = command("demo", help="the whole flow on this machine from fixtures made on the spot: build, embed with a "
+                             "tiny CLIP, eval BioVITA and a zero-shot task")
     d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
     d.set_defaults(run=run_demo)
     return p
+
+
+def reference() -> str:
+    """docs/cli.md: every command and flag as the parser defines them, the one place flags are documented
+    (tests/test_docs.py keeps the page equal to this)."""
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    lines = ["# Command-line reference", "",
+             "Generated from the parser (`mieb_ray.cli.reference()`); `mieb-ray COMMAND --help` says the same.", ""]
+    for name, command in commands.items():
+        lines += [f"## mieb-ray {name}", "", command.description, "", "| flag | default | meaning |", "|---|---|---|"]
+        for action in command._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            default = "" if action.default in (None, argparse.SUPPRESS, False) else f"`{action.default}`"
+            flags = ", ".join(f"`{f}`" for f in action.option_strings)
+            if action.choices:
+                flags += " " + "\\|".join(f"`{c}`" for c in action.choices)
+            lines.append(f"| {flags} | {default} | {(action.help or '').replace('|', chr(92) + '|')} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
