@@ -99,10 +99,10 @@ def minimal_pipeline(files: list[str], out: Path) -> int:
 
 def train_files(mirror: Path, slugs: list[str]) -> list[str]:
     """The train split files of the sources, as the build itself finds them."""
-    from mieb_ray.io import readers
+    from mieb_ray.io import reader
     from mieb_ray.sources import by_slug
 
-    return [f for slug in slugs for f in readers.train_files(by_slug(slug), str(mirror))]
+    return [f for slug in slugs for f in reader.train_files(by_slug(slug), str(mirror))]
 
 
 def parquet_rows(folder: Path) -> int:

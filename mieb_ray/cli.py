@@ -15,7 +15,7 @@ from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
 from mieb_ray.runtime import cluster
 from mieb_ray.runtime.output import no_empty_folder_on_failure
-from mieb_ray.sources import select
+from mieb_ray.sources import SOURCES, TOTAL_ROWS, select
 
 
 def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
@@ -29,9 +29,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     add_sources_flag(p)
     p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
     p.add_argument("--datasets", default=None,
-                   help="comma-separated dataset slugs (default: all 23): ucf101, imagenet1k, scimmir, patchcamelyon, "
-                        "sun397, food101, clevr, clevr_count, mnist, cifar10, cifar100, country211, fer2013, gtsrb, "
-                        "resisc45, eurosat, birdsnap, stanfordcars, renderedsst2, stl10, dtd, oxfordpets, caltech101")
+                   help=f"comma-separated dataset slugs (default: all {len(SOURCES)}): "
+                        + ", ".join(s.slug for s in SOURCES))
     p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"],
                    help="the shards' format (docs/formats.md)")
     # no argparse `choices`: a wrong value is then the one-line UserError of BuildConfig.check()
@@ -49,8 +48,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="continue an unfinished run: skip the units it built with the same settings (an unfinished "
                         "output needs --resume or --overwrite)")
     p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=None,
-                   help="fail unless each dataset has its catalog row count and all 23 make 4,434,196 (default: on for "
-                        "--sources hf)")
+                   help=f"fail unless each dataset has its catalog row count and all {len(SOURCES)} make "
+                        f"{TOTAL_ROWS:,} (default: on for --sources hf)")
     p.add_argument("--max-error-rate", type=float, default=0.001,
                    help="fail when more than this fraction of rows cannot be built (default: 0.001); such rows are "
                         "listed in OUT/_errors/, never silently dropped")

@@ -16,6 +16,10 @@ class StorageError(UserError):
     """A store (local disk, S3, the hub) refused or failed a request."""
 
 
+class FormatError(UserError):
+    """A file that is not what it should be: an unreadable Parquet file or tar, a missing column or member."""
+
+
 class TransientStorageError(StorageError):
     """A remote error that may pass (the hub's 429/5xx, timeouts, resets) and outlasted the local retries: one
     line for the user, and the one error the runtime runs a unit or task again on (runtime/tasks.py)."""
@@ -28,6 +32,12 @@ def redact(text: str) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (a pyarrow or tarfile message can run to several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def find_user_error(exc: BaseException) -> UserError | None:

@@ -10,7 +10,7 @@ import pytest
 
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows
-from mieb_ray.io.readers import repo_root
+from mieb_ray.io.reader import repo_root
 from mieb_ray.pipelines.build import check_counts
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, by_slug, select
 from mieb_ray.sources.catalog import MIEB_TRAIN_ROWS

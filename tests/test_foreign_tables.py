@@ -1,8 +1,8 @@
 """Other people's tables as embed and audit inputs: every Parquet or tar variant is read into the rows it holds or
 stops with one line naming what is wrong, never a traceback.
 
-The reads are the jobs' own (tables.input_files, check_columns, the planner's row counts and tar index,
-read_unit for every unit), without Ray: a worker's UserError reaches the user as the same one line.
+The reads are the jobs' own (reader.input_files, check_columns, the planner's row counts and tar index,
+reader.read for every unit), without Ray: a worker's UserError reaches the user as the same one line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mieb_ray.errors import UserError
-from mieb_ray.io import tables
+from mieb_ray.io import parquet as parquet_format
+from mieb_ray.io import reader
+from mieb_ray.io import tar as tar_format
 
 KEYS = [f"k{i}" for i in range(5)]
 IMAGES = [bytes([i]) * (10 + i) for i in range(5)]  # opaque bytes: decoding is the encoder's business
@@ -25,18 +27,18 @@ IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 def read(root: str, rows_per_unit: int = 2, key: str = "key", data: str = "image") -> dict[str, bytes | None]:
     """What the embed job reads of `root`, key -> image bytes, in order."""
-    fmt, files = tables.input_files(root)
-    columns = tables.Columns(key, data)
-    tables.check_columns(fmt, files[0], columns)
-    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+    fmt, files = reader.input_files(root)
+    columns = reader.TableColumns(key, data).read_as("image")
+    reader.check_columns(fmt, files[0], columns)
+    reader.count_parquet_rows(files)
     offsets = {}
     for f in files:
         if f.uri.endswith(".tar"):
-            f.rows, offsets[f.uri] = tables.index_tar(f.uri, rows_per_unit)
+            f.rows, offsets[f.uri] = tar_format.index_tar(f.uri, rows_per_unit)
     out = {}
-    for unit in tables.plan_units(files, rows_per_unit, offsets):
-        for chunk in tables.read_unit(unit, columns, "image"):
-            out.update(zip(chunk[key], chunk[data]))
+    for unit in reader.plan_table(files, rows_per_unit, offsets):
+        for chunk in reader.read(unit, columns):
+            out.update(zip(chunk[key].to_pylist(), parquet_format.image_bytes(chunk[data]).to_pylist()))
     return out
 
 

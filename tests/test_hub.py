@@ -16,7 +16,7 @@ import pytest
 
 from mieb_ray import hubfs, storage
 from mieb_ray.errors import UserError
-from mieb_ray.io import readers
+from mieb_ray.io import reader
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import by_slug
 
@@ -146,7 +146,7 @@ def test_an_outage_that_outlasts_the_retries_is_one_transient_line(mirror, hub):
     source = by_slug("cifar10")
     t0 = time.monotonic()
     with pytest.raises(storage.TransientStorageError) as err:
-        readers.plan(source, "hf", 5)
+        reader.plan_source(source, "hf", 5)
     assert time.monotonic() - t0 < 10
     message = str(err.value)
     assert "\n" not in message and message.startswith("the hub kept failing on hf://datasets/mteb/cifar10@")
@@ -159,7 +159,7 @@ def test_a_permanent_error_is_one_line_at_once(mirror, hub, monkeypatch, tmp_pat
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     hub(root=str(tmp_path) if case == "missing repo" else root, deny=["mteb/cifar10"] if case == "denied" else [])
     source = by_slug("cifar10")
-    where = readers.repo_root(source, "hf")
+    where = reader.repo_root(source, "hf")
     if case == "wrong revision":
         where = where.split("@")[0] + "@" + "0" * 40
     t0 = time.monotonic()
@@ -209,7 +209,7 @@ def test_requests_are_bounded_per_process_and_rate_limits_honoured(mirror, monke
     try:
         fake = fakehub.FakeHub(root, delay=0.05)
         fs = hubfs.HubFileSystem(fake)
-        path = readers.repo_root(by_slug("cifar10"), "hf")[len("hf://"):] + "/README.md"
+        path = reader.repo_root(by_slug("cifar10"), "hf")[len("hf://"):] + "/README.md"
         threads = [threading.Thread(target=fs.info, args=(path,)) for _ in range(24)]
         for t in threads:
             t.start()
@@ -302,8 +302,9 @@ def test_the_real_hub_client_through_a_local_http_hub(mirror, monkeypatch):
             source = by_slug(slug)
 
             def rows(where):
-                units, _ = readers.plan(source, where, 5)
-                table = pa.concat_tables(chunk for unit in units for _, chunk in readers.read_unit(source, unit))
+                units, _ = reader.plan_source(source, where, 5)
+                table = pa.concat_tables(chunk for unit in units
+                                         for chunk in reader.read(unit, list(reader.source_columns(source).values())))
                 return table.select(["index", "image", "label"]).to_pylist()
 
             assert rows("hf") == rows(root), slug

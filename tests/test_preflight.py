@@ -13,7 +13,7 @@ import pytest
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import make_mirror
-from mieb_ray.io import formats
+from mieb_ray.io import tar
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.sources import PARQUET, WEBDATASET, by_slug, select
@@ -136,9 +136,9 @@ def test_the_last_member_is_found_from_the_tail(tmp_path):
             info = tarfile.TarInfo(name)
             info.size = size
             t.addfile(info, io.BytesIO(b"\0" * size))
-    assert formats.last_member(str(path)) == "s0000001.jpg"  # 3 MB past the 1 MB first look
-    assert formats.last_member(str(path), max_tail=1 << 20) is None
-    assert formats.first_sample(str(path)) == {"__key__": "s0000000", "cls": b"\0", "jpg": b"\0" * 10}
+    assert tar.last_member(str(path)) == "s0000001.jpg"  # 3 MB past the 1 MB first look
+    assert tar.last_member(str(path), max_tail=1 << 20) is None
+    assert tar.first_sample(str(path)) == {"__key__": "s0000000", "cls": b"\0", "jpg": b"\0" * 10}
 
 
 def test_the_build_checks_the_sources_before_anything(mirrors, tmp_path, capsys):

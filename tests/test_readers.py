@@ -13,9 +13,14 @@ import pytest
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.fixtures.mirror import SCIMMIR_NO_CAPTION, hub_names, label_of, make_mirror
-from mieb_ray.io import readers
+from mieb_ray.io import reader
 from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.sources import by_slug
+
+
+def read_unit(source, unit):
+    """A source unit's chunks, every column."""
+    return reader.read(unit, list(reader.source_columns(source).values()))
 
 
 @pytest.fixture(scope="module")
@@ -30,23 +35,22 @@ def odd_mirror(tmp_path_factory):
 @pytest.mark.parametrize("rows_per_shard", [1, 7, 70, 100, 1000])
 def test_units_cover_the_split_exactly_once(odd_mirror, slug, rows, rows_per_shard):
     source = by_slug(slug)
-    units, _ = readers.plan(source, odd_mirror, rows_per_shard)
+    units, _ = reader.plan_source(source, odd_mirror, rows_per_shard)
     seen = []
     for unit in units:
         assert unit.lo % rows_per_shard == 0
-        index = [i for _, chunk in readers.read_unit(source, readers.Unit.from_json(unit.to_json()))
-                 for i in chunk["index"].to_pylist()]
+        index = [i for chunk in read_unit(source, unit) for i in chunk["index"].to_pylist()]
         assert all(unit.lo <= i and (unit.hi is None or i < unit.hi) for i in index)
         seen += index
     assert seen == list(range(rows))
-    labels = [label for unit in units for _, chunk in readers.read_unit(source, unit)
+    labels = [label for unit in units for chunk in read_unit(source, unit)
               for label in chunk["label"].to_pylist()]
     assert labels == [label_of(source, i) for i in range(rows)]
 
 
 def test_train_files_skip_the_test_split_and_sort_naturally(tmp_path):
     make_mirror(tmp_path, rows={"fer2013": 24}, datasets=["fer2013"], files=12)
-    files = readers.train_files(by_slug("fer2013"), str(tmp_path))
+    files = reader.train_files(by_slug("fer2013"), str(tmp_path))
     assert [os.path.basename(f) for f in files] == [f"{i}.tar" for i in range(12)]  # 2.tar before 10.tar
     assert not any("/test/" in f for f in files)
 
@@ -55,46 +59,45 @@ def test_split_files_find_each_split_by_its_names(tmp_path):
     make_mirror(tmp_path, rows={"fer2013": 4, "food101": 4}, datasets=["fer2013", "food101"], files=2,
                 eval_rows={"fer2013": 5})
     fer, food = by_slug("fer2013"), by_slug("food101")
-    assert [os.path.relpath(f, tmp_path) for f in readers.split_files(fer, str(tmp_path), "test")] == [
+    assert [os.path.relpath(f, tmp_path) for f in reader.split_files(fer, str(tmp_path), "test")] == [
         "mteb/wds_fer2013/test/0.tar"]
-    assert [os.path.basename(f) for f in readers.split_files(food, str(tmp_path), "validation")] == [
+    assert [os.path.basename(f) for f in reader.split_files(food, str(tmp_path), "validation")] == [
         "validation-00000-of-00001.parquet"]
-    assert readers.split_files(fer, str(tmp_path)) == readers.train_files(fer, str(tmp_path))
+    assert reader.split_files(fer, str(tmp_path)) == reader.train_files(fer, str(tmp_path))
     for old, new in [("test", "testing"), ("validation", "val")]:  # the other spellings of a split's name
         repo = tmp_path / (fer.repo if old == "test" else food.repo)
         path = repo / "test" if old == "test" else repo / "data/validation-00000-of-00001.parquet"
         path.rename(path.with_name(new if old == "test" else "val-00000-of-00001.parquet"))
-    assert [os.path.relpath(f, tmp_path) for f in readers.split_files(fer, str(tmp_path), "test")] == [
+    assert [os.path.relpath(f, tmp_path) for f in reader.split_files(fer, str(tmp_path), "test")] == [
         "mteb/wds_fer2013/testing/0.tar"]
-    assert [os.path.basename(f) for f in readers.split_files(food, str(tmp_path), "validation")] == [
+    assert [os.path.basename(f) for f in reader.split_files(food, str(tmp_path), "validation")] == [
         "val-00000-of-00001.parquet"]
     with pytest.raises(UserError, match=r"^food101: no test \.parquet or \.tar files under .*mteb/food101$"):
-        readers.split_files(food, str(tmp_path), "test")
+        reader.split_files(food, str(tmp_path), "test")
 
-    units, _ = readers.plan(fer, str(tmp_path), 2, "test")
+    units, _ = reader.plan_source(fer, str(tmp_path), 2, "test")
     assert [(u.lo, u.hi, u.split) for u in units] == [(0, None, "test")]  # one tar from 0: one unit
-    assert readers.Unit.from_json(units[0].to_json()) == units[0]
-    assert [i for u in units for _, c in readers.read_unit(fer, u) for i in c["index"].to_pylist()] == list(range(5))
-    units, _ = readers.plan(food, str(tmp_path), 2, "validation")
-    assert {u.split for u in units} == {"validation"} and readers.Unit.from_json(units[1].to_json()) == units[1]
-    assert all(u.split == "train" for u in readers.plan(food, str(tmp_path), 2)[0])
+    assert [i for u in units for c in read_unit(fer, u) for i in c["index"].to_pylist()] == list(range(5))
+    units, _ = reader.plan_source(food, str(tmp_path), 2, "validation")
+    assert {u.split for u in units} == {"validation"}
+    assert all(u.split == "train" for u in reader.plan_source(food, str(tmp_path), 2)[0])
 
 
 def test_hub_class_names_come_from_the_parquet_metadata(odd_mirror):
-    _, names = readers.plan(by_slug("cifar10"), odd_mirror, 10)
+    _, names = reader.plan_source(by_slug("cifar10"), odd_mirror, 10)
     assert names == hub_names("cifar10")
 
 
 def test_missing_source_and_missing_column_name_the_source(odd_mirror, tmp_path):
     with pytest.raises(UserError, match=r"^food101: no train \.parquet or \.tar files under .*mteb/food101$"):
-        readers.plan(by_slug("food101"), odd_mirror, 10)
+        reader.plan_source(by_slug("food101"), odd_mirror, 10)
     make_mirror(tmp_path, datasets=["cifar10"])
     path = sorted(glob.glob(f"{tmp_path}/mteb/cifar10/data/train-*.parquet"))[1]
     table = pq.read_table(path)
     pq.write_table(table.rename_columns(["image" if c == "img" else c for c in table.column_names]), path)
     with pytest.raises(UserError, match=r"^cifar10: .*train-00001-of-00002\.parquet has no column img \(columns: "
                                         r"image, label\)"):
-        readers.plan(by_slug("cifar10"), str(tmp_path), 10)
+        reader.plan_source(by_slug("cifar10"), str(tmp_path), 10)
 
 
 def test_corrupt_parquet_footer_names_the_file(tmp_path):
@@ -103,7 +106,7 @@ def test_corrupt_parquet_footer_names_the_file(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(UserError, match=r"^unreadable parquet file .*train-00000-of-00002\.parquet"):
-        readers.plan(by_slug("dtd"), str(tmp_path), 10)
+        reader.plan_source(by_slug("dtd"), str(tmp_path), 10)
 
 
 def _rewrite(path: str, **columns) -> None:
@@ -125,7 +128,7 @@ def test_bad_rows_become_error_rows_and_nothing_else_is_lost(tmp_path):
     _rewrite(path, label=labels, img=images)
 
     source = by_slug("cifar10")
-    units, names = readers.plan(source, root, 5)
+    units, names = reader.plan_source(source, root, 5)
     builder = ShardBuilder({"cifar10": class_table(source, names)}, out, "parquet", 5)
     results = [builder.build(u) for u in units]
     assert sum(r["rows"] for r in results) == 9 and sum(r["errors"] for r in results) == 3
@@ -143,7 +146,7 @@ def test_bad_rows_become_error_rows_and_nothing_else_is_lost(tmp_path):
 def test_scimmir_captions_are_the_rows_own_text(tmp_path):
     make_mirror(tmp_path, datasets=["scimmir"], rows={"scimmir": 12})
     source = by_slug("scimmir")
-    units, names = readers.plan(source, str(tmp_path), 100)
+    units, names = reader.plan_source(source, str(tmp_path), 100)
     table = class_table(source, names)
     out = str(tmp_path / "out")
     ShardBuilder({"scimmir": table}, out, "parquet", 100).build(units[0])
@@ -163,13 +166,13 @@ def test_scimmir_captions_are_the_rows_own_text(tmp_path):
 def test_tars_on_shard_boundaries_are_read_once_each(tmp_path):
     make_mirror(tmp_path, rows={"gtsrb": 25}, datasets=["gtsrb"], tar_rows=5)  # tars of 5, like the hub's 10,000
     source = by_slug("gtsrb")
-    units, _ = readers.plan(source, str(tmp_path), 5)
+    units, _ = reader.plan_source(source, str(tmp_path), 5)
     assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 5, 1), (5, 10, 1), (10, 15, 1), (15, 20, 1),
                                                            (20, None, 1)]
-    units, _ = readers.plan(source, str(tmp_path), 10)  # 5 is not a multiple of 10: one unit per shard
+    units, _ = reader.plan_source(source, str(tmp_path), 10)  # 5 is not a multiple of 10: one unit per shard
     assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 10, 2), (10, 20, 2), (20, None, 1)]
     out = str(tmp_path / "out")
     builder = ShardBuilder({"gtsrb": class_table(source)}, out, "parquet", 1)
-    units, _ = readers.plan(source, str(tmp_path), 1)  # one tar, several shards: the writer rolls over
+    units, _ = reader.plan_source(source, str(tmp_path), 1)  # one tar, several shards: the writer rolls over
     shards = [s["path"] for u in units for s in builder.build(u)["shards"]]
     assert shards == [f"gtsrb/{k:06d}.parquet" for k in range(25)]

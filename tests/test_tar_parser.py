@@ -1,4 +1,4 @@
-"""formats.tar_files / tar_samples / samples / index_tar (our own walk over tar headers) against tarfile and
+"""wds.tar_files / tar_samples / samples / index_tar (our own walk over tar headers) against tarfile and
 webdataset, on tars that are not the plain ones the mirror writes: long names (GNU, pax, ustar prefix),
 folders, links, empty members, meta members, members bigger than a read range, no end blocks, a compressed
 tar; and broken ones: cut short, a bad header, not a tar, empty. No Ray."""
@@ -12,8 +12,8 @@ import tarfile
 import pytest
 
 from mieb_ray import storage
-from mieb_ray.errors import UserError
-from mieb_ray.io import formats
+from mieb_ray.errors import FormatError, UserError
+from mieb_ray.io import tar as wds
 
 LONG = "folder-" + "x" * 120 + "/s0000002.jpg"  # more than 100 characters: a GNU or pax long name
 
@@ -52,7 +52,7 @@ def _tar(path, fmt=tarfile.GNU_FORMAT, members=_members) -> str:
 
 
 def _webdataset(path: str) -> list[dict]:
-    """What the build read before formats had its own tar walk: webdataset over tarfile."""
+    """What the build read before io/tar.py had its own tar walk: webdataset over tarfile."""
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
     with open(path, "rb") as f:
@@ -64,9 +64,9 @@ def _tarfile_files(path: str) -> list[tuple[int, str, bytes]]:
         return [(m.offset, m.name, tar.extractfile(m).read()) for m in tar if m.isreg()]
 
 
-def _our_files(path: str, read_bytes: int = formats.READ_BYTES, start: int = 0) -> list[tuple[int, str, bytes]]:
+def _our_files(path: str, read_bytes: int = wds.READ_BYTES, start: int = 0) -> list[tuple[int, str, bytes]]:
     with storage.open_input(path) as f:
-        return [(at, name, bytes(data)) for batch in formats.tar_files(f, start, read_bytes)
+        return [(at, name, bytes(data)) for batch in wds.tar_files(f, start, read_bytes)
                 for at, name, data in batch]
 
 
@@ -74,7 +74,7 @@ def _no_tarfile(monkeypatch) -> None:
     """tar_files walks these tars itself, handing nothing to tarfile."""
     def fail(*args, **kwargs):
         raise AssertionError("handed to tarfile")
-    monkeypatch.setattr(formats, "_tarfile_files", fail)
+    monkeypatch.setattr(wds, "_tarfile_files", fail)
 
 
 FORMATS = {"gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT, "ustar": tarfile.USTAR_FORMAT}
@@ -109,7 +109,7 @@ def _webdataset_tar(path, members: int = 6) -> str:
 
 
 @pytest.mark.parametrize("fmt", [*FORMATS, "webdataset"])
-@pytest.mark.parametrize("read_bytes", [512, 1536, 4096, 70_000, formats.READ_BYTES])
+@pytest.mark.parametrize("read_bytes", [512, 1536, 4096, 70_000, wds.READ_BYTES])
 def test_members_and_samples_equal_tarfile_and_webdataset(tmp_path, monkeypatch, fmt, read_bytes):
     if fmt == "webdataset":
         path = _webdataset_tar(tmp_path / "a.tar")
@@ -120,12 +120,12 @@ def test_members_and_samples_equal_tarfile_and_webdataset(tmp_path, monkeypatch,
     else:
         path = _tar(tmp_path / "a.tar", FORMATS[fmt], _ustar_members if fmt == "ustar" else _more_members)
     assert _our_files(path, read_bytes) == _tarfile_files(path)
-    monkeypatch.setattr(formats, "READ_BYTES", read_bytes)
-    assert [{**s, "__url__": path} for s in formats.samples(path)] == _webdataset(path)
+    monkeypatch.setattr(wds, "READ_BYTES", read_bytes)
+    assert [{**s, "__url__": path} for s in wds.samples(path)] == _webdataset(path)
 
 
 def _webdataset_from(path: str, offset: int) -> list[dict]:
-    """What formats.samples(path, offset) returned before: webdataset over tarfile from the offset on."""
+    """What wds.samples(path, offset) returned before: webdataset over tarfile from the offset on."""
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
     with open(path, "rb") as f:
@@ -138,13 +138,13 @@ def test_the_index_and_reads_from_its_offsets_agree_with_tarfile(tmp_path, fmt):
     path = _tar(tmp_path / "a.tar", FORMATS[fmt], _more_members)
     first: dict[str, int] = {}  # index_tar's samples: members grouped by sample_key, meta members included
     for at, name, _ in _tarfile_files(path):
-        first.setdefault(formats.sample_key(name), at)
+        first.setdefault(wds.sample_key(name), at)
     with tarfile.open(path) as tar:  # a long name's offset is that of its GNU or pax header, as tarfile's
         assert [m.offset for m in tar if m.isreg()][7] == [at for at, _, _ in _tarfile_files(path)][7]
     for every in (1, 2, 3):
-        assert formats.index_tar(path, every) == (len(first), list(first.values())[::every])
+        assert wds.index_tar(path, every) == (len(first), list(first.values())[::every])
     for offset in first.values():
-        assert list(formats.samples(path, offset)) == _webdataset_from(path, offset)
+        assert list(wds.samples(path, offset)) == _webdataset_from(path, offset)
 
 
 def test_a_pax_global_header_and_a_v7_folder_go_as_tarfile_says(tmp_path):
@@ -154,7 +154,7 @@ def test_a_pax_global_header_and_a_v7_folder_go_as_tarfile_says(tmp_path):
         _add(tar, "old-folder/", kind=tarfile.AREGTYPE)  # V7: a regular file whose name ends in "/"
         _add(tar, "s0000000.cls", b"1")
     assert _our_files(str(path)) == _tarfile_files(str(path))
-    assert [{**s, "__url__": str(path)} for s in formats.samples(str(path))] == _webdataset(str(path))
+    assert [{**s, "__url__": str(path)} for s in wds.samples(str(path))] == _webdataset(str(path))
 
 
 def _set_field(data: bytearray, header: int, start: int, value: bytes) -> None:
@@ -181,7 +181,7 @@ def test_a_pax_size_overrides_the_size_field(tmp_path, monkeypatch):
     expected = [(at, name, body) for at, name, body in _tarfile_files(str(path))]
     assert [len(body) for _, _, body in expected] == [700, 30, 1300]
     _no_tarfile(monkeypatch)
-    for read_bytes in (512, 2048, formats.READ_BYTES):
+    for read_bytes in (512, 2048, wds.READ_BYTES):
         assert _our_files(str(path), read_bytes) == expected
 
 
@@ -200,7 +200,7 @@ def test_a_compressed_tar_is_read_through_tarfile(tmp_path):
     packed = tmp_path / "packed.tar"
     packed.write_bytes(gzip.compress(open(path, "rb").read()))
     assert _our_files(str(packed)) == _tarfile_files(path)
-    assert [{**s, "__url__": path} for s in formats.samples(str(packed))] == _webdataset(path)
+    assert [{**s, "__url__": path} for s in wds.samples(str(packed))] == _webdataset(path)
 
 
 BROKEN = ["cut in the first header", "cut in a later header", "cut in a member's data",
@@ -228,19 +228,19 @@ def _broken(tmp_path):
 
 
 @pytest.mark.parametrize("case", BROKEN)
-@pytest.mark.parametrize("read_bytes", [1024, formats.READ_BYTES])
+@pytest.mark.parametrize("read_bytes", [1024, wds.READ_BYTES])
 def test_a_broken_tar_is_a_one_line_error_naming_the_file(tmp_path, monkeypatch, case, read_bytes):
     cases = _broken(tmp_path)
     assert set(cases) == set(BROKEN)
     path = tmp_path / "broken.tar"
     path.write_bytes(cases[case])
-    monkeypatch.setattr(formats, "READ_BYTES", read_bytes)
-    for read in (lambda: list(formats.samples(str(path))), lambda: formats.index_tar(str(path), 10),
-                 lambda: list(formats.tar_samples(str(path)))):
+    monkeypatch.setattr(wds, "READ_BYTES", read_bytes)
+    for read in (lambda: list(wds.samples(str(path))), lambda: wds.index_tar(str(path), 10),
+                 lambda: list(wds.tar_samples(str(path)))):
         with pytest.raises(UserError) as caught:
             read()
         message = str(caught.value)
-        assert isinstance(caught.value, formats.FormatError)
+        assert isinstance(caught.value, FormatError)
         assert "broken.tar" in message and "\n" not in message, message
 
 
@@ -249,13 +249,13 @@ def test_a_repeated_member_in_a_sample_is_an_error(tmp_path):
         _add(tar, "s0000000.jpg", b"a")
         _add(tar, "s0000000.JPG", b"b")  # the same extension once lower-cased
     path = _tar(tmp_path / "a.tar", members=members)
-    with pytest.raises(formats.FormatError, match="duplicate file name"):
-        list(formats.samples(path))
+    with pytest.raises(FormatError, match="duplicate file name"):
+        list(wds.samples(path))
 
 
 def test_data_are_views_of_the_range_and_samples_copy_them(tmp_path):
     path = _tar(tmp_path / "a.tar")
-    key, members = next(iter(formats.tar_samples(path)))
+    key, members = next(iter(wds.tar_samples(path)))
     assert key == "s0000000" and isinstance(members["jpg"], memoryview) and members["jpg"].readonly
-    sample = next(iter(formats.samples(path)))
+    sample = next(iter(wds.samples(path)))
     assert all(isinstance(v, bytes) for k, v in sample.items() if not k.startswith("__"))

@@ -33,7 +33,7 @@ from mieb_ray.audit.report import thumbnail
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals.zeroshot_tasks import TASKS
-from mieb_ray.io import embeddings, tables
+from mieb_ray.io import embeddings, parquet, reader
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.pipelines.embed import embed_table, table_units
 from mieb_ray.runtime import placement, tasks
@@ -105,15 +105,15 @@ class Side:
     tasks: tuple[str | None, ...]  # per table: its eval task, BY_SLUG (mieb), or None (train)
     keys: tuple[str, ...] = ()  # per table: its key column (default "key")
 
-    def columns(self, table: int) -> tables.Columns:
-        return tables.Columns(self.keys[table] if self.keys else "key", "image")
+    def columns(self, table: int) -> reader.TableColumns:
+        return reader.TableColumns(self.keys[table] if self.keys else "key", "image")
 
-    def plan(self) -> list[tuple[int, tables.Unit]]:
+    def plan(self) -> list[tuple[int, reader.Unit]]:
         """(table number, unit) of every table, in order."""
         units = []
         for n, uri in enumerate(self.uris):
-            fmt, files = tables.input_files(uri)
-            tables.check_columns(fmt, files[0], self.columns(n))
+            fmt, files = reader.input_files(uri)
+            reader.check_columns(fmt, files[0], self.columns(n).read_as("image"))
             planned = table_units(files, UNIT_ROWS)
             if not sum(u.hi - u.lo for u in planned):
                 raise UserError(f"{storage.display(uri)} holds no rows: nothing to audit "
@@ -162,7 +162,7 @@ def audit(config: AuditConfig, log=print) -> dict:
 
 
 def _table_bytes(uri: str) -> int:
-    _, files = tables.input_files(uri)
+    _, files = reader.input_files(uri)
     return sum(storage.file_sizes([f.uri for f in files], "input file"))
 
 
@@ -185,7 +185,7 @@ def _against(config: AuditConfig, log) -> Side:
 # ---------------------------------------------------------------------------------------------- hash
 
 
-def _hash_name(side: str, table: int, unit: tables.Unit) -> str:
+def _hash_name(side: str, table: int, unit: reader.Unit) -> str:
     return f"{side}/{table}/{unit.name.removesuffix('.arrow')}"
 
 
@@ -202,10 +202,10 @@ def _hash_unit(out: str, item: tuple, partitions: int, progress: Progress) -> di
     columns, task = side.columns(table_number), side.tasks[table_number]
     by_slug = task_names() if task == BY_SLUG else None
     chunks, first = [], 0
-    for rows in tables.read_unit(unit, columns, "image"):
-        keys = rows[columns.key]
+    for chunk in reader.read(unit, columns.read_as("image")):
+        keys, images = chunk[columns.key].to_pylist(), parquet.image_bytes(chunk["image"]).to_pylist()
         row_tasks = [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
-        chunks.append(matches.hash_rows(keys, rows["image"], number, first, partitions, row_tasks))
+        chunks.append(matches.hash_rows(keys, images, number, first, partitions, row_tasks))
         first += len(keys)
     table = matches.by_partition(pa.concat_tables(chunks) if chunks else matches.HASH_SCHEMA.empty_table())
     bounds = np.flatnonzero(np.diff(table["part"].to_numpy())) + 1
@@ -415,13 +415,13 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
 
 
 @tasks.remote(num_cpus=1)
-def _thumbnails(unit: tables.Unit, columns: tables.Columns, rows: list[int]) -> dict[int, str | None]:
-    want, out, at = set(rows), {}, 0
-    for chunk in tables.read_unit(unit, columns, "image"):
-        for image in chunk["image"]:
-            if at in want:
-                out[at] = thumbnail(image)
-            at += 1
+def _thumbnails(unit: reader.Unit, columns: reader.TableColumns, rows: list[int]) -> dict[int, str | None]:
+    """Thumbnails of the unit's rows at these positions."""
+    want, out = set(rows), {}
+    for chunk in reader.read(unit, columns.read_as("image")):
+        for index, image in zip(chunk["index"].to_pylist(), parquet.image_bytes(chunk["image"]).to_pylist()):
+            if index - unit.lo in want:
+                out[index - unit.lo] = thumbnail(image)
     return out
 
 

@@ -16,15 +16,19 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 
+from mieb_ray import storage
 from mieb_ray.encode.gpu_decode import DeviceDecoder
 from mieb_ray.encode.model import Encoder, load_info, resolve
 from mieb_ray.encode.preprocess import ImageSpec, load_images, normalize
-from mieb_ray.io import embeddings, tables
+from mieb_ray.errors import FormatError
+from mieb_ray.io import embeddings, parquet, reader
+from mieb_ray.io.reader import TableColumns, Unit
 from mieb_ray.runtime.output import Progress
 
 
-def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, modality: str,
+def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: str,
                spec: dict | None, decode: str = "cpu") -> dict:
     """One unit in (its number in `units`), all its rows out as one block."""
     (number,) = batch["unit"]
@@ -41,26 +45,40 @@ def read_stage(batch: dict, units: list[tables.Unit], columns: tables.Columns, m
     else:
         texts = np.empty(n, dtype=object)
     at = 0
-    for chunk in tables.read_unit(unit, columns, modality):
-        size = len(chunk[columns.key])
+    for chunk in reader.read(unit, columns.read_as("image" if modality != "text" else "text")):
+        size = chunk.num_rows
         for name in out:
-            out[name][at:at + size] = chunk[name]
+            out[name][at:at + size] = chunk[name].to_numpy(zero_copy_only=False)
+        data = chunk[columns.data]
+        if modality != "text":
+            data = parquet.image_bytes(data).to_pylist() if pa.types.is_struct(data.type) else data.to_pylist()
         if modality == "bytes":
-            images[at:at + size] = [b or b"" for b in chunk[columns.data]]
-            errors[at:at + size] = ["missing image" if b is None else "" for b in chunk[columns.data]]
+            images[at:at + size] = [b or b"" for b in data]
+            errors[at:at + size] = ["missing image" if b is None else "" for b in data]
         elif modality == "image":
-            pixels[at:at + size], bad = load_images(chunk[columns.data], spec_)
+            pixels[at:at + size], bad = load_images(data, spec_)
             errors[at:at + size] = [e or "" for e in bad]
         else:
-            errors[at:at + size] = [_text_error(t) for t in chunk[columns.data]]
-            texts[at:at + size] = [t if isinstance(t, str) else "" for t in chunk[columns.data]]
+            values = [_text(t) for t in data.to_pylist()]
+            errors[at:at + size] = [_text_error(t) for t in values]
+            texts[at:at + size] = [t if isinstance(t, str) else "" for t in values]
         at += size
     if at != n:
-        raise tables.InputError(f"{unit.uri} has {unit.lo + at:,} rows, fewer than the {unit.hi:,} it had when "
-                                "the job was planned; was it changed during the run?")
+        raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "
+                          f"{unit.hi:,} it had when the job was planned; was it changed during the run?")
     data = {"pixels": pixels} if modality == "image" else {"images": images} if modality == "bytes" \
         else {columns.data: texts}
     return {**out, **data, "__error": errors, "__unit": np.full(n, int(number))}
+
+
+def _text(value):
+    """A text to encode as it came: a tar member's bytes decoded if they are UTF-8 (else left as bytes)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value
 
 
 def _text_error(text) -> str:
@@ -111,7 +129,7 @@ class EncodeStage:
         return self.encoder.encode_pixel_values(normalize(pixels, ImageSpec(**self.spec), dtype=self.encoder.dtype))
 
 
-def commit_stage(batch: dict, units: list[tables.Unit], out: str, schema, columns: tables.Columns,
+def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: TableColumns,
                  progress: Progress) -> dict:
     """Commit the shard of each unit in the block, then its progress record; return the records' results."""
     results = []

@@ -1,6 +1,6 @@
 """The MIEB zero-shot suite as an EvalSuite: up to 22 tasks scored together from one set of embedding shards.
 
-plan      driver: each task's eval split planned by the build's readers (footers, first tar headers); the
+plan      driver: each task's eval split planned by the one reader (footers, first tar headers); the
           ClassLabel names give mteb's prompts and mieb-train's fixed prompts
 load      a task per read unit of an eval split: its (index, label) pairs
 prompts   one task reads every prompt's text embedding: the prompt corpus, one partition of the top-k engine
@@ -33,7 +33,7 @@ from mieb_ray.evals.zeroshot_scoring import (
     metrics,
 )
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
-from mieb_ray.io import embeddings, readers
+from mieb_ray.io import embeddings, reader
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
 from mieb_ray.sources import by_slug
@@ -60,11 +60,10 @@ class Planned:
 
 
 @tasks.remote(num_cpus=1)
-def _labels(slug: str, unit_json: str) -> tuple[np.ndarray, np.ndarray]:
+def _labels(unit: reader.Unit) -> tuple[np.ndarray, np.ndarray]:
     """(index, label) of one read unit's rows; a missing label is -1."""
-    source, unit = by_slug(slug), readers.Unit.from_json(unit_json)
     index, label = [], []
-    for _, chunk in readers.read_unit(source, unit):
+    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["label"]]):
         index.append(chunk["index"].to_numpy())
         label.append(pc.fill_null(pc.cast(chunk["label"], pa.int64()), -1).to_numpy())
     if not index:
@@ -113,14 +112,13 @@ def _image_block(uris: list[str], prefixes: list[str]):
 
 
 @tasks.remote(num_cpus=1)
-def _images(slug: str, units: list[str], wanted: list[int]) -> dict[int, bytes | None]:
+def _images(units: list[reader.Unit], wanted: list[int]) -> dict[int, bytes | None]:
     """Image bytes of a few rows of an eval split (for the report's gallery)."""
-    source, want, out = by_slug(slug), set(wanted), {}
-    for unit_json in units:
-        unit = readers.Unit.from_json(unit_json)
+    want, out = set(wanted), {}
+    for unit in units:
         if not any(unit.lo <= w and (unit.hi is None or w < unit.hi) for w in want):
             continue
-        for _, chunk in readers.read_unit(source, unit):
+        for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["image"]]):
             for i, image in zip(chunk["index"].to_pylist(), pc.struct_field(chunk["image"], "bytes").to_pylist()):
                 if i in want:
                     out[i] = image
@@ -160,7 +158,7 @@ class ZeroShotSuite:
             from concurrent.futures import ThreadPoolExecutor
 
             def one(task: ZeroShotTask) -> Planned:
-                units, hub_names = readers.plan(task.source, self.sources, UNIT_ROWS, split=task.split)
+                units, hub_names = reader.plan_source(task.source, self.sources, UNIT_ROWS, split=task.split)
                 classes, mteb = task.classes(hub_names), task.mteb_prompts(hub_names)
                 if len(mteb) != len(classes.text):
                     raise UserError(f"{task.name}: mteb has {len(mteb)} classes, the catalog {len(classes.text)}")
@@ -194,7 +192,7 @@ class ZeroShotSuite:
         start = time.time()
         planned = self.plan()
         for p in planned:
-            p.labels = [_labels.remote(p.task.slug, u.to_json()) for u in p.units]
+            p.labels = [_labels.remote(u) for u in p.units]
         corpus, ranges = [], []
         for p in planned:
             spans = {}
@@ -335,7 +333,7 @@ class ZeroShotSuite:
         for p in chosen:
             pr = self.predictions[p.task.name]
             wanted[p.task.name] = [int(i) for i in np.flatnonzero(pr["mteb_pred"] != pr["label"])[:GALLERY_IMAGES]]
-        refs = {p.task.name: _images.remote(p.task.slug, [u.to_json() for u in p.units], wanted[p.task.name])
+        refs = {p.task.name: _images.remote(p.units, wanted[p.task.name])
                 for p in chosen if wanted[p.task.name]}
         gallery, images = [], {}
         for p in chosen:

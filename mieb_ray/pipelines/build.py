@@ -21,7 +21,7 @@ import hashlib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 from mieb_ray import __version__, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
-from mieb_ray.io import readers
+from mieb_ray.io import reader
 from mieb_ray.pipelines import preflight
-from mieb_ray.pipelines.shard_builder import ShardBuilder, unit_name
+from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.runtime import placement
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
@@ -124,12 +124,12 @@ def build(config: BuildConfig, log=print) -> dict:
     units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
     log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
         f"in {time.time() - t0:.1f}s")
-    built = job.earlier({unit_name(u): asdict(u) for u in units}, settings)
+    built = job.earlier({u.name: u.identity for u in units}, settings)
     if config.resume:
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
     if exclude is not None:
         log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)}")
-    todo = [i for i, u in enumerate(units) if unit_name(u) not in built]
+    todo = [i for i, u in enumerate(units) if u.name not in built]
     rows = sum((u.hi or u.lo + config.rows_per_shard) - u.lo for u in units)
     where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
                              else None, f"about {rows:,} rows")
@@ -176,7 +176,7 @@ def _exclusion(config: BuildConfig, exclude: pa.Array | None) -> dict | None:
 
 def _plan(selected, sources: str, rows_per_shard: int, split: str):
     def one(source):
-        units, hub_names = readers.plan(source, sources, rows_per_shard, source_split(source, split))
+        units, hub_names = reader.plan_source(source, sources, rows_per_shard, source_split(source, split))
         try:
             return source, units, class_table(source, hub_names)
         except ValueError as exc:  # the source's class list is not the one the catalog knows
@@ -246,7 +246,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
     job.check_errors(n_errors, rows, config.max_error_rate, "built", ", ".join(f"{k}: {v:,}" for k, v in errors.items()
                                                                               if v))
     expected = {s.slug: expected_rows(s, config.split) for s in selected}
-    verify = (config.sources == readers.HF) if config.check_counts is None else config.check_counts
+    verify = (config.sources == reader.HF) if config.check_counts is None else config.check_counts
     if verify:
         # the rows left out by --exclude were read: the source still has its catalog count
         check_counts({k: counts[k] + excluded[k] for k in counts}, expected,

@@ -33,7 +33,7 @@ from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 from mieb_ray.errors import UserError
-from mieb_ray.io import embeddings, tables
+from mieb_ray.io import embeddings, reader, tar
 from mieb_ray.runtime import cluster, placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
@@ -73,9 +73,9 @@ class EmbedConfig:
     executor: str = "auto"  # ray, local (in this process), auto (local on a machine alone without a GPU)
 
     @property
-    def columns(self) -> tables.Columns:
+    def columns(self) -> reader.TableColumns:
         data = self.image_column if self.modality == "image" else self.text_column
-        return tables.Columns(self.key_column, data, tuple(self.carry_columns))
+        return reader.TableColumns(self.key_column, data, tuple(self.carry_columns))
 
     def check(self) -> None:
         if self.modality not in MODALITIES:
@@ -97,7 +97,7 @@ class Plan:
     """What the workers need, decided once by the driver."""
 
     fmt: str
-    units: list[tables.Unit]
+    units: list[reader.Unit]
     info: object  # ModelInfo
     spec: dict | None
     schema: object  # the shards' Arrow schema, with its metadata
@@ -114,7 +114,8 @@ def embed(config: EmbedConfig, log=print) -> dict:
         job.start()
         results = job.earlier({u.name: u.identity for u in plan.units}, plan.settings)
         todo = [i for i, u in enumerate(plan.units) if u.name not in results]
-        log(f"[embed] {len(plan.units)} shards from {len({u.uri for u in plan.units})} input files ({plan.fmt}), "
+        files = len({u.pieces[0].uri for u in plan.units})
+        log(f"[embed] {len(plan.units)} shards from {files} input files ({plan.fmt}), "
             f"{len(results)} already done, {sum(plan.units[i].hi - plan.units[i].lo for i in todo):,} rows to "
             f"encode with {config.model} ({plan.info.architecture}, dim {plan.info.dim})")
         log(f"[embed] {where.describe()}")
@@ -160,8 +161,8 @@ def placement_of(config: EmbedConfig) -> placement.Placement:
 
 
 def _plan(config: EmbedConfig) -> Plan:
-    fmt, files = tables.input_files(config.input)
-    carry_schema = tables.check_columns(fmt, files[0], config.columns)
+    fmt, files = reader.input_files(config.input)
+    carry_schema = reader.check_columns(fmt, files[0], config.columns.read_as(config.modality))
     info = load_info(resolve(config.model, config.revision), config.model, config.revision,
                      modality=config.modality)
     spec = _image_spec(info) if config.modality == "image" else None
@@ -184,20 +185,20 @@ def _image_spec(info) -> dict:
     return ImageSpec.from_processor_config(info.image_config).to_dict()
 
 
-_index_tar = tasks.remote(num_cpus=0.5)(tables.index_tar)
+_index_tar = tasks.remote(num_cpus=0.5)(tar.index_tar)
 
 
-def table_units(files: list[tables.InputFile], rows_per_unit: int) -> list[tables.Unit]:
+def table_units(files: list[reader.InputFile], rows_per_unit: int) -> list[reader.Unit]:
     """The files cut into units: parquet rows counted from footers, tars counted and indexed (where each unit
-    starts) by a read of every tar, in worker tasks."""
-    tables.count_parquet_rows([f for f in files if f.uri.endswith(".parquet")])
+    starts) by a read of every tar, in tasks."""
+    reader.count_parquet_rows(files)
     tars = [f for f in files if f.uri.endswith(".tar")]
     if tars and tasks.mode() == "ray":
         cluster.ray_up()
     counted = tasks.get([_index_tar.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):
         f.rows = rows
-    return tables.plan_units(files, rows_per_unit, {f.uri: offsets for f, (_, offsets) in zip(tars, counted)})
+    return reader.plan_table(files, rows_per_unit, {f.uri: offsets for f, (_, offsets) in zip(tars, counted)})
 
 
 # ---------------------------------------------------------------------------------------------- run

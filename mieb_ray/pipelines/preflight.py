@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from mieb_ray import storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
-from mieb_ray.io import formats, readers
+from mieb_ray.io import parquet, reader, tar
 from mieb_ray.sources import PARQUET, Source, expected_names, select
 from mieb_ray.sources.catalog import HUB
 
@@ -110,7 +110,7 @@ def check_names(source: Source, found: list[str] | None, row: Row) -> None:
 def _check_parquet(source: Source, files: tuple[str, ...], row: Row, count: bool) -> list[str] | None:
     todo = files if count else files[:1]
     with ThreadPoolExecutor(FILE_THREADS) as pool:
-        metas: list[pq.FileMetaData] = list(pool.map(formats.parquet_footer, todo))
+        metas: list[pq.FileMetaData] = list(pool.map(parquet.footer, todo))
     wanted = [c for c in (source.image_column, source.label_column, source.caption_column) if c]
     for uri, meta in zip(todo, metas):
         schema = meta.schema.to_arrow_schema()
@@ -119,23 +119,25 @@ def _check_parquet(source: Source, files: tuple[str, ...], row: Row, count: bool
             row.fails.append(f"{storage.display(uri).rsplit('/', 1)[-1]} has no column {', '.join(missing)} "
                              f"(columns: {', '.join(schema.names)})")
             return None
-        if not formats.is_image_type(schema.field(source.image_column).type):
+        if not parquet.is_image_type(schema.field(source.image_column).type):
             row.fails.append(f"column {source.image_column} is {schema.field(source.image_column).type}, "
                              "not image bytes")
             return None
     if count:
         row.rows = sum(m.num_rows for m in metas)
-    return formats.hub_class_names(metas[0], source.label_column)
+    return parquet.hub_class_names(metas[0], source.label_column)
 
 
 def _tar_index(uri: str, name: str) -> int:
-    return readers.sample_index(formats.sample_key(name), uri)
+    return reader.sample_index(tar.sample_key(name), uri)
 
 
-def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool) -> list[str] | None:
+def _check_tars(source: Source, listing: reader.Listing, row: Row, count: bool) -> list[str] | None:
     files = listing.files
-    sample = formats.first_sample(files[0])
-    images, labels, captions = readers.tar_members(source)
+    sample = tar.first_sample(files[0])
+    columns = reader.source_columns(source)
+    images, labels = columns["image"].tar_members, columns["label"].tar_members
+    captions = columns["caption"].tar_members if "caption" in columns else ()
     members = sorted(k for k in sample if not k.startswith("__"))
     if not any(e in sample for e in images):
         row.fails.append(f"first sample {sample['__key__']} has no image member ({', '.join(images[:2])}; "
@@ -149,12 +151,12 @@ def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool)
         return None
     if count:
         with ThreadPoolExecutor(FILE_THREADS) as pool:
-            firsts = [_tar_index(uri, name) for uri, name in zip(files, pool.map(formats.first_member, files))]
+            firsts = [_tar_index(uri, name) for uri, name in zip(files, pool.map(tar.first_member, files))]
         for a, b, uri in zip(firsts, firsts[1:], files[1:]):
             if b <= a:
                 row.fails.append(f"{storage.display(uri).rsplit('/', 1)[-1]} starts at index {b}, not after {a}")
                 return None
-        last = formats.last_member(files[-1])
+        last = tar.last_member(files[-1])
         if last is None:
             row.notes.append(f"rows not counted (no tar header in the tail of {storage.display(files[-1])})")
         else:
@@ -162,7 +164,7 @@ def _check_tars(source: Source, listing: readers.Listing, row: Row, count: bool)
             row.notes.append("rows by keys")
         if firsts[0] != 0:
             row.notes.append(f"the first sample has index {firsts[0]}, not 0")
-    return readers.classnames(listing)
+    return reader.classnames(listing)
 
 
 def check_source(source: Source, sources: str, split: str = "train", count: bool = True,
@@ -173,7 +175,7 @@ def check_source(source: Source, sources: str, split: str = "train", count: bool
     row = Row(source.slug, source.repo, source.layout,
               expected_rows(source, split) if expected == CATALOG else expected)
     try:
-        listing = readers.detect(source, sources, split_of(source, split))
+        listing = reader.detect(source, sources, split_of(source, split))
         row.layout, row.files = listing.layout, len(listing.files)
         if listing.layout != source.layout:
             row.warnings.append(f"layout changed: expected {source.layout}, found {listing.layout}")

@@ -12,7 +12,7 @@ committed too: what `--resume` skips.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.captions import ClassTable
-from mieb_ray.io.readers import SourceError, Unit, read_unit
+from mieb_ray.errors import FormatError
+from mieb_ray.io.reader import Unit, read, source_columns
 from mieb_ray.io.writers import WRITERS
 from mieb_ray.mieb_train import train_rows
 from mieb_ray.runtime.output import Progress
@@ -34,11 +35,6 @@ def shard_path(slug: str, shard: int, suffix: str) -> str:
 
 def error_path(slug: str, unit_lo: int) -> str:
     return f"_errors/{slug}/{unit_lo:012d}.parquet"
-
-
-def unit_name(unit: Unit) -> str:
-    """The unit's progress record name; an eval split's names its split, so it never meets a train unit's."""
-    return f"{unit.slug}/{unit.lo:012d}" if unit.split == "train" else f"{unit.slug}/{unit.split}/{unit.lo:012d}"
 
 
 class ShardBuilder:
@@ -57,7 +53,7 @@ class ShardBuilder:
             unit = self.units[int(number)]
             result = self.build(unit)
             if self.progress is not None:
-                self.progress.record(unit_name(unit), asdict(unit), result)
+                self.progress.record(unit.name, unit.identity, result)
             results.append(json.dumps(result))
         return {"result": np.array(results)}
 
@@ -73,16 +69,19 @@ class ShardBuilder:
         return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows, **stats}
 
     def build(self, unit: Unit) -> dict:
-        source, table, exclude = by_slug(unit.slug), self.tables[unit.slug], self.exclude.get(unit.slug)
+        slug = unit.source
+        source, table, exclude = by_slug(slug), self.tables[slug], self.exclude.get(slug)
+        columns = list(source_columns(source).values())
         shards, errors, dropped, excluded, last = [], [], 0, 0, -1
         current: _OpenShard | None = None
         try:
-            for file, chunk in read_unit(source, unit):
+            for chunk in read(unit, columns):
                 index = chunk["index"].to_numpy()
                 if len(index) == 0:
                     continue
+                file = unit.file_of(int(index[0]))
                 if index[0] <= last or np.any(np.diff(index) <= 0):
-                    raise SourceError(f"{unit.slug}: sample keys out of order or repeated in "
+                    raise FormatError(f"{slug}: sample keys out of order or repeated in "
                                       f"{storage.display(file)} near index {int(index[0])}")
                 last = int(index[-1])
                 # the index is increasing, so each shard's rows are one slice of the chunk
@@ -92,8 +91,8 @@ class ShardBuilder:
                     number = int(shard_of[lo])
                     if current is None or current.number != number:
                         if current is not None:
-                            shards.append(self._commit(unit.slug, current))
-                        current = self._open(unit.slug, number, source.image_ext)
+                            shards.append(self._commit(slug, current))
+                        current = self._open(slug, number, source.image_ext)
                     rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
                                                       storage.display(file), unit.split)
                     if exclude is not None:
@@ -105,17 +104,17 @@ class ShardBuilder:
                     if bad.num_rows:
                         errors.append(bad)
             if current is not None:
-                shards.append(self._commit(unit.slug, current))
+                shards.append(self._commit(slug, current))
                 current = None
         finally:
             if current is not None:  # failed mid-shard: never committed
                 storage.discard(current.local)
         error_file = None
         if errors:
-            error_file = error_path(unit.slug, unit.lo)
+            error_file = error_path(slug, unit.lo)
             table = pa.concat_tables(errors)
             storage.commit_file(storage.join(self.out, error_file), lambda local: pq.write_table(table, local))
-        return {"slug": unit.slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
+        return {"slug": slug, "lo": unit.lo, "shards": shards, "rows": sum(s["rows"] for s in shards),
                 "errors": sum(e.num_rows for e in errors), "error_file": error_file, "dropped": dropped,
                 "excluded": excluded}
 

@@ -1,0 +1,506 @@
+"""The one reader: any table of Parquet files or WebDataset tars (a catalog source's split, a mieb-train output,
+anyone's table), local, on S3 or on the hub, cut into units and read as Arrow tables.
+
+A Unit is rows [lo, hi) of a table, held by one or more pieces (files). Two planners make them:
+  plan_source  a catalog source's split (train, test, validation) from the hub or a mirror: the layout found by
+               the files the split holds (Parquet or tars; the catalog's only breaks a tie), units of rows
+               [k*N, (k+1)*N) of the split, a row's index its place in the split (files in natural order, rows
+               in file order; in tars the number in the `s0000123` sample key, as clip_benchmark writes them)
+  plan_table   a table's files (input_files: a mieb-train manifest's shards, or a folder's files), each cut into
+               units of rows of that file, a row's index its position in the file; a tar's units start reading
+               at the byte offset of their first sample (index_tar)
+and `read(unit, columns)` yields the unit's rows in order as tables of at most CHUNK_ROWS rows (or CHUNK_BYTES of
+images), an `index` column first: Parquet row groups straight to Arrow, tar members into column buffers (no row
+dicts). A Column says where a column is in either format and how a tar member becomes a value. Planning reads
+metadata only: listings, Parquet footers, the first header of a tar.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from mieb_ray import storage
+from mieb_ray.errors import FormatError, UserError
+from mieb_ray.io import parquet, tar
+from mieb_ray.io.parquet import IMAGE_TYPE
+from mieb_ray.io.tar import IMAGE_EXTENSIONS
+from mieb_ray.sources import PARQUET, WEBDATASET, Source
+
+CHUNK_ROWS = 1000
+CHUNK_BYTES = 64 << 20
+HF = "hf"
+PARQUET_SUFFIX, TAR_SUFFIX = ".parquet", ".tar"
+
+# the words a split's files or folders go by: data/train-00000-of-00002.parquet, test/0.tar, val/...
+_SPLIT_WORDS = {"train": "train|training", "test": "test|testing", "validation": "validation|valid|val"}
+_EXTENSIONS = {PARQUET: PARQUET_SUFFIX, WEBDATASET: TAR_SUFFIX}
+
+
+@dataclass(frozen=True)
+class Piece:
+    uri: str
+    first: int  # the index of the file's first row (a tar's: of the first sample read)
+    offset: int = 0  # a tar: the byte offset of its first sample to read
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Rows [lo, hi) of a table (hi None: to the end of the last piece): what one worker reads and commits whole."""
+
+    lo: int
+    hi: int | None
+    pieces: tuple[Piece, ...]
+    name: str  # what the unit makes: its shard's name (a table), its rows of a source split (a source)
+    source: str | None = None  # a catalog source's slug and split: rows indexed by their place in the split
+    split: str | None = None
+
+    @property
+    def identity(self) -> dict:
+        """What a progress record keeps of the unit, to be sure a resumed run would read the same rows."""
+        return {"files": [storage.display(p.uri) for p in self.pieces], "lo": self.lo, "hi": self.hi}
+
+    def file_of(self, index: int) -> str:
+        """The file that holds row `index`."""
+        return next((p.uri for p in reversed(self.pieces) if p.first <= index), self.pieces[0].uri)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the tables read() yields: `field` in a Parquet file; in a tar, the first of `members` (default:
+    the field) the sample holds, else its .json member's `field`. kind: how a tar member becomes a value (Parquet
+    columns come as they are, image columns as HF Image structs):
+      image  an HF Image struct {bytes, path}, the bytes untouched (any image member when none is named)
+      label  an integer; a member of class names (SciMMIR's `class`) stays text; `cls` anything else is null
+      text   UTF-8 text, bad bytes replaced
+      raw    the member's bytes as they are (the text to encode: a row that is not UTF-8 is the caller's error)
+      value  text, `cls` an integer or null, or the .json field's value
+      key    the sample's key"""
+
+    name: str
+    field: str
+    kind: str = "value"
+    members: tuple[str, ...] = ()
+
+    @property
+    def tar_members(self) -> tuple[str, ...]:
+        return self.members or (self.field,)
+
+
+def source_columns(source: Source) -> dict[str, Column]:
+    """A source split's columns by name, image, label [, caption], wherever its layout keeps them, in order of
+    preference: the catalog's members (its image extension, `cls`), then those of a Parquet source written as
+    tars (its column names), then any image extension."""
+    columns = {"image": Column("image", source.image_column, "image",
+                               tuple(dict.fromkeys((source.image_ext, source.image_column, *IMAGE_EXTENSIONS)))),
+               "label": Column("label", source.label_column, "label", ("cls", source.label_column))}
+    if source.caption_column:
+        columns["caption"] = Column("caption", source.caption_column, "text", ("txt", "text", source.caption_column))
+    return columns
+
+
+@dataclass(frozen=True)
+class TableColumns:
+    """A table's key column, its data column (the images, or the texts to encode) and the columns to carry."""
+
+    key: str
+    data: str
+    carry: tuple[str, ...] = ()
+
+    def read_as(self, modality: str) -> list[Column]:
+        """The Columns read() takes (in tars: the key is the sample's, an image any image member, text .txt)."""
+        extra = {"image": IMAGE_EXTENSIONS, "text": ("txt",)}
+        return [Column(self.key, self.key, "key"),
+                Column(self.data, self.data, "image" if modality == "image" else "raw",
+                       (self.data, *extra.get(self.data, ()))),
+                *(Column(c, c, "value", (c, *extra.get(c, ())) if c == "text" else ()) for c in self.carry)]
+
+
+# ---------------------------------------------------------------------------------------------- sources
+
+
+def repo_root(source: Source, sources: str) -> str:
+    """Where the source's repo lives: the hub at the pinned revision, or ROOT/<repo> in a mirror."""
+    if sources == HF:
+        return f"hf://datasets/{source.repo}@{source.revision}"
+    return storage.join(sources, source.repo)
+
+
+def _natural(uri: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a source's split holds at its revision: the layout found, its data files in split order, and the
+    repo's classnames.txt (CLIP_benchmark's class list beside tars) when there is one."""
+
+    layout: str  # PARQUET or WEBDATASET
+    files: tuple[str, ...]
+    classnames: str | None = None
+
+
+def detect(source: Source, sources: str, split: str = "train") -> Listing:
+    """List the repo once and find the split's files: parquet or tars, whichever it holds (both: the catalog's
+    layout). Natural sort: 2.tar before 10.tar."""
+    root = repo_root(source, sources)
+    words = re.compile(rf"(^|/)({_SPLIT_WORDS.get(split, re.escape(split))})([-._ 0-9/]|$)")
+    rel = {u: u[len(root):].lstrip("/") for u in storage.list_files(root)}
+    # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
+    rel = {u: r for u, r in rel.items() if not re.search(r"(^|/)\.", r)}
+    found = {layout: sorted((u for u, r in rel.items() if u.endswith(ext) and words.search(r)), key=_natural)
+             for layout, ext in _EXTENSIONS.items()}
+    layout = next((k for k in (source.layout, *found) if found[k]), None)
+    if layout is None:
+        raise FormatError(f"{source.slug}: no {split} .parquet or .tar files under {storage.display(root)}")
+    names = sorted((u for u, r in rel.items() if r.rsplit("/", 1)[-1] == "classnames.txt"), key=len)
+    return Listing(layout, tuple(found[layout]), names[0] if names else None)
+
+
+def split_files(source: Source, sources: str, split: str = "train") -> list[str]:
+    """The files of a split (train, test, validation), in split order, in the layout the repo holds."""
+    return list(detect(source, sources, split).files)
+
+
+def train_files(source: Source, sources: str) -> list[str]:
+    """The train split's files (the benchmarks list them)."""
+    return split_files(source, sources, "train")
+
+
+def classnames(listing: Listing) -> list[str] | None:
+    """The class list a tar repo keeps beside its tars (classnames.txt, one name per line), else None."""
+    return storage.read_text(listing.classnames).splitlines() if listing.classnames else None
+
+
+def unit_name(slug: str, split: str, lo: int) -> str:
+    """A source unit's name; an eval split's names its split, so it never meets a train unit's."""
+    return f"{slug}/{lo:012d}" if split == "train" else f"{slug}/{split}/{lo:012d}"
+
+
+def plan_source(source: Source, sources: str, rows_per_unit: int,
+                split: str = "train") -> tuple[list[Unit], list[str] | None]:
+    """Units of rows [k*N, (k+1)*N) of the source's split, and the class names it keeps (Parquet: the label
+    column's ClassLabel names; tars: classnames.txt), whichever layout the repo holds."""
+    listing = detect(source, sources, split)
+    files = list(listing.files)
+    if listing.layout == PARQUET:
+        firsts, ends, names = _parquet_extents(source, files)
+    else:
+        with ThreadPoolExecutor(16) as pool:
+            firsts = list(pool.map(_first_index, files))
+        for a, b, uri in zip(firsts, firsts[1:], files[1:]):
+            if b <= a:
+                raise FormatError(f"{source.slug}: {storage.display(uri)} starts at index {b}, not after {a}")
+        ends, names = firsts[1:] + [None], classnames(listing)  # the last tar's size is known only by reading it
+    if listing.layout == WEBDATASET and all(first % rows_per_unit == 0 for first in firsts):
+        # the hub's tars hold 10,000 samples each: a unit per tar, each read once
+        bounds = [(first, end, [(uri, first)]) for uri, first, end in zip(files, firsts, ends)]
+    else:
+        total = ends[-1]
+        last = (firsts[-1] if total is None else max(total - 1, 0))
+        bounds = []
+        for lo in range(0, last - last % rows_per_unit + 1, rows_per_unit):
+            hi = lo + rows_per_unit if total is None or lo + rows_per_unit < total else total
+            hi = None if total is None and lo + rows_per_unit > last else hi
+            held = [(uri, first) for uri, first, end in zip(files, firsts, ends)
+                    if (hi is None or first < hi) and (end is None or end > lo) and (end is None or end > first)]
+            if held:
+                bounds.append((lo, hi, held))
+    units = [Unit(lo, hi, tuple(Piece(uri, first) for uri, first in held), unit_name(source.slug, split, lo),
+                  source.slug, split) for lo, hi, held in bounds]
+    return units, names
+
+
+def _parquet_extents(source: Source, files: list[str]) -> tuple[list[int], list[int], list[str] | None]:
+    """Each file's first and end index in the split, from the footers, and the label column's class names."""
+    with ThreadPoolExecutor(16) as pool:
+        metas = list(pool.map(parquet.footer, files))
+    wanted = [c for c in (source.image_column, source.label_column, source.caption_column) if c]
+    firsts, first = [], 0
+    for uri, meta in zip(files, metas):
+        names = meta.schema.to_arrow_schema().names
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise FormatError(f"{source.slug}: {storage.display(uri)} has no column {', '.join(missing)} "
+                              f"(columns: {', '.join(names)})")
+        firsts.append(first)
+        first += meta.num_rows
+    return firsts, firsts[1:] + [first], parquet.hub_class_names(metas[0], source.label_column)
+
+
+def sample_index(key: str, uri: str) -> int:
+    index = tar.key_index(key)
+    if index is None:
+        raise FormatError(f"sample key {key!r} in {storage.display(uri)} carries no index (expected s0000123)")
+    return index
+
+
+def _first_index(uri: str) -> int:
+    return sample_index(tar.sample_key(tar.first_member(uri)), uri)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+@dataclass
+class InputFile:
+    uri: str
+    rel: str  # path under the input root; the output shard is named after it
+    rows: int | None = None
+
+
+def _rel(root: str, uri: str) -> str:
+    return uri[len(root.rstrip("/")) + 1:] if uri != root else uri.rsplit("/", 1)[-1]
+
+
+def input_files(root: str) -> tuple[str, list[InputFile]]:
+    """("parquet" | "webdataset", the table's files in order). A mieb-train build's manifest, when present, is
+    trusted; anything else (another tool's, a broken one) is not, and the folder's files are listed."""
+    if root.endswith((PARQUET_SUFFIX, TAR_SUFFIX)):
+        if not storage.exists(root):
+            raise UserError(f"no such input: {storage.display(root)}")
+        uris = [root]
+    elif built := _built(storage.read_manifest(root) or {}):
+        fmt, shards = built
+        return fmt, [InputFile(storage.join(root, s["path"]), s["path"], s["rows"]) for s in shards]
+    else:
+        uris = [u for u in storage.list_files(root)
+                if not re.search(r"(^|/)[._]", _rel(root, u))]  # not _errors/, .staging files or hidden folders
+    parquets = [u for u in uris if u.endswith(PARQUET_SUFFIX)]
+    tars = [u for u in uris if u.endswith(TAR_SUFFIX)]
+    if not parquets and not tars:
+        raise UserError(f"no .parquet or .tar files under {storage.display(root)}")
+    if parquets and tars:
+        raise UserError(f"{storage.display(root)} mixes .parquet and .tar files; point --input at one kind")
+    return (PARQUET if parquets else WEBDATASET), [InputFile(u, _rel(root, u)) for u in (parquets or tars)]
+
+
+def _built(manifest: dict) -> tuple[str, list[dict]] | None:
+    """(format, shards) of a mieb-train build's manifest; None for any other."""
+    config, shards = manifest.get("config"), manifest.get("shards")
+    if manifest.get("format") != "mieb-train" or not isinstance(config, dict) or not isinstance(shards, list) \
+            or config.get("format") not in (PARQUET, WEBDATASET):
+        return None
+    if not all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
+               for s in shards):
+        return None
+    return config["format"], shards
+
+
+def count_parquet_rows(files: list[InputFile]) -> None:
+    """Fill in each parquet file's row count from its footer (metadata only, in parallel)."""
+    todo = [f for f in files if f.rows is None and f.uri.endswith(PARQUET_SUFFIX)]
+    with ThreadPoolExecutor(16) as pool:
+        for f, meta in zip(todo, pool.map(parquet.footer, [f.uri for f in todo])):
+            f.rows = meta.num_rows
+
+
+def shard_name(rel: str, lo: int, hi: int, whole: bool) -> str:
+    """A table unit's shard: `<file>.arrow` when the file is one unit, `<file>.<lo>-<hi>.arrow` when it is cut."""
+    stem = re.sub(r"\.(parquet|tar)$", "", rel)
+    return f"{stem}.arrow" if whole else f"{stem}.{lo:09d}-{hi:09d}.arrow"
+
+
+def plan_table(files: list[InputFile], rows_per_unit: int, offsets: dict[str, list[int]] | None = None) -> list[Unit]:
+    """Each file (its rows counted) cut into units of `rows_per_unit` rows (the last one shorter); an empty file is
+    one empty unit, so that it too has its (empty) shard. offsets: per tar, where sample 0, N, 2N, ... start."""
+    units = []
+    for f in files:
+        starts = range(0, max(f.rows, 1), rows_per_unit)
+        at = (offsets or {}).get(f.uri) or [0] * len(starts)
+        for i, lo in enumerate(starts):
+            hi = min(lo + rows_per_unit, f.rows)
+            units.append(Unit(lo, hi, (Piece(f.uri, lo if f.uri.endswith(TAR_SUFFIX) else 0, at[i]),),
+                              shard_name(f.rel, lo, hi, len(starts) == 1)))
+    return units
+
+
+def check_columns(fmt: str, first: InputFile, columns: list[Column]) -> pa.Schema:
+    """Fail before any work when a column is missing; the schema of the `value` columns (for tars, as their first
+    sample's values say)."""
+    if fmt == PARQUET:
+        schema = parquet.footer(first.uri).schema.to_arrow_schema()
+        missing = [c.field for c in columns if c.field not in schema.names]
+        if missing:
+            raise FormatError(f"{storage.display(first.uri)} has no column {', '.join(missing)} "
+                              f"(columns: {', '.join(schema.names)})")
+        return pa.schema([schema.field(c.field).with_name(c.name) for c in columns if c.kind == "value"])
+    key, sample = next(tar.tar_samples(first.uri), (None, None))
+    if sample is None:
+        raise FormatError(f"{storage.display(first.uri)} holds no samples")
+    meta = _meta(sample, key, first.uri)
+    missing = [c.field for c in columns if c.kind != "key" and _member(sample, c) is None and c.field not in meta]
+    if missing:
+        raise FormatError(f"{storage.display(first.uri)} has no member or json field for {', '.join(missing)} "
+                          f"(members: {', '.join(sample)})")
+    values = [c for c in columns if c.kind == "value"]
+    row = {c.name: _value(c, sample, meta, key) for c in values}
+    return pa.schema([(c.name, pa.array([row[c.name]]).type if row[c.name] is not None else pa.string())
+                      for c in values])
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read(unit: Unit, columns: list[Column]):
+    """The unit's rows in index order, as tables of an `index` column and `columns`, at most CHUNK_ROWS rows (or
+    CHUNK_BYTES of images) each. A missing value is null."""
+    for piece in unit.pieces:
+        yield from (_parquet if piece.uri.endswith(PARQUET_SUFFIX) else _tar)(unit, piece, columns)
+
+
+def _parquet(unit: Unit, piece: Piece, columns: list[Column]):
+    lo, hi = max(unit.lo - piece.first, 0), None if unit.hi is None else unit.hi - piece.first
+    if hi is not None and hi <= lo:
+        return
+    for start, table in parquet.read_range(piece.uri, [c.field for c in columns], lo, hi, CHUNK_ROWS, CHUNK_BYTES):
+        first = piece.first + start
+        data = {"index": pa.array(np.arange(first, first + table.num_rows), pa.int64())}
+        for c in columns:
+            col = table[c.field]
+            data[c.name] = parquet.image_struct(col) if c.kind == "image" else col
+        yield pa.table(data)
+
+
+def _tar(unit: Unit, piece: Piece, columns: list[Column]):
+    """Samples to column buffers: a column's member is looked for once, again only in a sample that lacks it, and
+    a label's bytes are parsed once per distinct value; a chunk's binary columns are built from one join."""
+    keyed, lo, hi = unit.source is not None, unit.lo, unit.hi
+    member = {c.name: None for c in columns}
+    parsed: dict[str, dict] = {c.name: {} for c in columns if c.kind == "label"}
+    index, values, size, position = [], {c.name: [] for c in columns}, 0, piece.first
+    for key, sample in tar.tar_samples(piece.uri, piece.offset):
+        if keyed:
+            at = _key_number(key, piece.uri)
+            if at < lo or (hi is not None and at >= hi):
+                continue
+        else:
+            at, position = position, position + 1
+            if hi is not None and at >= hi:
+                break
+        meta = None
+        for c in columns:
+            if c.kind == "key":
+                values[c.name].append(key)
+                continue
+            if member[c.name] not in sample:
+                member[c.name] = _member(sample, c)
+            name = member[c.name]
+            raw = sample.get(name) if name is not None else None
+            if c.kind == "image":
+                values[c.name].append((raw, f"{key}.{name}" if raw is not None else None))
+                size += len(raw) if raw is not None else 0
+            elif c.kind == "label":
+                known = parsed[c.name]
+                value = None if raw is None else known.get(raw, _MISSING)
+                if value is _MISSING:
+                    raw = bytes(raw)
+                    value = _label(raw, strict=name == "cls")
+                    if len(known) < 100_000:
+                        known[raw] = value
+                values[c.name].append(value)
+            elif raw is not None:
+                values[c.name].append(bytes(raw) if c.kind == "raw" else _decoded(name, raw))
+            else:
+                meta = _meta(sample, key, piece.uri) if meta is None else meta
+                values[c.name].append(meta.get(c.field) if c.kind != "image" else None)
+        index.append(at)
+        if len(index) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+            yield _chunk(index, values, columns)
+            index, values, size = [], {c.name: [] for c in columns}, 0
+    if index:
+        yield _chunk(index, values, columns)
+
+
+_MISSING = object()
+
+
+def _member(sample: dict, column: Column) -> str | None:
+    """The tar member holding `column`: the first of its members the sample has."""
+    return next((m for m in column.tar_members if m in sample), None)
+
+
+def _key_number(key: str, uri: str) -> int:
+    """sample_index, with clip_benchmark's `s%07d` keys read without a regular expression."""
+    digits = key[1:]
+    if key[:1] == "s" and digits.isdigit() and digits.isascii():
+        return int(digits)
+    return sample_index(key, uri)
+
+
+def _label(raw: bytes, strict: bool) -> int | str | None:
+    """A label member as an integer; anything else is None for a `cls` member (`strict`), else its text."""
+    try:
+        text = raw.decode("ascii" if strict else "utf-8")
+        return int(text.strip())
+    except UnicodeDecodeError:
+        return None
+    except ValueError:
+        return None if strict else text
+
+
+def _decoded(member: str, raw) -> object:
+    """A `text` or `value` member: `cls` an integer (or None), anything else UTF-8 text, bad bytes replaced."""
+    text = str(raw, "utf-8", "replace")
+    if member == "cls":
+        return int(text) if text.strip().lstrip("-").isdigit() else None
+    return text
+
+
+def _meta(sample: dict, key: str, uri: str) -> dict:
+    """A sample's .json member (mieb-train's label, dataset_name...), {} when it has none."""
+    if "json" not in sample:
+        return {}
+    try:
+        meta = json.loads(bytes(sample["json"]))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise FormatError(f"{storage.display(uri)}: sample {key} has a .json member that is not a JSON object")
+    return meta
+
+
+def _value(column: Column, sample: dict, meta: dict, key: str):
+    name = _member(sample, column)
+    return _decoded(name, sample[name]) if name is not None else meta.get(column.field)
+
+
+def _chunk(index: list[int], values: dict[str, list], columns: list[Column]) -> pa.Table:
+    data = {"index": pa.array(index, pa.int64())}
+    for c in columns:
+        v = values[c.name]
+        if c.kind == "image":
+            data[c.name] = pa.StructArray.from_arrays([_binary([b for b, _ in v]), pa.array([p for _, p in v],
+                                                                                            pa.string())],
+                                                      fields=list(IMAGE_TYPE))
+        elif c.kind == "raw":
+            data[c.name] = _binary(v) if all(x is None or isinstance(x, (bytes, memoryview)) for x in v) \
+                else pa.array(v)
+        elif c.kind == "label":
+            # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
+            data[c.name] = (pa.array([None if x is None else str(x) for x in v], pa.string())
+                            if any(isinstance(x, str) for x in v) else pa.array(v, pa.int64()))
+        else:
+            data[c.name] = pa.array(v, pa.string()) if c.kind in ("text", "key") else pa.array(v)
+    return pa.table(data)
+
+
+def _binary(values: list) -> pa.Array:
+    """A binary array of bytes-likes (None: null), built from one join of them rather than one object each."""
+    n = len(values)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 1 << 31:  # past binary's 32-bit offsets: pyarrow says so, as it did before
+        return pa.array([None if v is None else bytes(v) for v in values], pa.binary())
+    valid = np.fromiter((v is not None for v in values), np.bool_, n)
+    nulls = n - int(valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    data = b"".join(v for v in values if v is not None)
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+                                 null_count=nulls)
