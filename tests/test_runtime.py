@@ -158,7 +158,7 @@ def commit(batch: dict, out: str) -> dict:
     results = [{"unit": int(u), "path": f"{n}.txt", "rows": 1} for u, n in zip(batch["unit"], batch["name"])]
     for r in results:
         storage.write_bytes(storage.join(out, r["path"]), b"x")
-    return {"result": np.array([json.dumps(r) for r in results], dtype=object)}
+    return {"unit": batch["unit"], "result": np.array([json.dumps(r) for r in results], dtype=object)}
 
 
 def _stages(names, out):
@@ -177,8 +177,8 @@ def test_units_run_the_same_on_ray_data_and_inline(ray_local, tmp_path):
     got, ticks = {}, []
     for where in ("ray", "local"):
         out = str(tmp_path / where)
-        got[where] = sorted(units.run([0, 2, 3], _stages(names, out), where, on_rows=ticks.append),
-                            key=lambda r: r["unit"])
+        got[where] = [r for _, r in sorted(units.run([0, 2, 3], _stages(names, out), where, on_rows=ticks.append),
+                                           key=lambda pair: pair[0])]
         assert sorted(p.name for p in (tmp_path / where).iterdir()) == ["A!.txt", "C!.txt", "D!.txt"]
     assert got["ray"] == got["local"] == [{"unit": u, "path": f"{n}!.txt", "rows": 1}
                                           for u, n in ((0, "A"), (2, "C"), (3, "D"))]
@@ -225,3 +225,17 @@ def test_a_job_refuses_to_replace_work_by_mistake(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["1.txt", storage.MANIFEST]  # the stale file removed
     with pytest.raises(UserError, match="already holds a complete test"):
         Job("test", str(out), "a complete test", ours).start()
+
+
+def lossy(batch: dict) -> dict:
+    """A last stage that loses unit 1 and hands unit 2 back twice."""
+    units_out = [u for u in batch["unit"] if u != 1] + [u for u in batch["unit"] if u == 2]
+    return {"unit": np.array(units_out, dtype=np.int64),
+            "result": np.array([json.dumps({"rows": 1}) for _ in units_out], dtype=object)}
+
+
+def test_a_unit_that_never_comes_back_is_an_error_and_one_that_comes_twice_counts_once(tmp_path):
+    job = Job("test", str(tmp_path / "out"), "a complete test", re.compile("^$"), log=lambda _: None)
+    assert job.run([0, 2], [units.Stage(lossy)], "local") == [{"rows": 1}, {"rows": 1}]
+    with pytest.raises(RuntimeError, match=r"^1 of 3 units did not come back \(e\.g\. unit 1\)"):
+        job.run([0, 1, 2], [units.Stage(lossy)], "local")

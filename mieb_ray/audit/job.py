@@ -191,7 +191,7 @@ def _hash_name(side: str, table: int, unit: reader.Unit) -> str:
 
 def hash_stage(batch: dict, work: list[tuple], out: str, partitions: int, progress: Progress) -> dict:
     """Hash each unit's images; commit its hash file (one row group per partition), then its record."""
-    return {"result": np.array([json.dumps(_hash_unit(out, work[int(i)], partitions, progress))
+    return {"unit": batch["unit"], "result": np.array([json.dumps(_hash_unit(out, work[int(i)], partitions, progress))
                                 for i in batch["unit"]])}
 
 

@@ -141,4 +141,4 @@ def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: Tabl
         result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry)
         progress.record(unit.name, unit.identity, result)
         results.append(result)
-    return {"result": np.array([json.dumps(r) for r in results], dtype=object)}
+    return {"unit": np.unique(batch["__unit"]), "result": np.array([json.dumps(r) for r in results], dtype=object)}

@@ -55,7 +55,7 @@ class ShardBuilder:
             if self.progress is not None:
                 self.progress.record(unit.name, unit.identity, result)
             results.append(json.dumps(result))
-        return {"result": np.array(results)}
+        return {"unit": batch["unit"], "result": np.array(results)}
 
     def _open(self, slug: str, shard: int, image_ext: str) -> _OpenShard:
         dest = storage.join(self.out, shard_path(slug, shard, self.writer_cls.suffix))

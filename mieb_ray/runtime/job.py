@@ -7,8 +7,8 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
               continued with --resume, started again with --overwrite, and refused otherwise: hours of work are
               never replaced by mistake
     earlier() with --resume, the units whose progress record an earlier run committed with these settings
-    run()     the remaining units on Ray or in this process (runtime/placement.py), results as they come, a
-              progress line every 5 s
+    run()     the remaining units on Ray or in this process (runtime/placement.py), a progress line every 5 s,
+              each unit's result once, and an error if one never came back
     finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
               run's other shard sizes), the manifest written last, then the progress records dropped
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
@@ -64,18 +63,24 @@ class Job:
                 if u.startswith(root + storage.PROGRESS + "/") or self.ours.match(u[len(root):])]
 
     def run(self, todo: list[int], stages: list[units.Stage], mode: str, total: int | None = None,
-            on_rows=None) -> Iterator[dict]:
-        """The results of units `todo` as they come, with a progress line every TICK_SECONDS and at the end.
-        total: the planned units (default: len(todo))."""
+            on_rows=None) -> list[dict]:
+        """The results of units `todo`, each once (a unit redone after a lost block comes back twice, the same),
+        with a progress line every TICK_SECONDS and at the end. total: the planned units (default: len(todo))."""
         total = total or len(todo)
-        done, rows, t_run, t_log = total - len(todo), 0, time.time(), 0.0
-        for result in units.run(todo, stages, mode, on_rows):
-            done += 1
+        results, rows, t_run, t_log = {}, 0, time.time(), 0.0
+        for number, result in units.run(todo, stages, mode, on_rows):
+            if number in results:
+                continue
+            results[number] = result
             rows += result["rows"] + result.get("errors", 0)
+            done = total - len(todo) + len(results)
             if time.time() - t_log > TICK_SECONDS or done == total:
                 t_log, elapsed = time.time(), time.time() - t_run
                 self.log(f"[{self.name}] {done}/{total} units, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s")
-            yield result
+        missing = sorted(set(todo) - set(results))
+        if missing:  # never a silent loss
+            raise RuntimeError(f"{len(missing)} of {len(todo)} units did not come back (e.g. unit {missing[0]})")
+        return [results[i] for i in todo]
 
     def check_errors(self, errors: int, rows: int, rate: float, verb: str, detail: str = "") -> None:
         """Fail when more than `rate` of the rows could not be made (the rows themselves are in _errors/)."""

@@ -2,9 +2,9 @@
 
 A unit is what one worker reads and commits whole (rows [lo, hi) of a file, of a source split): the job plans
 a list of them, and each goes through the job's stages as one block, from its number in (`{"unit": [i]}`) to
-its committed result out (`{"result": [json]}`, what the unit's progress record holds). A stage is a function
-`fn(batch, **kwargs) -> batch` (a Ray task per unit) or a class built once with `kwargs` and called per batch
-(a Ray Data actor pool: a model, the build's class tables).
+its number and committed result out (`{"unit": [i], "result": [json]}`, what the unit's progress record
+holds). A stage is a function `fn(batch, **kwargs) -> batch` (a Ray task per unit) or a class built once with
+`kwargs` and called per batch (a Ray Data actor pool: a model, the build's class tables).
 
 On Ray, the stages are one Ray Data pipeline, with this job's DataContext settings applied and restored after
 it: blocks never sliced (a unit reaches its last stage whole), a worker's exception raised as itself, our own
@@ -66,9 +66,9 @@ def data_context():
             setattr(ctx, k, v)
 
 
-def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None) -> Iterator[dict]:
-    """The results of units `todo` (numbers the stages look up), as they come, on Ray or inline. on_rows: inline,
-    given to each class stage that has an `on_rows` attribute (it reports rows done within a unit)."""
+def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None) -> Iterator[tuple[int, dict]]:
+    """(unit number, result) of units `todo` (numbers the stages look up), as they come, on Ray or inline.
+    on_rows: inline, given to each class stage that has an `on_rows` attribute (rows done within a unit)."""
     if not todo:
         return iter(())
     return _on_ray(todo, stages) if mode == "ray" else _inline(todo, stages, on_rows)
@@ -93,7 +93,7 @@ def _on_ray(todo: list[int], stages: list[Stage]) -> Iterator[dict]:
             else:
                 ds = ds.map_batches(stage.fn, fn_kwargs=stage.kwargs, **options)
         for row in ds.iter_rows():
-            yield json.loads(row["result"])
+            yield int(row["unit"]), json.loads(row["result"])
 
 
 def _inline(todo: list[int], stages: list[Stage], on_rows) -> Iterator[dict]:
@@ -125,5 +125,5 @@ def _batch(i: int) -> dict:
     return {"unit": np.array([i])}
 
 
-def _results(batch: dict) -> Iterator[dict]:
-    return (json.loads(r) for r in batch["result"])
+def _results(batch: dict) -> Iterator[tuple[int, dict]]:
+    return ((int(u), json.loads(r)) for u, r in zip(batch["unit"], batch["result"]))
