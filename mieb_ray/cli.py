@@ -8,7 +8,7 @@ import signal
 import sys
 
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
-from mieb_ray.errors import find_user_error
+from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
@@ -312,16 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with no_empty_folder_on_failure(getattr(args, "out", None)):
+        with no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
     except KeyboardInterrupt:
         print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",
               file=sys.stderr)
         return 130
-    except Exception as exc:  # a user's mistake is one line; anything else keeps its traceback
-        user = find_user_error(exc)
-        if user is None:
-            raise
+    except UserError as user:  # a user's mistake is one line; anything else keeps its traceback
         print(f"mieb-ray: error: {user}", file=sys.stderr)
         return 1
     return 0
