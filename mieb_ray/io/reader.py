@@ -201,14 +201,16 @@ def plan_source(source: Source, sources: str, rows_per_unit: int,
         # the hub's tars hold 10,000 samples each: a unit per tar, each read once
         bounds = [(first, end, [(uri, first)]) for uri, first, end in zip(files, firsts, ends)]
     else:
-        total = ends[-1]
-        last = (firsts[-1] if total is None else max(total - 1, 0))
+        total = ends[-1]  # None: tars, the last of which holds an unknown number of samples
+        last = firsts[-1] if total is None else max(total - 1, 0)  # the last index known to be there
         bounds = []
-        for lo in range(0, last - last % rows_per_unit + 1, rows_per_unit):
-            hi = lo + rows_per_unit if total is None or lo + rows_per_unit < total else total
-            hi = None if total is None and lo + rows_per_unit > last else hi
-            held = [(uri, first) for uri, first, end in zip(files, firsts, ends)
-                    if (hi is None or first < hi) and (end is None or end > lo) and (end is None or end > first)]
+        for lo in range(0, last + 1, rows_per_unit):
+            if total is not None:
+                hi = min(lo + rows_per_unit, total)
+            else:  # the unit that reaches the last tar reads it to its end
+                hi = lo + rows_per_unit if lo + rows_per_unit <= last else None
+            held = [(uri, first) for uri, first, end in zip(files, firsts, ends)  # files with rows of [lo, hi)
+                    if (hi is None or first < hi) and (end is None or end > max(lo, first))]
             if held:
                 bounds.append((lo, hi, held))
     units = [Unit(lo, hi, tuple(Piece(uri, first) for uri, first in held), unit_name(source.slug, split, lo),
