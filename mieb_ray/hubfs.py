@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import random
 import threading
@@ -272,8 +273,6 @@ def worker_runtime_env() -> dict | None:
     Values the job's own runtime_env (`ray job submit --runtime-env-json`) already sets are left to it, and a
     job that has its own setup hook keeps it (its workers then need the variables from the job or the nodes).
     """
-    import json
-
     values = {k: v for k, v in os.environ.items() if v and (k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIX))}
     job = {}
     if raw := os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):

@@ -14,7 +14,9 @@ collect   driver: per task the predictions by split index (every image exactly o
 from __future__ import annotations
 
 import hashlib
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,8 +157,6 @@ class ZeroShotSuite:
     def plan(self) -> list[Planned]:
         """Plan each task's eval split from file metadata (driver); the prompts of both sets."""
         if self._planned is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             def one(task: ZeroShotTask) -> Planned:
                 units, hub_names = reader.plan_source(task.source, self.sources, UNIT_ROWS, split=task.split)
                 classes, mteb = task.classes(hub_names), task.mteb_prompts(hub_names)
@@ -282,8 +282,6 @@ class ZeroShotSuite:
     # -- what to write
 
     def write(self, out: str, results: dict[str, dict], pending: _Pending, log) -> tuple[list[str], dict]:
-        import json
-
         rows = []
         for p in pending.planned:
             pr, prefix = self.predictions[p.task.name], p.task.key_prefix()  # key_prefix looks the source up

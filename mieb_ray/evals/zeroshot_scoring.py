@@ -10,6 +10,7 @@ torch operations in mteb's orientation (images @ prompts.T), so they are the num
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,8 +104,6 @@ class ClassArgmax:
 
 def metrics(labels: np.ndarray, pred: np.ndarray, pos: np.ndarray) -> dict:
     """mteb 2.26.24's ZeroShotClassification metrics (`_calculate_scores`), the same sklearn calls."""
-    import warnings
-
     from sklearn import metrics as m
     from sklearn.exceptions import UndefinedMetricWarning
 
