@@ -122,9 +122,10 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-error-rate", type=float, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
     p.add_argument("--decode", default="auto", choices=["cpu", "gpu", "auto"],
-                   help="where images are decoded: cpu (the read tasks), gpu (each encoder on its device: JPEGs by "
-                        "nvJPEG, other formats on its CPU; needs torchvision) or auto (default): gpu when the "
-                        "encoders have GPUs and torchvision can decode there, else cpu (docs/embed.md)")
+                   help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its "
+                        "device with nvJPEG, other images by the read tasks; needs torchvision) or auto (default): "
+                        "gpu when the encoders have GPUs, torchvision imports and the model's resize filter runs "
+                        "there, else cpu (docs/embed.md)")
     add_executor_flag(p)
     add_pool_flags(p)
 
@@ -189,8 +190,9 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--gpus-per-worker", type=float, default=None,
                    help=f"{prefix}GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can "
                         "add GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
-    p.add_argument("--cpus-per-worker", type=float, default=1.0,
-                   help=f"{prefix}CPUs (and torch threads) per encoder actor")
+    p.add_argument("--cpus-per-worker", type=float, default=None,
+                   help=f"{prefix}CPUs (and torch threads) per encoder actor (default: 2 for a GPU encoder that "
+                        "decodes JPEGs on its device, else 1)")
 
 
 def run_eval(args: argparse.Namespace) -> None:

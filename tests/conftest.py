@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 import s3server
+from gpu import need
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # the tests' own modules (fakehub.py, the fixtures) importable in every process the tests start: Ray's nodes and
@@ -113,3 +114,28 @@ def cluster(s3):
             nodes.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def cuda():
+    """A CUDA device: the test skips without one, and fails under MIEB_REQUIRE_GPU=1 (tests/gpu.py)."""
+    import torch
+
+    need(None if torch.cuda.is_available() else "torch sees no CUDA device")
+    return "cuda"
+
+
+@pytest.fixture
+def torchvision():
+    """torchvision's decode_jpeg importable: the test skips without it, and fails under MIEB_REQUIRE_GPU=1."""
+    from mieb_ray.encode.gpu_decode import torchvision_problem
+
+    need(torchvision_problem())
+
+
+@pytest.fixture
+def torchvision_standin(monkeypatch):
+    """tests/torchvision_standin.py in place of torchvision for one test (our decoder's logic, on any machine)."""
+    import torchvision_standin
+
+    return torchvision_standin.install(monkeypatch)

@@ -41,6 +41,8 @@ def test_a_failed_run_leaves_no_folder_it_made(ray_local, tmp_path, capsys):
       "--tasks", "CIFAR10ZeroShot", "--out", "{tmp}/o"], "{tmp}/"),
     (["audit", "--train", "{tmp}/missing", "--against", "{tmp}/missing2", "--out", "{tmp}/o"], "{tmp}/missing"),
     (["audit", "--train", "{tmp}/table", "--against", "{tmp}/table", "--out", "{tmp}/done"], "complete"),
+    (["embed", "--input", "{tmp}/table", "--model", "{tmp}/missing-model", "--out", "{tmp}/o", "--gpus-per-worker",
+      "2"], "--gpus-per-worker 2: an encoder uses one GPU at most"),
 ])
 def test_checks_that_need_no_ray_fail_before_ray_starts(tmp_path, args, says):
     """RAY_ADDRESS names no cluster: had the job started (or joined) Ray first, it would fail on that instead."""

@@ -235,7 +235,7 @@ def test_text_embeddings_equal_the_encoder(mieb_train, tiny_clip, tmp_path):
     got = output_rows(str(tmp_path))
     source = train_rows(root)
     assert set(got) == set(source) and manifest["config"]["modality"] == "text"
-    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None, modality="text"))
+    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None, modality="text"), device="cpu")
     keys = sorted(got)
     ref = encoder.encode_texts([source[k]["text"] for k in keys])
     assert np.allclose(np.stack([got[k][0] for k in keys]), ref, atol=1e-5)

@@ -69,7 +69,7 @@ def decoded(data: bytes) -> Image.Image:
 def models(tiny_clip):
     from transformers import CLIPModel, CLIPProcessor
 
-    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None))
+    encoder = Encoder(tiny_clip, load_info(tiny_clip, tiny_clip, None), device="cpu")
     spec = ImageSpec.from_processor_config(encoder.info.image_config)
     return encoder, spec, CLIPProcessor.from_pretrained(tiny_clip), CLIPModel.from_pretrained(tiny_clip).eval()
 

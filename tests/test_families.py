@@ -71,7 +71,7 @@ def reference_texts(reference, kind: str, texts: list[str], **kwargs) -> np.ndar
 
 def encoder(saved, kind: str, modality: str) -> Encoder:
     path = saved(kind)
-    return Encoder(path, load_info(resolve(path), path, None, modality=modality))
+    return Encoder(path, load_info(resolve(path), path, None, modality=modality), device="cpu")
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))

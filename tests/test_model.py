@@ -76,7 +76,7 @@ def test_fixture_is_deterministic(tiny, tmp_path):
 
 
 def test_images_equal_transformers(tiny, info, pixel_values, reference_images):
-    ours = Encoder(tiny, info).encode_pixel_values(pixel_values)
+    ours = Encoder(tiny, info, device="cpu").encode_pixel_values(pixel_values)
     assert ours.dtype == np.float32 and ours.shape == (len(PICTURES), 32)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
     np.testing.assert_allclose(ours, reference_images, atol=1e-5)
@@ -95,7 +95,7 @@ def test_the_actor_path_uint8_then_normalize_matches_the_processor(tiny, info, r
     spec = ImageSpec.from_processor_config(info.image_config)
     pixels, errors = load_images([open(p, "rb").read() for p in PICTURES], spec)
     assert errors == [None] * len(PICTURES)
-    encoder = Encoder(tiny, info)
+    encoder = Encoder(tiny, info, device="cpu")
     ours = encoder.encode_pixel_values(normalize(torch.from_numpy(pixels), spec, encoder.dtype))
     mean = reference_images.mean(0)
     # not exact: load_image decodes JPEGs in draft mode at DRAFT_FACTOR 1, here at 1/8 or 1/4 scale for this
@@ -106,7 +106,7 @@ def test_the_actor_path_uint8_then_normalize_matches_the_processor(tiny, info, r
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_on_cpu_is_close_to_float32(tiny, info, pixel_values, reference_images, dtype):
-    encoder = Encoder(tiny, info, dtype=dtype)
+    encoder = Encoder(tiny, info, dtype=dtype, device="cpu")
     assert encoder.device.type == "cpu" and next(encoder.model.parameters()).dtype == getattr(torch, dtype)
     ours = encoder.encode_pixel_values(pixel_values)
     assert ours.dtype == np.float32
@@ -117,7 +117,7 @@ def test_half_precision_on_cpu_is_close_to_float32(tiny, info, pixel_values, ref
 def test_auto_dtype_is_float32_on_cpu(tiny, info):
     assert Encoder(tiny, info, device="cpu").dtype == torch.float32
     with pytest.raises(UserError, match="unknown dtype 'fp8'"):
-        Encoder(tiny, info, dtype="fp8")
+        Encoder(tiny, info, dtype="fp8", device="cpu")
 
 
 def reference_texts(reference, texts, **kwargs) -> np.ndarray:
@@ -128,7 +128,7 @@ def reference_texts(reference, texts, **kwargs) -> np.ndarray:
 
 
 def test_texts_equal_transformers(tiny, info, reference):
-    encoder = Encoder(tiny, info)
+    encoder = Encoder(tiny, info, device="cpu")
     ours = encoder.encode_texts(TEXTS)
     assert ours.dtype == np.float32 and ours.shape == (3, 32)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
@@ -138,7 +138,7 @@ def test_texts_equal_transformers(tiny, info, reference):
 
 def test_long_text_is_truncated_to_77_tokens(tiny, info, reference):
     assert len(reference[1].tokenizer(LONG)["input_ids"]) > 77
-    ours = Encoder(tiny, info).encode_texts([LONG, TEXTS[0]])
+    ours = Encoder(tiny, info, device="cpu").encode_texts([LONG, TEXTS[0]])
     expected = reference_texts(reference, [LONG, TEXTS[0]], truncation=True, max_length=77)
     np.testing.assert_allclose(ours, expected, atol=1e-5)
 

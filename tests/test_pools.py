@@ -20,10 +20,22 @@ def test_gpus_that_are_not_up_yet_still_make_a_gpu_pool():
     pool = encoder_pool(FRESH, None, 1.0)
     assert (pool.min_size, pool.max_size, pool.num_gpus) == (1, 8, 1.0)
     assert "0 GPUs up now, up to 8 as its autoscaler adds nodes (Ray's cluster config)" in pool.why
-    assert encoder_pool(GPU_BOX, None, 2.0).why == "encoders: 2 actors x 1 GPU + 2 CPU (2 GPUs up now)"
+    assert encoder_pool(GPU_BOX, None, 2.0).why == ("encoders: 2 actors x 1 GPU + 2 CPU (2 GPUs up now; 2 CPU: "
+                                                     "--cpus-per-worker)")
     half = encoder_pool(GPU_BOX, 0.5, 1.0)
     assert (half.min_size, half.max_size) == (4, 4)
     assert encoder_pool(FRESH, None, 1.0, cap=3).max_size == 3  # no more actors than units
+
+
+def test_a_gpu_encoder_gets_the_cpus_its_work_needs_and_says_why():
+    decoding = encoder_pool(GPU_BOX, None, None, device_decode=True)
+    assert decoding.num_cpus == 2.0 and decoding.why == (
+        "encoders: 2 actors x 1 GPU + 2 CPU (2 GPUs up now; 2 CPU: one drives the GPU (JPEG headers, copies, kernel "
+        "launches), one decodes what its device refuses)")
+    fed = encoder_pool(GPU_BOX, None, None)
+    assert fed.num_cpus == 1.0 and fed.why.endswith("1 CPU: it only drives the GPU: CPU tasks decode its images)")
+    assert encoder_pool(GPU_BOX, None, 3.0, device_decode=True).num_cpus == 3.0  # --cpus-per-worker wins
+    assert encoder_pool(LAPTOP, None, None, device_decode=True).num_cpus == 1.0  # no GPU: a CPU encoder
 
 
 def test_a_laptop_encodes_on_cpus_and_says_so():

@@ -71,7 +71,7 @@ class AuditConfig:
     overwrite: bool = False
     workers: int | None = None
     gpus_per_worker: float | None = None
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None  # the embed job's encoders (None: their pool decides)
     executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
 
     def check(self) -> None:

@@ -250,28 +250,60 @@ def _torch_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def cuda_problem(device: str) -> str:
+    """Why torch cannot run on `device` ("cuda..."), in one line: the GPUs this process was given, torch's CUDA
+    build and the NVIDIA driver, which together decide it."""
+    import torch
+
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    who = f"this encoder was given GPU {given}" if given else f"this encoder was asked for {device}"
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return (f"{who}, but torch {torch.__version__} ({build}) sees no CUDA device (NVIDIA driver: {_driver()}); "
+            "install a torch build this driver runs (docs/cluster.md), or pass --gpus-per-worker 0 to encode on CPUs")
+
+
+def _driver() -> str:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", f.read())
+        return found.group(1) if found else "unknown version"
+    except OSError:
+        return "none found"
+
+
 class Encoder:
-    """Loaded once per actor; the family (families.py) decides the tokenizer's arguments and the feature calls."""
+    """Loaded once per actor; the family (families.py) decides the tokenizer's arguments and the feature calls.
+
+    device: where the caller decided it runs (the embed job: cuda for an encoder given a GPU, cpu for one given
+    none, whatever CUDA_VISIBLE_DEVICES says); None: cuda when torch sees one (a process of its own). A cuda
+    device torch cannot use is a one-line error, never a silent run on the CPU."""
 
     def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto"):
         import torch
         import transformers
 
         self.path, self.info, self.family = path, info, families.BY_NAME[info.family]
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(cuda_problem(device))
+        self.device = torch.device(device)
         self.dtype = _torch_dtype(dtype, self.device)
         cls = getattr(transformers, info.architecture)  # load_info checked it is a transformers model class
         # to(device) after loading: device_map= would need accelerate, which we do not depend on
         self.model = cls.from_pretrained(path, dtype=self.dtype, trust_remote_code=False).to(self.device).eval()
         self._tokenizer = None
 
-    def encode_pixel_values(self, pixel_values: torch.Tensor) -> np.ndarray:
-        """Float (n, 3, h, w), already normalised -> L2-normalised float32 (n, dim)."""
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Float (n, 3, h, w), already normalised -> L2-normalised float32 (n, dim), left on the device."""
         import torch
 
         with torch.inference_mode():
             pixel_values = pixel_values.to(self.device, self.dtype, non_blocking=True)
             return self._checked(_unit(self.family.image_features(self.model, pixel_values)))
+
+    def encode_pixel_values(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """image_features as a numpy array."""
+        return self.image_features(pixel_values).cpu().numpy()
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         """Tokenised as the family says (padded to the batch's longest for CLIP, to max_length for SigLIP),
@@ -284,19 +316,19 @@ class Encoder:
             self._tokenizer = load_tokenizer(self.path, self.info.name)
         batch = self._tokenizer(list(texts), **self.family.tokenizer_kwargs(self.info.max_text_length))
         with torch.inference_mode():
-            return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device))))
+            return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device)))).cpu().numpy()
 
-    def _checked(self, emb: np.ndarray) -> np.ndarray:
+    def _checked(self, emb: torch.Tensor) -> torch.Tensor:
         if emb.ndim != 2 or emb.shape[1] != self.info.dim:  # a generic model's dim is read from its config by name
             raise RuntimeError(f"model {self.info.name} made embeddings of shape {tuple(emb.shape)}, not (n, "
                                f"{self.info.dim}) as its config says")
         return emb
 
 
-def _unit(out) -> np.ndarray:
+def _unit(out) -> torch.Tensor:
     import torch
 
     # transformers 5 returns an output object whose pooler_output is the projected embedding; 4.x a tensor.
     # Normalised in float32: a bf16 norm would round every component again.
     emb = getattr(out, "pooler_output", out).float()
-    return torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
+    return torch.nn.functional.normalize(emb, dim=-1)

@@ -82,7 +82,7 @@ _UPRIGHT_ARRAY = {
 }
 
 # Pillow filters that torch's antialiased resampler computes as Pillow does; others go through Pillow.
-_TORCH_FILTERS = {int(Image.Resampling.BILINEAR): "bilinear", int(Image.Resampling.BICUBIC): "bicubic"}
+TORCH_FILTERS = {int(Image.Resampling.BILINEAR): "bilinear", int(Image.Resampling.BICUBIC): "bicubic"}
 # load_images resizes the images of one size together once this many are decoded, or this many bytes.
 _GROUP_IMAGES, _GROUP_BYTES = 64, 64 << 20
 
@@ -236,7 +236,7 @@ def _open(data: bytes, spec: ImageSpec, max_pixels: int) -> _Decoded | np.ndarra
         raise ImageError("empty image")
     try:
         with Image.open(io.BytesIO(data)) as im:
-            if spec.resample not in _TORCH_FILTERS:
+            if spec.resample not in TORCH_FILTERS:
                 return _preprocess(im, spec, max_pixels)
             return _decode(im, data, spec, max_pixels)
     except ImageError:
@@ -321,7 +321,7 @@ def _resize(batch: np.ndarray, box: tuple[float, float], size: tuple[int, int], 
     import torch
 
     x = torch.from_numpy(batch).permute(0, 3, 1, 2)  # NCHW with channels-last strides: no copy
-    op = getattr(torch.ops.aten, f"_upsample_{_TORCH_FILTERS[resample]}2d_aa")
+    op = getattr(torch.ops.aten, f"_upsample_{TORCH_FILTERS[resample]}2d_aa")
     (h, w), (out_h, out_w) = batch.shape[1:3], size
     if transposed and (out_h, box[0]) != (h, h) and (out_w, box[1]) != (w, w):
         x = op(x, [out_h, w], False, out_h / box[0], None)  # a size that stays is not resampled
@@ -376,24 +376,34 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im if im.mode == "RGB" else im.convert("RGB")
 
 
+class Normalizer:
+    """uint8 (n, h, w, 3) on `device` -> the model's pixel_values (n, 3, h, w): (x * rescale - mean) / std.
+
+    Built once per encoder (the constants live on its device). Computed in float32 as x * (rescale / std) +
+    (-mean / std), in place in the output (the processor's values to within float32 rounding, ~5e-7), then cast
+    to dtype (default float32), so that bf16/fp16 round only once."""
+
+    def __init__(self, spec: ImageSpec, device="cpu"):
+        import torch
+
+        mean = torch.tensor(spec.mean, dtype=torch.float64)
+        std = torch.tensor(spec.std, dtype=torch.float64)
+        self.scale = (spec.rescale_factor / std).to(torch.float32).view(1, 3, 1, 1).to(device)
+        self.shift = (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(device)
+
+    def __call__(self, pixels: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        import torch
+
+        n, h, w, c = pixels.shape
+        x = torch.empty((n, c, h, w), dtype=torch.float32, device=pixels.device)
+        if x.device.type == "cpu":  # numpy's strided uint8 -> float32 cast is ~1.4x torch's here
+            np.copyto(x.numpy(), pixels.numpy().transpose(0, 3, 1, 2), casting="unsafe")
+        else:
+            x.copy_(pixels.permute(0, 3, 1, 2))
+        x.mul_(self.scale).add_(self.shift)  # in place: no float temporaries to allocate
+        return x if dtype in (None, torch.float32) else x.to(dtype)
+
+
 def normalize(pixels: torch.Tensor, spec: ImageSpec, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """uint8 (n, h, w, 3) on any device -> the model's pixel_values (n, 3, h, w): (x * rescale - mean) / std.
-
-    Computed in float32 on the tensor's device as x * (rescale / std) + (-mean / std), in place in the
-    output (the processor's values to within float32 rounding, ~5e-7), then cast to dtype (default
-    float32), so that bf16/fp16 round only once.
-    """
-    import torch
-
-    n, h, w, c = pixels.shape
-    mean = torch.tensor(spec.mean, dtype=torch.float64)
-    std = torch.tensor(spec.std, dtype=torch.float64)
-    scale = (spec.rescale_factor / std).to(torch.float32).view(1, 3, 1, 1).to(pixels.device)
-    shift = (-mean / std).to(torch.float32).view(1, 3, 1, 1).to(pixels.device)
-    x = torch.empty((n, c, h, w), dtype=torch.float32, device=pixels.device)
-    if x.device.type == "cpu":  # numpy's strided uint8 -> float32 cast is ~1.4x torch's here
-        np.copyto(x.numpy(), pixels.numpy().transpose(0, 3, 1, 2), casting="unsafe")
-    else:
-        x.copy_(pixels.permute(0, 3, 1, 2))
-    x.mul_(scale).add_(shift)  # in place: no float temporaries to allocate
-    return x if dtype in (None, torch.float32) else x.to(dtype)
+    """Normalizer(spec, pixels.device)(pixels, dtype), for one call."""
+    return Normalizer(spec, pixels.device)(pixels, dtype)

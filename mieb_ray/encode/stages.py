@@ -2,26 +2,31 @@
 file) from the read to the commit, so the worker that commits it has all of its rows:
 
 read_stage    a CPU task per unit: its rows read, images decoded and resized to uint8 at the model's size
-              (raw image bytes never enter the object store); with --decode gpu, the images' bytes as they are
-EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's embeddings, model call by call;
-              with --decode gpu it decodes the unit's images first, on its device (encode/gpu_decode.py)
+              (raw image bytes never enter the object store); with --decode gpu, the bytes of the JPEGs the device
+              takes as they are, and the others decoded here (gpu_decode.route)
+EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's pixels moved to its device once,
+              its embeddings model call by call, copied back once; with --decode gpu it decodes the unit's JPEGs
+              first, on its device (encode/gpu_decode.py)
 commit_stage  a CPU task: the unit's shard and error rows committed, then its progress record; what comes back
               to the driver is that record's result (path, rows, bytes, sha256, errors), never an embedding
 
-`__error` is "" for a good row (a None would come back from Ray's numpy -> Arrow -> numpy trip as NaN).
+`__error` is "" for a good row (a None would come back from Ray's numpy -> Arrow -> numpy trip as NaN). With
+--decode gpu a row's `images` holds a JPEG, or (`__decoded`) the height x width x 3 bytes of its decoded pixels;
+`__device` says whether the device decoded it, which the unit's result counts.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow as pa
 
 from mieb_ray import storage
-from mieb_ray.encode.gpu_decode import DeviceDecoder
+from mieb_ray.encode.gpu_decode import DeviceDecoder, route
 from mieb_ray.encode.model import Encoder, load_info, resolve
-from mieb_ray.encode.preprocess import ImageSpec, load_images, normalize
+from mieb_ray.encode.preprocess import ImageSpec, Normalizer, load_images
 from mieb_ray.errors import FormatError
 from mieb_ray.io import embeddings, parquet, reader
 from mieb_ray.io.reader import TableColumns, Unit
@@ -36,11 +41,11 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
     n = unit.hi - unit.lo
     out = {name: np.empty(n, dtype=object) for name in (columns.key, *columns.carry)}
     errors = np.full(n, "", dtype=object)
+    spec_ = ImageSpec(**spec) if modality == "image" else None
     if modality == "image" and decode == "gpu":
-        modality = "bytes"  # decoded by the encoder, on its device
-        images = np.empty(n, dtype=object)
+        modality = "bytes"  # the JPEGs the device takes are decoded by the encoder
+        images, decoded = np.empty(n, dtype=object), np.zeros(n, dtype=bool)
     elif modality == "image":
-        spec_ = ImageSpec(**spec)
         pixels = np.zeros((n, spec_.height, spec_.width, 3), np.uint8)  # filled in place: no concatenation
     else:
         texts = np.empty(n, dtype=object)
@@ -53,8 +58,13 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
         if modality != "text":
             data = parquet.image_bytes(data).to_pylist() if pa.types.is_struct(data.type) else data.to_pylist()
         if modality == "bytes":
-            images[at:at + size] = [b or b"" for b in data]
-            errors[at:at + size] = ["missing image" if b is None else "" for b in data]
+            here = [j for j, b in enumerate(data) if route(b, spec_) is None]  # not for the device: decoded here
+            images[at:at + size] = data
+            if here:
+                done, bad = load_images([data[j] for j in here], spec_)
+                images[[at + j for j in here]] = [b"" if e else p.tobytes() for p, e in zip(done, bad)]
+                errors[[at + j for j in here]] = [e or "" for e in bad]
+                decoded[[at + j for j in here]] = True
         elif modality == "image":
             pixels[at:at + size], bad = load_images(data, spec_)
             errors[at:at + size] = [e or "" for e in bad]
@@ -66,8 +76,8 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
     if at != n:
         raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "
                           f"{unit.hi:,} it had when the job was planned; was it changed during the run?")
-    data = {"pixels": pixels} if modality == "image" else {"images": images} if modality == "bytes" \
-        else {columns.data: texts}
+    data = {"pixels": pixels} if modality == "image" else {"images": images, "__decoded": decoded} \
+        if modality == "bytes" else {columns.data: texts}
     return {**out, **data, "__error": errors, "__unit": np.full(n, int(number))}
 
 
@@ -88,7 +98,11 @@ def _text_error(text) -> str:
 
 
 class EncodeStage:
-    """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros."""
+    """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros.
+
+    device: the pool's decision (cuda for an encoder given a GPU, cpu for one given none); None in this process:
+    cuda when torch sees one. A unit's pixels go to the device once (pinned, without waiting) and are sliced
+    there; its embeddings stay there until the unit is done and come back in one copy."""
 
     def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
                  batch_size: int, device: str | None, threads: int, decode: str = "cpu", strict: bool = True):
@@ -97,36 +111,80 @@ class EncodeStage:
         torch.set_num_threads(max(1, threads))
         path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device)
-        self.modality, self.data_column, self.spec, self.batch_size = modality, data_column, spec, batch_size
+        self.modality, self.data_column, self.batch_size = modality, data_column, batch_size
+        self.spec = ImageSpec(**spec) if modality == "image" else None
+        self.normalize = Normalizer(self.spec, self.encoder.device) if self.spec else None
         self.on_rows = None  # in-process runs: called with the rows of each model call, for progress lines
         self.decoder = None
         if modality == "image" and decode == "gpu":
-            self.decoder = DeviceDecoder(ImageSpec(**spec), str(self.encoder.device), strict=strict)
+            self.decoder = DeviceDecoder(self.spec, str(self.encoder.device), strict=strict)
 
     def __call__(self, batch: dict) -> dict:
-        if self.decoder is not None:
-            images, read = batch.pop("images"), batch["__error"]
-            data, errors = self.decoder([b if e == "" else None for b, e in zip(images, read)])  # on the device
-            batch["__error"] = np.array([e or r for e, r in zip(errors, read)], dtype=object)
-        else:
-            data = batch.pop("pixels" if self.modality == "image" else self.data_column)
-        good = np.flatnonzero(batch["__error"] == "")
-        out = np.zeros((len(data), self.encoder.info.dim), dtype=np.float32)
-        for lo in range(0, len(good), self.batch_size):
-            rows = good[lo:lo + self.batch_size]
-            out[rows] = self._encode(data[rows])
-            if self.on_rows is not None:
-                self.on_rows(len(rows))
-        return {**batch, "embedding": out}
-
-    def _encode(self, data: np.ndarray) -> np.ndarray:
         if self.modality == "text":
-            return self.encoder.encode_texts([str(t) for t in data])
+            texts = batch.pop(self.data_column)
+            good = np.flatnonzero(batch["__error"] == "")
+            out = np.zeros((len(texts), self.encoder.info.dim), dtype=np.float32)
+            for lo in range(0, len(good), self.batch_size):
+                rows = good[lo:lo + self.batch_size]
+                out[rows] = self.encoder.encode_texts([str(t) for t in texts[rows]])
+                self._done(len(rows))
+            return {**batch, "embedding": out}
         import torch
 
-        pixels = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(data))
-        pixels = pixels.to(self.encoder.device)
-        return self.encoder.encode_pixel_values(normalize(pixels, ImageSpec(**self.spec), dtype=self.encoder.dtype))
+        device = self.encoder.device
+        pixels = self._pixels(batch)
+        good = torch.from_numpy(np.flatnonzero(batch["__error"] == "")).to(device)
+        out = torch.zeros((len(pixels), self.encoder.info.dim), dtype=torch.float32, device=device)
+        for lo in range(0, len(good), self.batch_size):
+            rows = good[lo:lo + self.batch_size]
+            out[rows] = self.encoder.image_features(self.normalize(pixels[rows], self.encoder.dtype))
+            self._done(len(rows))
+        return {**batch, "embedding": out.cpu().numpy()}
+
+    def _done(self, rows: int) -> None:
+        if self.on_rows is not None:
+            self.on_rows(rows)
+
+    def _pixels(self, batch: dict):
+        """The unit's uint8 (n, height, width, 3) on the encoder's device; with a decoder, its JPEGs decoded
+        there and `__device` (per row: decoded on the device) added to the batch."""
+        import torch
+
+        if self.decoder is None:
+            return self._to_device(_tensor(batch.pop("pixels")))
+        images, decoded = batch.pop("images"), batch.pop("__decoded")
+        errors = batch["__error"] = np.array(batch["__error"], dtype=object)  # ours to change
+        spec, device = self.spec, self.encoder.device
+        pixels = torch.zeros((len(images), spec.height, spec.width, 3), dtype=torch.uint8, device=device)
+        on_device = np.zeros(len(images), dtype=bool)
+        ready = np.flatnonzero(decoded & (errors == ""))  # decoded by the read task
+        if len(ready):
+            host = np.stack([np.frombuffer(images[i], np.uint8) for i in ready])
+            pixels[torch.from_numpy(ready).to(device)] = self._to_device(
+                _tensor(host.reshape(len(ready), spec.height, spec.width, 3)))
+        todo = np.flatnonzero(~decoded & (errors == ""))
+        if len(todo):
+            got = self.decoder([images[i] for i in todo])
+            pixels[torch.from_numpy(todo).to(device)] = got.pixels
+            errors[todo] = [e or "" for e in got.errors]
+            on_device[todo] = got.on_device
+        batch["__device"] = on_device
+        return pixels
+
+    def _to_device(self, host):
+        if self.encoder.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.encoder.device, non_blocking=True)  # the host copies on while we queue
+
+
+def _tensor(array: np.ndarray):
+    """A tensor over a numpy array without a copy. Ray hands blocks over read-only, which torch warns about on
+    every call; nothing here writes to them."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: TableColumns,
@@ -139,6 +197,9 @@ def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: Tabl
             raise RuntimeError(f"unit {unit.name} arrived with {int(mine.sum())} of its {unit.hi - unit.lo} rows")
         rows = {k: v[mine] for k, v in batch.items()}
         result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry)
+        if "__device" in rows:  # --decode gpu: where the unit's good images were decoded
+            on_device = int((rows["__device"] & (rows["__error"] == "")).sum())
+            result["decoded"] = {"device": on_device, "cpu": result["rows"] - on_device}
         progress.record(unit.name, unit.identity, result)
         results.append(result)
     return {"unit": np.unique(batch["__unit"]), "result": np.array([json.dumps(r) for r in results], dtype=object)}

@@ -308,15 +308,18 @@ def shard_name(rel: str, lo: int, hi: int, whole: bool) -> str:
     return f"{stem}.arrow" if whole else f"{stem}.{lo:09d}-{hi:09d}.arrow"
 
 
-def plan_table(files: list[InputFile], rows_per_unit: int, offsets: dict[str, list[int]] | None = None) -> list[Unit]:
-    """Each file (its rows counted) cut into units of `rows_per_unit` rows (the last one shorter); an empty file is
-    one empty unit, so that it too has its (empty) shard. offsets: per tar, where sample 0, N, 2N, ... start."""
+def plan_table(files: list[InputFile], rows_per_unit: int | dict[str, int],
+               offsets: dict[str, list[int]] | None = None) -> list[Unit]:
+    """Each file (its rows counted) cut into units of `rows_per_unit` rows (the last one shorter; a dict: per file
+    uri); an empty file is one empty unit, so that it too has its (empty) shard. offsets: per tar, where sample 0,
+    N, 2N, ... start."""
     units = []
     for f in files:
-        starts = range(0, max(f.rows, 1), rows_per_unit)
+        step = rows_per_unit[f.uri] if isinstance(rows_per_unit, dict) else rows_per_unit
+        starts = range(0, max(f.rows, 1), step)
         at = (offsets or {}).get(f.uri) or [0] * len(starts)
         for i, lo in enumerate(starts):
-            hi = min(lo + rows_per_unit, f.rows)
+            hi = min(lo + step, f.rows)
             units.append(Unit(lo, hi, (Piece(f.uri, lo if f.uri.endswith(TAR_SUFFIX) else 0, at[i]),),
                               shard_name(f.rel, lo, hi, len(starts) == 1)))
     return units

@@ -27,8 +27,7 @@ import time
 from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
-from mieb_ray.encode.gpu_decode import MODES, device_decode_available
-from mieb_ray.encode.gpu_decode import resolve as resolve_decode
+from mieb_ray.encode import gpu_decode
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
@@ -67,8 +66,8 @@ class EmbedConfig:
     max_error_rate: float = 0.01
     workers: int | None = None
     gpus_per_worker: float | None = None
-    cpus_per_worker: float = 1.0
-    device: str | None = None
+    cpus_per_worker: float | None = None  # None: the pool decides (runtime/pools.encoder_pool)
+    device: str | None = None  # None: the pool decides (cuda with a GPU, else cpu); in this process, cuda if any
     decode: str = "auto"  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
     executor: str = "auto"  # ray, local (in this process), auto (local on a machine alone without a GPU)
 
@@ -82,10 +81,13 @@ class EmbedConfig:
             raise UserError(f"unknown modality {self.modality!r}; valid: {', '.join(MODALITIES)}")
         if self.dtype not in embeddings.DTYPES:
             raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(embeddings.DTYPES)}")
-        if self.decode not in MODES:
-            raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(MODES)}")
-        if self.decode == "gpu" and self.modality == "image" and (why := device_decode_available("cpu")):
+        if self.decode not in gpu_decode.MODES:
+            raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(gpu_decode.MODES)}")
+        if self.decode == "gpu" and self.modality == "image" and (why := gpu_decode.torchvision_problem()):
             raise UserError(f"--decode gpu needs torchvision: {why}")
+        if self.gpus_per_worker is not None and not 0 <= self.gpus_per_worker <= 1:
+            raise UserError(f"--gpus-per-worker {self.gpus_per_worker:g}: an encoder uses one GPU at most (give "
+                            "a fraction to share one, or more --workers for more GPUs)")
         if self.executor not in placement.EXECUTORS:
             raise UserError(f"unknown --executor {self.executor!r}; valid: {', '.join(placement.EXECUTORS)}")
         if self.batch_size < 1 or self.rows_per_shard < 1:
@@ -109,7 +111,7 @@ def embed(config: EmbedConfig, log=print) -> dict:
     config.check()
     where = placement_of(config)
     with tasks.using(where.mode):  # the plan's tar indexing too
-        plan = _plan(config)
+        plan = _plan(config, where.mode)
         job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log)
         job.start()
         results = job.earlier({u.name: u.identity for u in plan.units}, plan.settings)
@@ -160,22 +162,26 @@ def placement_of(config: EmbedConfig) -> placement.Placement:
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def _plan(config: EmbedConfig) -> Plan:
+def _plan(config: EmbedConfig, mode: str) -> Plan:
     fmt, files = reader.input_files(config.input)
     carry_schema = reader.check_columns(fmt, files[0], config.columns.read_as(config.modality))
     info = load_info(resolve(config.model, config.revision), config.model, config.revision,
                      modality=config.modality)
     spec = _image_spec(info) if config.modality == "image" else None
-    rows = config.rows_per_shard
+    rows, raw_bytes = config.rows_per_shard, None
     if spec is not None:  # a unit's pixels are one block: bound its bytes
         rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
+        if config.decode == "gpu":
+            gpu_decode.resolve("gpu", 1, ImageSpec(**spec))  # a filter the device lacks: one line, now
+        if config.decode != "cpu" and mode == "ray":  # the JPEGs may travel undecoded: bound their bytes too
+            raw_bytes = UNIT_BYTES
     meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
                 "modality": config.modality, "dtype": config.dtype, "preprocessing": spec, "rows_per_unit": rows,
-                "decode": config.decode if spec is not None else None,
+                "decode": config.decode if spec is not None else None, "unit_bytes": raw_bytes,
                 "columns": [config.key_column, config.columns.data, *config.columns.carry]}
-    return Plan(fmt, table_units(files, rows), info, spec,
+    return Plan(fmt, table_units(files, rows, raw_bytes), info, spec,
                 embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
 
 
@@ -188,9 +194,10 @@ def _image_spec(info) -> dict:
 _index_tar = tasks.remote(num_cpus=0.5)(tar.index_tar)
 
 
-def table_units(files: list[reader.InputFile], rows_per_unit: int) -> list[reader.Unit]:
+def table_units(files: list[reader.InputFile], rows_per_unit: int, unit_bytes: int | None = None) -> list[reader.Unit]:
     """The files cut into units: parquet rows counted from footers, tars counted and indexed (where each unit
-    starts) by a read of every tar, in tasks."""
+    starts) by a read of every tar, in tasks. unit_bytes: also no more of a file per unit than this many bytes, by
+    its average row (units whose images travel undecoded, --decode gpu); a tar cut finer is indexed again."""
     reader.count_parquet_rows(files)
     tars = [f for f in files if f.uri.endswith(".tar")]
     if tars and tasks.mode() == "ray":
@@ -198,20 +205,28 @@ def table_units(files: list[reader.InputFile], rows_per_unit: int) -> list[reade
     counted = tasks.get([_index_tar.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):
         f.rows = rows
-    return reader.plan_table(files, rows_per_unit, {f.uri: offsets for f, (_, offsets) in zip(tars, counted)})
+    offsets = {f.uri: at for f, (_, at) in zip(tars, counted)}
+    steps = {f.uri: rows_per_unit for f in files}
+    if unit_bytes:
+        for f, size in zip(files, storage.file_sizes([f.uri for f in files], "input file")):
+            steps[f.uri] = max(1, min(rows_per_unit, unit_bytes * f.rows // max(size, 1)))
+        finer = [f for f in tars if steps[f.uri] < rows_per_unit]
+        indexed = tasks.get([_index_tar.remote(f.uri, steps[f.uri]) for f in finer]) if finer else []
+        offsets.update((f.uri, at) for f, (_, at) in zip(finer, indexed))
+    return reader.plan_table(files, steps, offsets)
 
 
 # ---------------------------------------------------------------------------------------------- run
 
 
-def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads: int):
+def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads: int, device: str | None):
     """The read, encode (constructor) and commit stages' arguments, whichever executor runs them."""
     # a local model path must mean the same directory to every worker
     model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
     columns = config.columns
     return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode),
             dict(model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
-                 spec=plan.spec, batch_size=config.batch_size, device=config.device, threads=threads,
+                 spec=plan.spec, batch_size=config.batch_size, device=device, threads=threads,
                  decode=decode, strict=config.decode == "gpu"),
             dict(units=plan.units, out=config.out, schema=plan.schema, columns=columns, progress=job.progress))
 
@@ -220,17 +235,23 @@ def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log)
     """A read task per unit, the encoder actor pool, a commit task per unit."""
     if not todo:
         return [], None
+    spec = ImageSpec(**plan.spec) if plan.spec else None
+    device_decode = spec is not None and gpu_decode.resolve(config.decode, 1, spec)[0] == "gpu"
     pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
-                        cap=len(todo))
+                        cap=len(todo), device_decode=device_decode)
     log(f"[embed] {pool.why}")
     decode = "cpu"
-    if config.modality == "image":
-        decode = resolve_decode(config.decode, pool.num_gpus)
-        log(f"[embed] images decoded {'by the encoders, on their device' if decode == 'gpu' else 'by CPU tasks'} "
-            f"(--decode {config.decode})")
-    read, encode, commit = _stage_args(config, plan, job, decode, int(max(1, pool.num_cpus)))
+    if spec is not None:
+        decode, why = gpu_decode.resolve(config.decode, pool.num_gpus, spec)
+        where = "baseline JPEGs by the encoders on their GPUs, the rest by CPU tasks" if decode == "gpu" \
+            else "by CPU tasks"
+        log(f"[embed] images decoded {where} ({why})")
+    # the pool decides the device: an encoder given no GPU runs on its CPU whatever CUDA_VISIBLE_DEVICES says
+    device = config.device or ("cuda" if pool.num_gpus > 0 else "cpu")
+    read, encode, commit = _stage_args(config, plan, job, decode, int(max(1, pool.num_cpus)), device)
     return [Stage(read_stage, read, num_cpus=1, memory=DECODE_MEMORY),
-            Stage(EncodeStage, encode, num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, pool=pool),
+            Stage(EncodeStage, encode, num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, pool=pool,
+                  batch_rows=max(plan.units[i].hi - plan.units[i].lo for i in todo)),
             Stage(commit_stage, commit, num_cpus=0.25)], None
 
 
@@ -240,11 +261,11 @@ def _local_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], lo
     on one)."""
     import torch
 
-    decode = resolve_decode(config.decode, 0) if config.modality == "image" else "cpu"
+    decode = gpu_decode.resolve(config.decode, 0, ImageSpec(**plan.spec))[0] if plan.spec else "cpu"
     threads = torch.get_num_threads()
     log(f"[embed] one encoder in this process, {threads} torch threads; a thread beside it reads "
         f"{'and decodes ' if config.modality == 'image' else ''}the next unit")
-    read, encode, commit = _stage_args(config, plan, job, decode, threads)
+    read, encode, commit = _stage_args(config, plan, job, decode, threads, config.device)
     encoded = {"rows": 0, "t0": time.time(), "logged": time.time()}
 
     def on_rows(rows: int) -> None:
@@ -271,10 +292,22 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
         "config": {**settings, "input": storage.display(config.input), "input_format": plan.fmt,
                    "data_column": config.columns.data, "rows_per_unit": plan.settings["rows_per_unit"]},
         "model": plan.info.to_dict(), "dim": plan.info.dim, "preprocessing": plan.spec,
-        "counts": {"total": rows, "errors": n_errors}, "executor": mode,
+        "counts": {"total": rows, "errors": n_errors, **_decoded(results)}, "executor": mode,
         "shards": [{k: r[k] for k in ("path", "rows", "bytes", "sha256")} for r in results],
         "error_files": error_files,
     }, {r["path"] for r in results} | set(error_files))
     log(f"[embed] done: {rows:,} embeddings in {len(results)} shards, {n_errors:,} errors, "
         f"{time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
+    if decoded := _decoded(results):
+        log(f"[embed] images decoded: {decoded['decoded_on_device']:,} on the encoders' devices, "
+            f"{decoded['decoded_on_cpu']:,} on CPUs (--decode {config.decode})")
     return manifest
+
+
+def _decoded(results: list[dict]) -> dict:
+    """With the decode on the encoders' devices: how many good images each path decoded (a resumed unit without
+    the count counts as the CPU's: it cannot be known); else {}."""
+    if not any("decoded" in r for r in results):
+        return {}
+    on_device = sum(r.get("decoded", {}).get("device", 0) for r in results)
+    return {"decoded_on_device": on_device, "decoded_on_cpu": sum(r["rows"] for r in results) - on_device}

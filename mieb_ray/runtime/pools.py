@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from mieb_ray.errors import UserError
 
 CPUS_PER_CPU_ENCODER = 4  # on CPUs, one encoder per 4 CPUs: the rest decode images for it
+GPU_ENCODER_CPUS = 2.0  # a GPU encoder that decodes JPEGs on its device (--decode gpu): see encoder_pool
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,17 @@ def cpu_pool(cluster: Cluster, cpus_per_worker: float, workers: int | None = Non
     return Pool(lo, hi, cpus_per_worker, 0.0, f"{what}: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
 
 
-def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worker: float,
-                 workers: int | None = None, cap: int | None = None) -> Pool:
+def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worker: float | None,
+                 workers: int | None = None, cap: int | None = None, device_decode: bool = False) -> Pool:
     """The encoders: on GPUs when the cluster has or can add them; on CPUs when asked (--gpus-per-worker 0),
     or on a single machine with no GPU and no autoscaler (a laptop). Anything else fails now, in one line,
-    rather than encode silently on CPUs or wait for GPUs that cannot come."""
+    rather than encode silently on CPUs or wait for GPUs that cannot come. cpus_per_worker None: 1, or
+    GPU_ENCODER_CPUS for a GPU encoder that decodes JPEGs on its device (`device_decode`)."""
     if gpus_per_worker is None:
         if cluster.max_gpus > 0:
             gpus_per_worker = 1.0
         elif cluster.nodes <= 1 and cluster.autoscaler is None:
-            pool = _cpu_encoders(cluster, cpus_per_worker, workers, cap)
+            pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
             return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0,
                         pool.why + ": no GPU on this machine and no autoscaler to add one")
         else:
@@ -99,7 +101,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
             raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and {where}; pass "
                             "--gpus-per-worker 0 to encode on CPUs, or --gpus-per-worker 1 to wait for GPU nodes")
     if gpus_per_worker == 0:
-        pool = _cpu_encoders(cluster, cpus_per_worker, workers, cap)
+        pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
         return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0, pool.why + ": --gpus-per-worker 0")
     if cluster.max_gpus == 0 and workers is None and cluster.autoscaler is not None:
         raise UserError(f"--gpus-per-worker {_n(gpus_per_worker)} asks for GPUs, but the Ray cluster has none and "
@@ -108,8 +110,16 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
     # without a known autoscaler, a GPU the user asked for may come from a node not started yet: wait for one
     lo, hi = _sized(int(cluster.gpus // gpus_per_worker), int(cluster.max_gpus // gpus_per_worker), workers, cap)
     why = "--workers" if workers is not None else cluster.describe("GPU")
-    return Pool(lo, hi, cpus_per_worker, gpus_per_worker,
-                f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus_per_worker)} CPU ({why})")
+    if cpus_per_worker is not None:
+        cpus, because = cpus_per_worker, "--cpus-per-worker"
+    elif device_decode:
+        cpus, because = GPU_ENCODER_CPUS, ("one drives the GPU (JPEG headers, copies, kernel launches), one decodes "
+                                           "what its device refuses")
+    else:
+        cpus, because = 1.0, "it only drives the GPU: CPU tasks decode its images"
+    return Pool(lo, hi, cpus, gpus_per_worker,
+                f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus)} CPU ({why}; {_n(cpus)} CPU: "
+                f"{because})")
 
 
 def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mieb_ray.errors import surfaced
+from mieb_ray.errors import UserError, surfaced
 from mieb_ray.runtime import cluster
 from mieb_ray.runtime.pools import Pool
 from mieb_ray.runtime.tasks import UNIT_RETRIES, retrying
@@ -39,6 +39,10 @@ class Stage:
     num_gpus: float = 0.0
     memory: int | None = None  # bytes: Ray's scheduling hint (and it keeps the stage from being fused)
     pool: Pool | None = None  # a class stage on Ray: its actor pool
+    # rows per call on Ray after the first stage. None: one block, i.e. one unit. Ray Data wants a number for a GPU
+    # stage: give the job's largest unit. Ray Data then hands a task whole blocks (units) until it has that many
+    # rows, the calls may cross units, and the task's output is still one block of whole units.
+    batch_rows: int | None = None
 
     def build(self):
         """Inline: the callable that takes a batch."""
@@ -81,19 +85,40 @@ def _on_ray(todo: list[int], stages: list[Stage]) -> Iterator[dict]:
     with data_context(), surfaced():
         ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
         for n, stage in enumerate(stages):
-            options = dict(num_cpus=stage.num_cpus, batch_format="numpy",
-                           batch_size=1 if n == 0 else None)  # None: the whole block, that is the whole unit
+            options = dict(num_cpus=stage.num_cpus, batch_format="numpy", batch_size=1 if n == 0 else stage.batch_rows)
             if stage.num_gpus:
                 options["num_gpus"] = stage.num_gpus
             if stage.memory:
                 options["memory"] = stage.memory
             if isinstance(stage.fn, type):
-                ds = ds.map_batches(stage.fn, fn_constructor_kwargs=stage.kwargs, compute=stage.pool.strategy(),
-                                    **options)
+                ds = ds.map_batches(_raising_at_first_call(stage.fn), fn_constructor_kwargs=stage.kwargs,
+                                    compute=stage.pool.strategy(), **options)
             else:
                 ds = ds.map_batches(stage.fn, fn_kwargs=stage.kwargs, **options)
         for row in ds.iter_rows():
             yield int(row["unit"]), json.loads(row["result"])
+
+
+def _raising_at_first_call(cls: type) -> type:
+    """`cls` for a Ray Data actor pool, with a UserError of its constructor (a model that cannot load, a GPU torch
+    cannot see) raised at its first call instead: an actor's constructor error reaches the driver only as text in
+    ActorDiedError (and Ray Data starts the actor again), a call's as the exception itself (errors.surfaced)."""
+
+    class Built(cls):
+        def __init__(self, **kwargs):
+            try:
+                super().__init__(**kwargs)
+                self.__failed = None
+            except UserError as exc:
+                self.__failed = exc
+
+        def __call__(self, batch):
+            if self.__failed is not None:
+                raise self.__failed
+            return super().__call__(batch)
+
+    Built.__name__ = Built.__qualname__ = cls.__name__  # Ray names the pool's actors after it
+    return Built
 
 
 def _inline(todo: list[int], stages: list[Stage], on_rows) -> Iterator[dict]:
