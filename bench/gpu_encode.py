@@ -3,13 +3,21 @@
 Random-weight CLIPs of the real shapes (mieb_ray.fixtures.models; the weights do not change the speed) are saved
 to a temp dir and loaded with mieb_ray's Encoder, as an embed actor loads them. For each model and batch size:
   synthetic   model.get_image_features on a bf16 batch already on the GPU: the model alone;
-  pipeline    what an actor does per batch: uint8 NHWC pixels (pageable host memory, as Ray hands them over) ->
-              GPU -> normalise + cast -> Encoder.encode_pixel_values (model, float32 L2-normalise, copy back).
+  pipeline    what an actor does per unit: uint8 NHWC pixels pinned and copied to the GPU once, then per batch
+              normalise + cast -> Encoder.image_features (model, float32 L2-normalise), results copied back once.
   gpu decode  raw JPEG bytes -> DeviceDecoder (header read on the CPU, batched nvJPEG decode, resize and crop
-              on the GPU) -> normalise -> encode (`embed --decode gpu`), on photos of two sizes; its host CPU
-              seconds per image give the CPU cores per GPU that path needs.
+              on the GPU) -> normalise -> encode (`embed --decode gpu`), on photos of 400x300, of 1600x1200 and
+              of mixed sizes and orientations (same-size grouping gets no help there); its host CPU seconds per
+              image give the CPU cores per GPU that path needs. Every image must decode on the device: a row that
+              fell back to the CPU fails the run.
 Then JPEG decode + resize + centre crop of real pictures in a CPU process pool (`--decode cpu`): the per-core
-rate that sizes the CPU pool feeding one GPU.
+rate that sizes the CPU pool feeding one GPU. And a probe of nvJPEG's stream race (pytorch/vision#9606): long
+work queued, tensors freed under queued reductions, then a decode, with and without the decoder's stream drain.
+
+The FLOP bound is given twice: from the datasheet's dense bf16 peak, and from a bf16 8192^3 matmul measured on
+the same device (what this GPU reaches at its clocks). Needs torch, torchvision, transformers, Pillow, numpy
+(simplejpeg if there) and mieb_ray.encode (pyarrow, fsspec); no Ray, datasets or webdataset. Exits non-zero when
+any measurement fails.
 
 FLOPs per image (forward, 2 FLOPs per multiply-add; the counting of open_clip's model_profile.csv: 8.82 GFLOP
 for B/32 and 162.0 for L/14 at 224 px). With n = (image/patch)^2 + 1 tokens, width d, MLP width m, L layers,
@@ -48,9 +56,9 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, without installing
 
-from mieb_ray.encode.gpu_decode import DeviceDecoder, device_decode_available  # noqa: E402
+from mieb_ray.encode.gpu_decode import DeviceDecoder, torchvision_problem  # noqa: E402
 from mieb_ray.encode.model import Encoder, load_info  # noqa: E402
-from mieb_ray.encode.preprocess import ImageSpec, load_image, normalize  # noqa: E402
+from mieb_ray.encode.preprocess import ImageSpec, Normalizer, load_image  # noqa: E402
 from mieb_ray.fixtures.models import make_clip_b32, make_clip_l14, make_tiny_clip  # noqa: E402
 
 PICTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mieb_ray", "fixtures",
@@ -116,13 +124,53 @@ def decode_rate(files: list[bytes], spec: ImageSpec, workers: int, seconds: floa
         return done / (time.perf_counter() - t)
 
 
-def large_jpeg(data: bytes) -> bytes:
-    """A picture upscaled to 1600x1200, JPEG quality 90: the size of BioVITA's photos."""
+def resized_jpeg(data: bytes, size: tuple[int, int]) -> bytes:
     from PIL import Image
 
     out = io.BytesIO()
-    Image.open(io.BytesIO(data)).convert("RGB").resize((1600, 1200), Image.BICUBIC).save(out, "JPEG", quality=90)
+    Image.open(io.BytesIO(data)).convert("RGB").resize(size, Image.BICUBIC).save(out, "JPEG", quality=90)
     return out.getvalue()
+
+
+def mixed_jpegs(files: list[bytes], n: int = 256) -> list[bytes]:
+    """n photos of n different sizes, 160-1600 px a side, landscape and portrait."""
+    rng = np.random.default_rng(0)
+    sizes = [(int(w), int(h)) for w, h in rng.integers(160, 1600, size=(n, 2))]
+    return [resized_jpeg(files[i % len(files)], size) for i, size in enumerate(sizes)]
+
+
+def matmul_tflops(device: torch.device, seconds: float) -> float | None:
+    """bf16 TFLOP/s of an 8192^3 matmul on this device: its reachable ceiling (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    iters, elapsed = timed(lambda: a @ a, device, seconds, 3)
+    return 2 * 8192 ** 3 * iters / elapsed / 1e12
+
+
+def stream_race(decoder: DeviceDecoder, photos: list[bytes], device: torch.device, rounds: int = 20) -> dict:
+    """Rounds in which reductions over freed tensors came out wrong while a decode ran, with the decoder as it
+    is and with a bare torchvision decode_jpeg (no stream drain first)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def bare():
+        decode_jpeg([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in photos], mode=ImageReadMode.RGB,
+                    device=device)
+
+    wrong = {}
+    for name, decode in (("DeviceDecoder (drains the stream)", lambda: decoder(photos)), ("bare decode_jpeg", bare)):
+        count = 0
+        for _ in range(rounds):
+            big = torch.randn(8192, 8192, device=device)
+            for _ in range(4):
+                big = big @ big.T / 8192  # ~100 ms of queued work
+            blocks = [torch.full((1 << 20,), float(i), device=device) for i in range(16)]
+            sums = [b.sum() for b in blocks]
+            del blocks  # freed while their sums are queued: the allocator may hand the decoder these blocks
+            decode()
+            count += int(any(float(s) != float(i) * (1 << 20) for i, s in enumerate(sums)))
+        wrong[name] = count
+    return wrong
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -143,28 +191,43 @@ def main() -> int:
         device = torch.device("cpu")
         models = [("tiny CLIP (64 px)", make_tiny_clip), ("ViT-B/32", make_clip_b32)]
         batch_sizes, seconds, warmup, decode_seconds = [8], 0.5, 1, 1.0
+        mixed_n = 16
     elif torch.cuda.is_available():
         device = torch.device("cuda")
         models = [("ViT-B/32", make_clip_b32), ("ViT-L/14", make_clip_l14)]
         batch_sizes, seconds, warmup, decode_seconds = [int(b) for b in args.batch_sizes.split(",")], \
             args.seconds, 5, 5.0
+        mixed_n = 256
     else:
         print("gpu_encode: no CUDA device here (torch.cuda.is_available() is False). Run it on a GPU machine, "
               "or pass --cpu-smoke to check the script on CPU.", file=sys.stderr)
         return 2
 
     peak = peak_tflops(device, args.peak_tflops)
+    measured = matmul_tflops(device, seconds)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
-    print(f"[gpu_encode] device {gpu}; peak {peak or 'unknown'} TFLOP/s", flush=True)
-    rows, notes, gpu_feed = [], [], []
+    print(f"[gpu_encode] device {gpu}; datasheet peak {peak or 'unknown'} TFLOP/s; measured bf16 matmul "
+          f"{f'{measured:.0f}' if measured else 'n/a'} TFLOP/s", flush=True)
+    rows, notes, gpu_feed, failures = [], [], [], []
     files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(PICTURES, "*.jpg")))]
-    large = [large_jpeg(f) for f in files]
+    sets = {"400x300": files, "1600x1200": [resized_jpeg(f, (1600, 1200)) for f in files],
+            "mixed sizes": mixed_jpegs(files, mixed_n)}
+    race = None
+
+    def bound(rate: float, flops: float) -> list[str]:
+        """TFLOP/s, % of the datasheet peak, % of the measured matmul ceiling, FLOP-bound images/s of each."""
+        achieved = rate * flops / 1e12
+        return [f"{achieved:.1f}", f"{100 * achieved / peak:.1f}%" if peak else "n/a",
+                f"{100 * achieved / measured:.1f}%" if measured else "n/a",
+                f"{peak * 1e12 / flops:,.0f}" if peak else "n/a",
+                f"{measured * 1e12 / flops:,.0f}" if measured else "n/a"]
     with tempfile.TemporaryDirectory(prefix="gpu-encode-") as work:
         for label, make in models:
             t = time.perf_counter()
             path = make(os.path.join(work, label.replace("/", "").replace(" ", "_")))
             info = load_info(path, label, None)
             encoder = Encoder(path, info, device=str(device), dtype="bfloat16")
+            normalize = Normalizer(ImageSpec.from_processor_config(info.image_config), device)
             flops = flops_per_image(encoder.model)
             spec = ImageSpec.from_processor_config(info.image_config)
             notes.append(f"{label}: {sum(p.numel() for p in encoder.model.vision_model.parameters()) / 1e6:.1f}M "
@@ -179,51 +242,62 @@ def main() -> int:
                 def model_only():
                     encoder.model.get_image_features(pixel_values=synthetic)
 
-                def pipeline():
-                    encoder.encode_pixel_values(normalize(torch.from_numpy(pixels).to(device), spec, encoder.dtype))
+                def pipeline():  # as EncodeStage: pinned, one copy in; batches sliced there; one copy out
+                    host = torch.from_numpy(pixels)
+                    on = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+                    encoder.image_features(normalize(on, encoder.dtype)).cpu()
 
                 for kind, step in (("synthetic", model_only), ("pipeline", pipeline)):
                     try:  # one failed measurement (out of memory, say) must not cost the rest of a GPU run
                         iters, elapsed = timed(step, device, seconds, warmup)
                     except Exception as exc:
-                        rows.append([label, kind, bs, f"failed: {type(exc).__name__}", "", "", ""])
+                        rows.append([label, kind, bs, f"failed: {type(exc).__name__}", "", "", "", "", ""])
+                        failures.append(f"{label} {kind} batch {bs}: {exc}")
                         print(f"[gpu_encode] {label} {kind} batch {bs} FAILED: {exc}", flush=True)
                         continue
                     rate = iters * bs / elapsed
-                    achieved = rate * flops / 1e12
-                    share = f"{100 * achieved / peak:.1f}%" if peak else "n/a"
-                    rows.append([label, kind, bs, f"{rate:,.0f}", f"{achieved:.1f}", share,
-                                 f"{peak * 1e12 / flops:,.0f}" if peak else "n/a"])
-                    print(f"[gpu_encode] {label} {kind} batch {bs}: {rate:,.0f} img/s, {achieved:.1f} TFLOP/s, "
-                          f"{share} of peak", flush=True)
-            why_not = device_decode_available(str(device))
-            for size, photos in (("400x300", files), ("1600x1200", large)):
+                    rows.append([label, kind, bs, f"{rate:,.0f}", *bound(rate, flops)])
+                    print(f"[gpu_encode] {label} {kind} batch {bs}: {rate:,.0f} img/s, {rows[-1][4]} TFLOP/s, "
+                          f"{rows[-1][5]} of the datasheet peak, {rows[-1][6]} of the measured matmul", flush=True)
+            why_not = torchvision_problem()
+            for size, photos in sets.items():
                 if why_not:
-                    rows.append([label, f"gpu decode {size}", "", f"not run: {why_not}", "", "", ""])
+                    rows.append([label, f"gpu decode {size}", "", f"not run: {why_not}", "", "", "", "", ""])
+                    if device.type == "cuda":
+                        failures.append(f"gpu decode: {why_not}")
                     continue
                 bs = batch_sizes[-1]
                 decoder, batch = DeviceDecoder(spec, str(device)), [photos[i % len(photos)] for i in range(bs)]
+                paths = {"device": 0, "cpu": 0}
 
                 def gpu_decode_pipeline():
-                    pixels, _ = decoder(batch)
-                    encoder.encode_pixel_values(normalize(pixels, spec, encoder.dtype))
+                    got = decoder(batch)
+                    paths["device"] += int(got.on_device.sum())
+                    paths["cpu"] += int((~got.on_device).sum())
+                    encoder.image_features(normalize(got.pixels, encoder.dtype)).cpu()
 
                 try:
                     cpu0 = time.process_time()
                     iters, elapsed = timed(gpu_decode_pipeline, device, seconds, warmup)
                     cpu_per_image = (time.process_time() - cpu0) / ((iters + warmup + 1) * bs)
+                    if paths["cpu"]:
+                        raise RuntimeError(f"{paths['cpu']} of {sum(paths.values())} images fell back to the CPU")
                 except Exception as exc:
-                    rows.append([label, f"gpu decode {size}", bs, f"failed: {type(exc).__name__}", "", "", ""])
+                    rows.append([label, f"gpu decode {size}", bs, f"failed: {exc}", "", "", "", "", ""])
+                    failures.append(f"{label} gpu decode {size}: {exc}")
                     print(f"[gpu_encode] {label} gpu decode {size} FAILED: {exc}", flush=True)
                     continue
                 rate = iters * bs / elapsed
-                share = f"{100 * rate * flops / 1e12 / peak:.1f}%" if peak else "n/a"
-                rows.append([label, f"gpu decode {size}", bs, f"{rate:,.0f}", f"{rate * flops / 1e12:.1f}", share,
-                             f"{peak * 1e12 / flops:,.0f}" if peak else "n/a"])
+                rows.append([label, f"gpu decode {size}", bs, f"{rate:,.0f}", *bound(rate, flops)])
                 gpu_feed.append(f"{label}, gpu decode of {size} JPEGs: {rate:,.0f} img/s end to end with "
                                 f"{cpu_per_image * 1e3:.2f} ms of host CPU per image (one process), so "
                                 f"{rate * cpu_per_image:.2f} cores per GPU")
                 print(f"[gpu_encode] {gpu_feed[-1]}", flush=True)
+                if race is None and device.type == "cuda":
+                    race = stream_race(decoder, sets["mixed sizes"][:64], device)
+                    print(f"[gpu_encode] stream race, wrong rounds of 20: {race}", flush=True)
+                    if race["DeviceDecoder (drains the stream)"]:
+                        failures.append(f"stream race: {race}")
             if device.type == "cuda":
                 notes.append(f"{label}: peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
                 torch.cuda.reset_peak_memory_stats(device)
@@ -233,6 +307,8 @@ def main() -> int:
 
     workers = max(1, args.decode_workers)
     # decoded to the last model's input (224 px, bicubic, centre crop: the same for both CLIPs)
+    if workers > 1 and device.type != "cuda":
+        workers = 2  # a smoke run checks the pool, nothing more
     one = decode_rate(files, spec, 1, decode_seconds)
     many = decode_rate(files, spec, workers, decode_seconds) if workers > 1 else one
     decode_rows = [[1, f"{one:,.0f}", f"{one:,.0f}"], [workers, f"{many:,.0f}", f"{many / workers:,.0f}"]]
@@ -246,22 +322,26 @@ def main() -> int:
             f"({rate:,.0f} img/s)" for label, rate in pipeline_rates.items()]
     report = "\n\n".join([
         "# GPU encode benchmark (bench/gpu_encode.py)",
-        f"Device: {gpu}; dense bf16 peak used: {peak or 'unknown'} TFLOP/s; dtype bfloat16; "
+        f"Device: {gpu}; dense bf16 datasheet peak: {peak or 'unknown'} TFLOP/s; measured bf16 8192^3 matmul: "
+        f"{f'{measured:.0f}' if measured else 'n/a'} TFLOP/s; dtype bfloat16; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}; "
         f"{os.cpu_count()} CPUs." + (" CPU SMOKE RUN: tiny sizes, no GPU." if args.cpu_smoke else ""),
-        table(["model", "measure", "batch", "images/s", "TFLOP/s", "% of bf16 peak", "FLOP-bound images/s"], rows),
+        table(["model", "measure", "batch", "images/s", "TFLOP/s", "% of datasheet peak", "% of measured matmul",
+               "FLOP-bound images/s (datasheet)", "FLOP-bound images/s (measured)"], rows),
         "\n".join(f"- {n}" for n in notes),
         "## CPU decode: mieb_ray.encode.preprocess.load_image to 224 px (as the embed job's decode tasks)\n\n"
         f"{len(files)} pictures of about 400x300 px, {sum(map(len, files)) / len(files) / 1e3:.0f} KB each.\n\n"
         + table(["processes", "images/s", "images/s per process"], decode_rows)
         + "\n\n" + "\n".join(f"- {f}" for f in feed + gpu_feed),
+        f"Stream race (rounds of 20 with a wrong reduction): {race}" if race else "Stream race: not run (no CUDA)",
+        "FAILURES:\n" + "\n".join(f"- {f}" for f in failures) if failures else "No failures.",
     ]) + "\n"
     print("\n" + report)
     if os.environ.get("OUT"):
         os.makedirs(os.environ["OUT"], exist_ok=True)
         with open(os.path.join(os.environ["OUT"], "gpu_encode.md"), "w") as f:
             f.write(report)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -418,8 +418,12 @@ def test_a_filter_the_device_lacks_is_one_line_before_any_work(tiny_clip, tmp_pa
 
     model = tmp_path / "lanczos-clip"
     os.system(f"cp -r {tiny_clip} {model}")
-    config = json.loads((model / "preprocessor_config.json").read_text())
-    (model / "preprocessor_config.json").write_text(json.dumps({**config, "resample": 1}))
+    for name in ("preprocessor_config.json", "processor_config.json"):  # transformers 5 reads the second
+        config = json.loads((model / name).read_text())
+        image = config.get("image_processor", config)
+        image["resample"] = 1  # Lanczos
+        (model / name).write_text(json.dumps(config))
+    assert ImageSpec.from_processor_config(families.image_config(str(model))).resample == 1
     mixed_table(tmp_path / "t.parquet")
     code = main(["embed", "--input", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "out"), "--model",
                  str(model), "--decode", "gpu", "--executor", "local"])
@@ -459,3 +463,59 @@ def test_units_whose_images_travel_undecoded_are_bounded_by_bytes(tmp_path):
         got = [r for u in cut for chunk in reader.read(u, reader.TableColumns("key", "image", ()).read_as("image"))
                for r in chunk["key"].to_pylist()]
         assert len(got) == 20 and len(set(got)) == 20, name
+
+
+def test_a_unit_goes_to_the_device_once_and_comes_back_once(tiny_clip, monkeypatch):
+    """EncodeStage: the unit's pixels copied to the device in one call, sliced there per model call, the
+    normaliser's constants built once per actor, the embeddings copied back in one call; the same vectors as one
+    call per batch of the model."""
+    from mieb_ray.encode import stages
+    from mieb_ray.encode.model import Encoder
+
+    spec = ImageSpec.from_processor_config(models_info(tiny_clip).image_config)
+    built, moved, back = [], [], []
+    real_init, real_move = stages.Normalizer.__init__, stages.EncodeStage._to_device
+    monkeypatch.setattr(stages.Normalizer, "__init__", lambda self, *a: built.append(1) or real_init(self, *a))
+    monkeypatch.setattr(stages.EncodeStage, "_to_device", lambda self, x: moved.append(len(x)) or real_move(self, x))
+    stage = stages.EncodeStage(tiny_clip, None, "image", "image", spec.to_dict(), batch_size=2, device="cpu",
+                               threads=1)
+    pixels, _ = load_images(list(photos().values())[:5], spec)
+    real_features = Encoder.image_features
+
+    def features(self, x):
+        out = real_features(self, x)
+        back.append(out)
+        return out
+
+    monkeypatch.setattr(Encoder, "image_features", features)
+    out = stage({"pixels": pixels, "__error": np.array([""] * 5, dtype=object)})
+    assert built == [1] and moved == [5] and [len(b) for b in back] == [2, 2, 1]
+    want = np.concatenate([stage.encoder.encode_pixel_values(normalize(torch.from_numpy(pixels[i:i + 2]), spec))
+                           for i in range(0, 5, 2)])
+    np.testing.assert_allclose(out["embedding"], want, atol=1e-6)
+
+
+def models_info(path: str):
+    from mieb_ray.encode.model import load_info
+
+    return load_info(path, path, None)
+
+
+def test_under_mieb_require_gpu_a_gpu_test_that_would_skip_fails(tmp_path):
+    """A GPU session (bench/gpu_check.sh) cannot pass by skipping."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: nothing would skip")
+    test = "tests/test_cuda.py::test_bf16_on_the_gpu_is_close_to_float32_on_the_cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {}
+    for required in ("0", "1"):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                              cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "MIEB_REQUIRE_GPU": required})
+        runs[required] = done
+    assert runs["0"].returncode == 0 and "1 skipped" in runs["0"].stdout, runs["0"].stdout[-2000:]
+    assert runs["1"].returncode == 1 and "1 error" in runs["1"].stdout, runs["1"].stdout[-2000:]  # at its setup
+    assert "MIEB_REQUIRE_GPU=1, but torch sees no CUDA device" in runs["1"].stdout

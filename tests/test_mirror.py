@@ -15,8 +15,17 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from mieb_ray.fixtures import INTERESTING, expected_rows, hub_names, hub_rows, label_of, make_mirror
-from mieb_ray.fixtures.mirror import DEFAULT_ROWS, SCIMMIR_NO_CAPTION, TEST_ROWS
+from mieb_ray.fixtures.mirror import (
+    DEFAULT_ROWS,
+    INTERESTING,
+    SCIMMIR_NO_CAPTION,
+    TEST_ROWS,
+    expected_rows,
+    hub_names,
+    hub_rows,
+    label_of,
+    make_mirror,
+)
 from mieb_ray.sources import PARQUET, SOURCES, TOTAL_ROWS, by_slug, read_labels
 
 FORMATS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -252,6 +261,6 @@ def test_eval_split_sizes_and_labels(tmp_path):
 
 
 def test_no_sklearn_or_skimage_at_runtime(tmp_path):
-    code = ("import sys; from mieb_ray.fixtures import make_mirror; make_mirror(sys.argv[1], rows=2); "
+    code = ("import sys; from mieb_ray.fixtures.mirror import make_mirror; make_mirror(sys.argv[1], rows=2); "
             "assert not [m for m in sys.modules if m.split('.')[0] in ('sklearn', 'skimage')]")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole GPU check, on a lent GPU machine, in under ten minutes; run at once when a session's device status
+# says a machine is lent (after bench/gpu_wheels.sh here):
+#
+#   device run, carry [".whl"], timeout 590:   bash bench/gpu_check.sh
+#
+# 1. the device's torch, torchvision, CUDA and driver;
+# 2. the GPU tests with MIEB_REQUIRE_GPU=1 (a CUDA or torchvision test that would skip fails instead):
+#    tests/test_cuda.py (bf16 vs fp32, nvJPEG vs the CPU path on mixed sizes, the stream race, one Ray GPU actor
+#    end to end), tests/test_gpu_decode.py and tests/test_model.py;
+# 3. bench/gpu_encode.py: B/32 and L/14 in bf16, images/s against the datasheet and the measured matmul bound,
+#    per decode path, the stream-race probe;
+# 4. one real `mieb-ray embed` on the GPU (--decode gpu, a B/32-sized CLIP, 2,048 photos of mixed sizes).
+# Everything it prints is also under $OUT; it exits non-zero if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 MIEB_REQUIRE_GPU=1 RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
+out=${OUT:-/tmp/gpu-check}
+mkdir -p "$out" /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && tar xJf .whl/ray.tar.xz -C /tmp/site || { echo "gpu_check: install from .whl failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PATH=/tmp/site/bin:$PATH
+failed=()
+step() {  # step NAME COMMAND...: run it, its output to the screen and $out/NAME.log
+  echo "== $1"
+  local t0=$SECONDS
+  "${@:2}" 2>&1 | tee "$out/$1.log"
+  local rc=${PIPESTATUS[0]}
+  echo "== $1: exit $rc in $((SECONDS - t0)) s"
+  [ "$rc" = 0 ] || failed+=("$1")
+}
+step versions python3 -c "import torch, torchvision, transformers, ray
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
+      'transformers', transformers.__version__, 'ray', ray.__version__)
+print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
+step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py tests/test_gpu_decode.py \
+  tests/test_model.py
+step gpu_encode timeout 200 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 256,512
+step embed timeout 120 python3 bench/gpu_embed.py "$out"
+echo "failed steps: ${failed[*]:-none}"
+[ ${#failed[@]} = 0 ]
