@@ -14,7 +14,7 @@
 # Everything it prints is also under $OUT; it exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 MIEB_REQUIRE_GPU=1 RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
+export PYTHONUNBUFFERED=1 MIEB_REQUIRE_GPU=1 RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 MIEB_NO_S3=1
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out" /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

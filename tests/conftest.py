@@ -53,9 +53,13 @@ def fake_hub_config(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_local(s3, tmp_path_factory):
+def ray_local(request, tmp_path_factory):
     import fakehub
     import ray
+
+    # the S3 server's settings reach every worker; bench/gpu_check.sh's GPU machine has no SeaweedFS binary (it
+    # would not fit the device's carry limit beside Ray) and runs no S3 test
+    s3_env = {} if os.environ.get("MIEB_NO_S3") else request.getfixturevalue("s3").env
 
     # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
     from mieb_ray.runtime.cluster import worker_soft_limit
@@ -64,7 +68,7 @@ def ray_local(s3, tmp_path_factory):
            "MIEB_RAY_HUB_RETRY_WAIT": "0.01"}
     # 4 logical CPUs on 2 cores: an actor pool that reserves every CPU cannot starve the rest (platform notes)
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
-             logging_level="WARNING", runtime_env={"env_vars": {**s3.env, **hub}},
+             logging_level="WARNING", runtime_env={"env_vars": {**s3_env, **hub}},
              _system_config={"num_workers_soft_limit": worker_soft_limit(4)})
     yield ray
     ray.shutdown()
