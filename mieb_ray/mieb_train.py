@@ -26,6 +26,19 @@ SCHEMA = pa.schema([("key", pa.string()), ("image", pa.struct([("bytes", pa.bina
                    metadata={"huggingface": json.dumps({"info": {"features": HF_FEATURES}})})
 ERROR_SCHEMA = pa.schema([("key", pa.string()), ("dataset_name", pa.string()), ("file", pa.string()),
                           ("error", pa.string())])
+SIZES = "sizes.json"  # WebDataset builds: every shard's base name -> its rows, in each dataset folder
+
+
+def shard_path(slug: str, number: int, suffix: str) -> str:
+    """Shard `number` of a dataset: `<slug>/000000.parquet` or `<slug>/<slug>-000000.tar`. Tar base names are
+    unique across datasets because WebDataset trainers (open_clip) count samples by base name in one sizes.json,
+    the one in the folder of the first shard, whatever mix of datasets follows."""
+    return f"{slug}/{number:06d}.parquet" if suffix == "parquet" else f"{slug}/{slug}-{number:06d}.{suffix}"
+
+
+def shard_sizes(shards: list[dict]) -> dict[str, int]:
+    """sizes.json of a WebDataset build: {base name: rows} of all its shards (manifest entries)."""
+    return dict(sorted((s["path"].rsplit("/", 1)[-1], s["rows"]) for s in shards))
 
 
 def key_prefix(slug: str, split: str = "train") -> str:

@@ -106,7 +106,8 @@ def test_webdataset_eval_build(ray_local, eval_mirror, tmp_path):
     manifest = build(BuildConfig(eval_mirror, out, datasets=["gtsrb", "caltech101"], fmt="webdataset",
                                  rows_per_shard=5, split="eval"))
     assert [s["path"] for s in manifest["shards"]] == [
-        "caltech101/000000.tar", "caltech101/000001.tar", "gtsrb/000000.tar", "gtsrb/000001.tar", "gtsrb/000002.tar"]
+        "caltech101/caltech101-000000.tar", "caltech101/caltech101-000001.tar", "gtsrb/gtsrb-000000.tar",
+        "gtsrb/gtsrb-000001.tar", "gtsrb/gtsrb-000002.tar"]
     for slug in ("gtsrb", "caltech101"):
         source, src = by_slug(slug), eval_source_rows(eval_mirror, slug)
         samples = list(wds.WebDataset(sorted(glob.glob(f"{out}/{slug}/*.tar")), shardshuffle=False))

@@ -38,8 +38,11 @@ class ParquetShardWriter:
 class WebDatasetShardWriter:
     """Members per sample, in webdataset's sorted order: <key>.cls, <key>.<image_ext>, <key>.json, <key>.txt.
 
-    One image extension per dataset (HF's WebDataset builder needs the same fields in every sample);
-    `.cls` is always written; the tar's mtime is fixed so a rebuild is byte-identical.
+    One image extension per dataset (HF's WebDataset builder needs the same fields in every sample), each one of
+    jpg, png, webp: with `.txt` what open_clip's trainer takes (`rename(image="jpg;png;jpeg;webp", text="txt")`).
+    A key (`cifar10/12`, `food101/validation/3`) has no dot: webdataset cuts a member name at the first dot after
+    its last `/`, so every member of a sample groups under its key. `.cls` is always written; the tar's mtime is
+    fixed so a rebuild is byte-identical.
     """
 
     suffix = "tar"

@@ -9,7 +9,8 @@ plan      driver: file listings and footers only; units of rows [k*N, (k+1)*N) o
 build     ShardBuilder, one unit per call: read, caption, write and commit the shards, then the unit's progress
           record (shard_builder.py); an actor pool on Ray (each actor holds the class tables once), or in this
           process for a small build (runtime/placement.py)
-manifest  driver, last: built from the units' results (runtime/job.py)
+manifest  driver, last: built from the units' results (runtime/job.py); before it, for WebDataset, a sizes.json
+          in each dataset folder (mieb_train.shard_sizes)
 
 `--resume` skips the units whose progress record an earlier run committed with the same settings.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,7 @@ from mieb_ray import __version__, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import reader
+from mieb_ray.mieb_train import SIZES, shard_sizes
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.runtime import placement
@@ -41,7 +44,7 @@ from mieb_ray.runtime.units import Stage
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
 FORMAT = "mieb-train"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tars named <slug>/<slug>-000000.tar, with sizes.json
 FORMATS = ("parquet", "webdataset")
 SPLITS = ("train", "eval")  # eval: each source's `eval_split`
 LOCAL_ROWS = 100_000  # at most this many rows build in this process under --executor auto (a second or two)
@@ -112,11 +115,14 @@ def build(config: BuildConfig, log=print) -> dict:
     exclude = excluded_keys(config.exclude) if config.exclude else None
     check_sources(selected, config.sources, config.split, log)
     slugs = "|".join(s.slug for s in selected)
-    settings = {"sources": storage.display(config.sources), "format": config.fmt,
-                "rows_per_shard": config.rows_per_shard, "split": config.split, "version": __version__,
-                "exclude": _exclusion(config, exclude)}
-    # shards and error files of these sources (an interrupted run's other shard sizes are stale at the end)
-    ours = re.compile(rf"^({slugs})/\d{{6}}\.(parquet|tar)$|^_errors/({slugs})/\d{{12}}\.parquet$")
+    settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
+                "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
+                "version": __version__, "format_version": FORMAT_VERSION, "exclude": _exclusion(config, exclude)}
+    # shards (tars also by their version 1 names) and error files of these sources (an interrupted run's other shard
+    # sizes are stale at the end); sizes.json in any dataset's folder, since each one lists the whole build
+    every = "|".join(s.slug for s in SOURCES)
+    ours = re.compile(rf"^(?P<slug>{slugs})/((?P=slug)-)?\d{{6}}\.(parquet|tar)$|^_errors/({slugs})/\d{{12}}\.parquet$"
+                      rf"|^({every})/{re.escape(SIZES)}$")
     job = Job("build", config.out, "a complete build", ours, config.resume, config.overwrite, log)
     job.start()
 
@@ -231,6 +237,16 @@ def dataset_card(splits: dict[str, str], fmt: str, exclusion: dict | None = None
     return "\n".join(lines)
 
 
+def write_sizes(out: str, shards: list[dict]) -> list[str]:
+    """The same sizes.json (every shard of the build) in each folder holding shards: a WebDataset trainer reads the
+    one beside the first shard it is given (open_clip: get_dataset_size). Returns their paths."""
+    body = json.dumps(shard_sizes(shards), indent=0).encode()
+    paths = sorted({f"{s['path'].rsplit('/', 1)[0]}/{SIZES}" for s in shards})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda path: storage.write_bytes(storage.join(out, path), body), paths))
+    return paths
+
+
 def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, exclusion: dict | None, t0: float,
               log) -> dict:
     slugs = [s.slug for s in selected]
@@ -252,6 +268,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
         check_counts({k: counts[k] + excluded[k] for k in counts}, expected,
                      TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
     splits = {s.slug: source_split(s, config.split) for s in selected}
+    sizes = write_sizes(config.out, shards) if config.fmt == "webdataset" else []
     storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt, exclusion).encode())
     manifest = job.finish({
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
@@ -263,7 +280,7 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
                    "expected": expected},
         "shards": shards,
         "error_files": error_files,
-    }, {s["path"] for s in shards} | set(error_files))
+    }, {s["path"] for s in shards} | set(error_files) | set(sizes))
     log(f"[build] done: {rows:,} rows in {len(shards)} shards, {n_errors:,} errors, "
         f"{time.time() - t0:.1f}s -> {storage.display(config.out)}")
     return manifest

@@ -3,7 +3,7 @@
 ShardBuilder is the build's one stage (runtime/units.py): a Ray actor pool, each actor holding the class tables
 once and streaming units through, or one instance in this process; image bytes go from the source file to the
 output shard without crossing the object store. Shard names depend only on the row index
-(`<slug>/<index // rows_per_shard:06d>`), so a retried or repeated unit rewrites the same shards
+(mieb_train.shard_path of `index // rows_per_shard`), so a retried or repeated unit rewrites the same shards
 with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
 `_progress/<slug>/<split>/<lo>.json` for an eval split: the unit, the settings and its result) is
 committed too: what `--resume` skips.
@@ -24,13 +24,9 @@ from mieb_ray.captions import ClassTable
 from mieb_ray.errors import FormatError
 from mieb_ray.io.reader import Unit, read, source_columns
 from mieb_ray.io.writers import WRITERS
-from mieb_ray.mieb_train import train_rows
+from mieb_ray.mieb_train import shard_path, train_rows
 from mieb_ray.runtime.output import Progress
 from mieb_ray.sources import by_slug
-
-
-def shard_path(slug: str, shard: int, suffix: str) -> str:
-    return f"{slug}/{shard:06d}.{suffix}"
 
 
 def error_path(slug: str, unit_lo: int) -> str:
