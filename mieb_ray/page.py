@@ -13,6 +13,7 @@ THUMB_PX = 160  # longest side of a gallery thumbnail
 THUMB_QUALITY = 80
 # Okabe-Ito, safe for colour-blind readers: one colour per series in a chart
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00")
+CHANCE_LINE = "stroke=\"#1b1b1b\" stroke-width=\"2\" stroke-dasharray=\"3 2\""  # an SVG line at chance level
 
 CSS = """
 *{box-sizing:border-box}

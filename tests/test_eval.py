@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from mieb_ray import storage
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
-from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig
+from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig, chance_scores
 from mieb_ray.evals.biovita import evaluate as evaluate_config
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.io import embeddings
@@ -188,6 +189,38 @@ def test_outputs_and_report(ray_local, data, tmp_path):
     assert sorted(os.listdir(out)) == sorted([RESULTS_FILE, "_manifest.json", "ranks.parquet", "report.html"])
 
 
+def test_the_report_gives_chance_from_each_querys_candidates(ray_local, data, tmp_path):
+    """Random embeddings rank the correct taxon anywhere among the candidates with a photo in the query's pool
+    (the fixture's pools leave 1 to 3 of the 100 without one): the report shows that chance beside each top-k."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+    evaluate(root, images, texts, str(tmp_path / "out"), log=lambda _: None)
+    html = (tmp_path / "out" / "report.html").read_text()
+    for name in biovita.SUBSETS:
+        s = biovita.load_subset(root, name)
+        taxon = dict(zip(s.corpus_ids, s.corpus_taxa))
+        pooled = [{taxon[i] for i in pool} for pool in s.top_ranked]
+        assert all(t in p for t, p in zip(s.correct_taxa, pooled))  # else its rank is fixed, not random
+        n = np.array([sum(t in p for t in c) for c, p in zip(s.candidate_taxa, pooled)])
+        row = html.split(f"</span>{name}</td>", 1)[1].split("</tr>", 1)[0]
+        want = [f"{100 * np.mean(np.minimum(k, n) / n):.1f}" for k in (1, 5, 10)]
+        assert re.findall(r"chance ([\d.]+)%", row) == want
+        assert f"{100 * np.mean(np.minimum(10, n) / n):.1f}" != "10.0"  # not k/100: the pools count
+
+
+def test_chance_of_a_correct_taxon_without_photos_is_its_fixed_rank():
+    neg = -np.inf
+    best = np.array([[0.1, 0.2, 0.3, 0.4] + [0.5] * 6,  # all 10 candidates scored: k/10
+                     [0.3, neg, neg, 0.2] + [neg] * 6,  # 2 scored: top-1 1/2, top-5 all
+                     [0.3, neg, neg, 0.2] + [neg] * 6], np.float32)  # correct (2) unscored: rank 4, always
+    got = chance_scores(best, np.array([0, 3, 2]))
+    assert got == pytest.approx({"chance_top_1": (0.1 + 0.5 + 0) / 3, "chance_top_5": (0.5 + 1 + 1) / 3,
+                                 "chance_top_10": 1.0})
+    four = np.array([[0.1, 0.2, 0.3, 0.4] + [neg] * 6], np.float32)  # without photos, candidate order ranks
+    assert [chance_scores(four, np.array([c]))["chance_top_5"] for c in (4, 5)] == [1, 0]  # 5th, 6th
+
+
 @pytest.mark.parametrize("where", ["ray", "local"])
 def test_missing_keys_dims_and_empty_subsets_are_clear_errors(ray_local, data, tmp_path, where):
     root, _ = data
@@ -229,22 +262,48 @@ def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, cap
     texts = lookup(str(out / "embeddings" / "texts"))
     genus = biovita.load_subset(root, "unseen_genus")
     assert set(genus.query_texts) <= set(texts) and len(texts) < len(genus.query_ids) + 30  # a text embeds once
-    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--image-embeddings", "x",
+    assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--image-embeddings", root,
                  "--out", str(out)]) == 1
     assert "give either --model, or both" in capsys.readouterr().err.strip().splitlines()[-1]
     assert storage.exists(str(out / "report.html"))
 
 
+@pytest.mark.parametrize("command", ["eval", "eval-biovita", "eval-zeroshot"])
+def test_swapped_embeddings_are_one_line_before_any_scoring(data, tmp_path, capsys, command):
+    """The embed job's manifests say which side each output holds: given the wrong way round, every eval command
+    says so in one line, before it reads a shard (no Ray: nothing is scored)."""
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts)
+
+    def error(image_flag: str, text_flag: str) -> list[str]:
+        args = ["--image-embeddings", image_flag, "--text-embeddings", text_flag, "--out", str(tmp_path / "out")]
+        assert main([command, "--sources", root, *args]) == 1
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err and "[eval]" not in out
+        return err.strip().splitlines()
+
+    assert error(texts, images) == [f"mieb-ray: error: --image-embeddings {texts} holds text embeddings and "
+                                    f"--text-embeddings {images} holds image embeddings (their manifests say so): "
+                                    "swapped?"]
+    assert error(texts, texts) == [f"mieb-ray: error: --image-embeddings {texts} holds text embeddings (its "
+                                   "manifest says so), not image embeddings"]
+    assert error(images, images) == [f"mieb-ray: error: --text-embeddings {images} holds image embeddings (its "
+                                     "manifest says so), not text embeddings"]
+
+
 @pytest.mark.parametrize("model", ["another-tool/model-name", None, 7])
 def test_another_tools_manifest_still_scores_and_reports(ray_local, data, tmp_path, model):
-    """A manifest whose `model` is a string, missing or a number (as another tool may write): the eval reads the
-    shards by their contract and writes its results, report and manifest."""
+    """A manifest whose `model` is a string, missing or a number, and that says nothing of which side it holds
+    (as another tool may write): the eval reads the shards by their contract and writes its results, report and
+    manifest."""
     root, _ = data
     images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
     make_biovita_embeddings(root, images, texts)
     for uri in (images, texts):
         manifest = json.loads((Path(uri) / "_manifest.json").read_text())
         manifest.pop("model")
+        manifest["config"].pop("modality")
         if model is not None:
             manifest["model"] = model
         (Path(uri) / "_manifest.json").write_text(json.dumps(manifest))

@@ -7,12 +7,14 @@ import json
 import os
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from embedding_fixtures import make_biovita_embeddings, make_zeroshot_embeddings, write_embeddings
 
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.evals import registry
+from mieb_ray.evals.zeroshot import GALLERY_IMAGES
 from mieb_ray.evals.zeroshot_tasks import select_tasks
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
@@ -64,6 +66,15 @@ def test_one_command_scores_several_suites_as_their_own_commands_do(ray_local, t
     assert scores(out / "biovita" / "BioVITAT2IReranking.json") == \
         scores(tmp_path / "biovita" / "BioVITAT2IReranking.json")
     assert scores(out / "zeroshot" / f"{ZS}.json") == scores(tmp_path / "zeroshot" / f"{ZS}.json")
+    # the report's gallery: how many of the misclassified images it shows; chance beside the accuracies
+    predictions = pq.read_table(out / "zeroshot" / "predictions.parquet").to_pylist()
+    wrong = sum(r["mteb_pred"] != r["label"] for r in predictions if r["task"] == ZS)
+    html = (out / "zeroshot" / "report.html").read_text()
+    shown = html.split(f"<h3>{ZS} (", 1)[1].split("</h3>", 1)[0]
+    assert 0 < wrong and shown == f"{min(wrong, GALLERY_IMAGES)} of {wrong} shown)", shown
+    summary = json.loads((out / "zeroshot" / "summary.json").read_text())["tasks"][0]
+    assert summary["misclassified"] == wrong
+    assert f"<td>{summary['classes']}</td><td>{100 / summary['classes']:.2f}%</td>" in html  # 1 / classes
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["format"] == "mieb-eval" and manifest["tasks"] == ["BioVITAT2IReranking", ZS]
     assert sorted(os.listdir(out / "biovita")) == sorted(os.listdir(tmp_path / "biovita"))

@@ -62,8 +62,8 @@ def test_the_catalogs_counts_and_the_cli_table(mirrors, capsys):
     same, _, _ = mirrors
     assert main(["check-sources", "--sources", same, "--datasets", "gtsrb,cifar100"]) == 1
     out, err = capsys.readouterr()
-    assert err.strip() == "mieb-ray: error: cifar100: 17 rows, expected 50,000 (and 1 more sources failed, see the " \
-                          "table)"
+    assert err.strip() == "mieb-ray: error: 2 sources have other row counts than the catalog's: a mirror of " \
+                          "samples? --no-check-counts checks everything else"
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["source", "repo", "layout"] and len(lines) == 5
     assert "17 / 50,000  FAIL" in lines[2] and "25 / 26,640  FAIL" in lines[3]  # catalog order
@@ -73,6 +73,34 @@ def test_the_catalogs_counts_and_the_cli_table(mirrors, capsys):
     assert preflight.expected_rows(by_slug("caltech101"), "train") == 3_060
     row = preflight.check_source(by_slug("gtsrb"), same, split="eval", expected=3)
     assert (row.status, row.rows, row.files) == ("OK", 3, 1)
+
+
+def test_a_mirror_of_samples_ends_by_naming_no_check_counts(mirror, capsys):
+    """Every source of the fixture mirror holds fewer rows than the hub: the table, then one line that says so
+    and names the flag that checks the rest; with it, all pass."""
+    root, written = mirror
+    n = len(written)
+    assert main(["check-sources", "--sources", root]) == 1
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines()[-1] == f"{n} sources: 0 OK, 0 WARN, {n} FAIL"
+    assert err.strip().splitlines() == [f"mieb-ray: error: {n} sources have other row counts than the catalog's: a "
+                                        "mirror of samples? --no-check-counts checks everything else"]
+    assert "Traceback" not in out + err
+    assert main(["check-sources", "--sources", root, "--no-check-counts"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"{n} sources: {n} OK, 0 WARN, 0 FAIL"
+
+
+def test_other_failures_come_first_and_the_counts_are_still_named(mirrors, tmp_path, capsys):
+    same, _, _ = mirrors
+    root = _copy(same, tmp_path, "cifar100")  # gtsrb is missing; cifar100 holds 17 rows of 50,000
+    assert main(["check-sources", "--sources", root, "--datasets", "gtsrb,cifar100"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mieb-ray: error: gtsrb: no train .parquet or .tar files under ")
+    assert err[0].endswith("(and 1 more sources failed, see the table); 1 source has other row counts than the "
+                           "catalog's (--no-check-counts skips that check)")
+    more = preflight.check_sources(select(["gtsrb"]), same, expected={"gtsrb": 3})  # 25 rows: not a sample
+    assert preflight.error(more) == "1 source has other row counts than the catalog's: --no-check-counts checks " \
+                                    "everything else"
 
 
 def _copy(src: str, dst, slug: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -51,12 +52,16 @@ class Page(HTMLParser):
         return [a for t, a in self.tags if t == tag and (cls is None or cls in (a.get("class") or "").split())]
 
 
+CHANCE = {"chance_top_1": 0.01, "chance_top_5": 0.05, "chance_top_10": 0.1}  # 100 candidates with photos
+
+
 def results():
     return {"task_score": 0.3605,
             "subsets": {"unseen_species": {"taxon_top_1_accuracy": 0.412, "taxon_top_5_accuracy": 0.687,
-                                           "taxon_top_10_accuracy": 0.791, "queries": 1200},
+                                           "taxon_top_10_accuracy": 0.791, "queries": 1200, **CHANCE},
                         "unseen_genus": {"taxon_top_1_accuracy": 0.309, "taxon_top_5_accuracy": 0.574,
-                                         "taxon_top_10_accuracy": 0.702, "queries": 800}},
+                                         "taxon_top_10_accuracy": 0.702, "queries": 800,
+                                         "chance_top_1": 0.0125, "chance_top_5": 0.0625, "chance_top_10": 0.125}},
             "model": {"name": "openai/clip-vit-base-patch32", "revision": "3d74acf9", "dim": 512},
             "evaluation_time": 754.2}
 
@@ -121,6 +126,22 @@ def test_structure(page):
     # placeholders for no photo, a missing id and an undecodable image
     assert [a["aria-label"] for a in p.having("div", "ph")] == ["no image", "image missing", "image unreadable"]
     assert "no score" in data and "cos 0.310" in data
+
+
+def test_chance_stands_beside_each_accuracy(page):
+    """Each subset's top-k accuracy with its chance level in the table and as a dashed mark on its bar; the mean
+    top-1 chance beside the task score. Without chance levels, nothing is made up."""
+    text, _ = page
+    rows = dict(re.findall(r"</span>(\w+)</td>(.*?)</tr>", text))
+    for name, s in results()["subsets"].items():
+        cells = re.findall(r"<td>([^<]*)(?:<span class=\"chance\">([^<]*)</span>)?</td>", rows[name])
+        want = [(f"{100 * s[f'taxon_top_{k}_accuracy']:.1f}% ", f"chance {100 * s[f'chance_top_{k}']:.1f}%")
+                for k in (1, 5, 10)]
+        assert cells[1:] == want, cells
+    assert len(Page(text).having("line", "chance")) == 3 * 2
+    assert 'task score (mean top-1 over subsets): <b>36.0%</b> <span class="chance">chance 1.1%</span>' in text
+    bare = render({"subsets": {"unseen_species": {"taxon_top_1_accuracy": 0.5}}}, [], {})
+    assert "chance" not in bare.replace(".chance{", "")
 
 
 def test_images_are_small_inline_thumbnails(page):

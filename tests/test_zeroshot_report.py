@@ -28,7 +28,7 @@ SUMMARY = {
     "evaluation_time": 123.4,
     "tasks": [
         {"task": "CIFAR100ZeroShot", "split": "test", "images": 10000, "classes": 100,
-         "mteb": _metrics(0.6123), "fixed": _metrics(0.6333), "difference": 0.021},
+         "mteb": _metrics(0.6123), "fixed": _metrics(0.6333), "difference": 0.021, "misclassified": 3877},
         {"task": "GTSRBZeroShot", "split": "test", "images": 12630, "classes": 43,
          "mteb": _metrics(0.3259), "fixed": _metrics(0.3011), "difference": -0.0248},
         {"task": "Country211ZeroShot", "split": "test", "images": 21100, "classes": 211,
@@ -83,6 +83,28 @@ def test_report_renders_a_self_contained_page():
     assert not re.search(r"https?://", re.sub(r'xmlns(:\w+)?="[^"]*"', "", page))
     assert "<b>stop</b>" not in page and "&lt;b&gt;stop&lt;/b&gt;" in page
     assert page.index("cifar100/test/99") < page.index("gtsrb/test/3")  # grouped by task
+
+
+def test_chance_stands_beside_each_accuracy():
+    """1 / classes in each task's row, between its classes and its accuracies, and as a dashed mark on its bars;
+    their mean beside the mean accuracies: a model at chance reads as one."""
+    page = render(SUMMARY, GALLERY, IMAGES)
+    for t in SUMMARY["tasks"]:
+        row = re.search(rf"<tr><td>{t['task']}</td>(.*?)</tr>", page).group(1)
+        cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+        assert cells[2:4] == [str(t["classes"]), f"{100 / t['classes']:.2f}%"], cells
+        assert f"<title>{t['task']}, chance: {100 / t['classes']:.2f}%</title>" in page
+    mean = sum(1 / t["classes"] for t in SUMMARY["tasks"]) / len(SUMMARY["tasks"])
+    assert f'<div class="score">chance: <b>{100 * mean:.2f}%</b></div>' in page
+    assert "<th>chance (1 / classes)</th><th>accuracy (mteb prompts)</th>" in page
+
+
+def test_the_gallery_says_how_many_of_the_misclassified_it_shows():
+    page = render(SUMMARY, GALLERY, IMAGES)
+    shown = sum(g["task"] == "CIFAR100ZeroShot" for g in GALLERY)
+    assert f"<h3>CIFAR100ZeroShot ({shown} of 3,877 shown)</h3>" in page
+    assert "<h3>GTSRBZeroShot (1 shown)</h3>" in page  # a summary without the count: what it can say
+    assert "<h2>Misclassified images under mteb's prompts</h2>" in page
 
 
 def test_report_renders_empty_and_bare_inputs():

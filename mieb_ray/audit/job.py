@@ -408,9 +408,11 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
         "seconds": round(time.time() - job.t0, 3)}, {r["path"] for rs in results.values() for r in rs})
     storage.delete_tree(storage.join(config.out, _HASHES))  # after the manifest: a resume may still need them
     totals = summary["totals"]
+    counts = [f"{totals['pairs'][m]:,} {m}" if m in report.ran(summary) else f"{m} not run" for m in matches.METHODS]
+    log(f"[audit] pairs: {', '.join(counts)}")
     log(f"[audit] done: {totals['train_rows_flagged']:,} train rows flagged of {sum(train_rows.values()):,}, "
-        f"{totals['eval_images_affected']:,} eval images affected; pairs {totals['pairs']}; "
-        f"{time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
+        f"{totals['eval_images_affected']:,} eval images affected; {time.time() - job.t0:.1f}s -> "
+        f"{storage.display(config.out)}")
     return manifest
 
 

@@ -2,7 +2,8 @@
 
 A header (detectors, threshold, totals), a table per eval task (eval images affected per detector and their
 share of the split), a table per train dataset (rows flagged), then the pairs side by side, grouped by
-detector and sorted by score, so a person can judge where the near-duplicate threshold should be.
+detector and sorted by score, so a person can judge where the near-duplicate threshold should be. A detector
+that did not run (near without embeddings: the summary's threshold is None) shows "—", not a count of 0.
 """
 
 from __future__ import annotations
@@ -23,23 +24,35 @@ CSS = BASE_CSS + """
 WHAT = {"exact": "the same bytes (sha256)",
         "pixels": "the same decoded pixels after EXIF orientation (a re-encode that lost nothing, a new container)",
         "near": "nearest train images by embedding cosine at or above the threshold"}
+NOT_RUN = "\u2014"
+WHY_NOT = {"near": "not run: it needs --model, or --train-embeddings and --against-embeddings"}
+
+
+def ran(summary: dict) -> tuple[str, ...]:
+    """The detectors this audit ran: the hashes always, near when it had embeddings (a threshold)."""
+    return METHODS if summary.get("threshold") is not None else tuple(m for m in METHODS if m != "near")
 
 
 def render(summary: dict, pairs: list[dict]) -> str:
     totals = summary["totals"]
     threshold = summary.get("threshold")
+    done = ran(summary)
     body = ["<h1>mieb-ray audit: train rows that duplicate an eval image</h1>",
             '<div class="meta">'
             f"<span>train rows flagged <b>{totals['train_rows_flagged']:,}</b></span>"
             f"<span>eval images affected <b>{totals['eval_images_affected']:,}</b></span>"
-            + "".join(f"<span>{m} pairs <b>{totals['pairs'].get(m, 0):,}</b></span>" for m in METHODS)
+            + "".join(f"<span>{m} pairs <b>{totals['pairs'].get(m, 0):,}</b></span>" if m in done else
+                      f"<span>{m} pairs <b>{NOT_RUN}</b></span>" for m in METHODS)
             + f"<span>near threshold <b>{'not run' if threshold is None else f'cosine ≥ {threshold}'}</b></span>"
             "</div>",
             '<p class="note">Exact and pixel matches are proof of a duplicate. A near match is a threshold, not a '
             "proof: look at the pairs below, lowest scores last, and choose the threshold where they stop being "
             "copies.</p>",
-            _tasks(summary["eval_tasks"]), _datasets(summary["train_datasets"])]
+            _tasks(summary["eval_tasks"], done), _datasets(summary["train_datasets"], done)]
     for method in METHODS:
+        if method not in done:
+            body.append(f"<h2>{method}: {escape(WHAT[method])} ({NOT_RUN})</h2><p>{escape(WHY_NOT[method])}</p>")
+            continue
         mine = [p for p in pairs if p["method"] == method]
         body.append(f"<h2>{method}: {escape(WHAT[method])} ({totals['pairs'].get(method, 0):,} pairs"
                     f"{f', the first {len(mine)} shown' if len(mine) < totals['pairs'].get(method, 0) else ''})</h2>")
@@ -49,19 +62,21 @@ def render(summary: dict, pairs: list[dict]) -> str:
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def _tasks(tasks: dict) -> str:
+def _tasks(tasks: dict, done: tuple[str, ...]) -> str:
     head = "".join(f"<th>{m}</th>" for m in (*METHODS, "any"))
     rows = "".join(f"<tr><td>{escape(t)}</td><td>{e['eval_rows']:,}</td>"
-                   + "".join(f"<td>{e[m]['eval_images']:,} ({e[m]['percent']:.2f}%)</td>" for m in (*METHODS, "any"))
+                   + "".join(f"<td>{e[m]['eval_images']:,} ({e[m]['percent']:.2f}%)</td>" if m in (*done, "any")
+                             else f"<td>{NOT_RUN}</td>" for m in (*METHODS, "any"))
                    + "</tr>" for t, e in tasks.items())
     return (f'<h2>Eval images affected, per task</h2><div class="panel"><table><thead><tr><th>eval task</th>'
             f"<th>eval rows</th>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
 
 
-def _datasets(datasets: dict) -> str:
+def _datasets(datasets: dict, done: tuple[str, ...]) -> str:
     head = "".join(f"<th>{m}</th>" for m in (*METHODS, "any"))
     rows = "".join(f"<tr><td>{escape(d or '(no dataset)')}</td><td>{e['train_rows']:,}</td>"
-                   + "".join(f"<td>{e[m]:,}</td>" for m in (*METHODS, "any")) + "</tr>" for d, e in datasets.items())
+                   + "".join(f"<td>{e[m]:,}</td>" if m in (*done, "any") else f"<td>{NOT_RUN}</td>"
+                             for m in (*METHODS, "any")) + "</tr>" for d, e in datasets.items())
     return (f'<h2>Train rows flagged, per dataset</h2><div class="panel"><table><thead><tr><th>train dataset</th>'
             f"<th>train rows</th>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
 

@@ -69,6 +69,19 @@ def subset_scores(best: np.ndarray, correct: np.ndarray) -> tuple[dict, np.ndarr
     return scores, ranks
 
 
+def chance_scores(best: np.ndarray, correct: np.ndarray) -> dict[str, float]:
+    """The top-k accuracies a model of random embeddings expects, for the report (a model's lead over them is its
+    effect). A taxon with no photo in the query's pool ranks last (its score is NEG) whatever the model, so the
+    correct taxon ranks at random among the candidates that have one: k/100 when all 100 do; a correct taxon
+    with none has the rank the candidate order gives it."""
+    scored = best != NEG
+    n = scored.sum(1)
+    has_photo = np.take_along_axis(scored, correct[:, None], axis=1)[:, 0]
+    fixed = rank_of(best, correct)  # read only where the correct taxon has no photo: no model moves it
+    return {f"chance_top_{k}": float(np.where(has_photo, np.minimum(k, n) / np.maximum(n, 1), fixed <= k).mean())
+            if len(correct) else 0.0 for k in K_VALUES}
+
+
 def task_result(scores: dict[str, dict], seconds: float, phases: list[dict]) -> dict:
     """mteb's TaskResult layout, one entry per subset. Only the taxon metrics: mteb's document-level ones (ndcg,
     recall...) are not BioVITA's measure."""
@@ -204,7 +217,7 @@ class BioVITASuite:
                             f"({storage.display(self.texts)} vs {where})")
 
     def collect(self, runs: dict[str, _Run], log) -> dict[str, dict]:
-        scores, self.per_query, self.tops, phases = {}, [], {}, []
+        scores, self.per_query, self.tops, self.chance, phases = {}, [], {}, {}, []
         for name, run in runs.items():
             self._check(run)
             q = run.queries
@@ -214,6 +227,7 @@ class BioVITASuite:
             scores[name], ranks = subset_scores(best, correct)
             self.scores = scores
             self.tops[name] = (best, docs, ranks)
+            self.chance[name] = chance_scores(best, correct)
             self.per_query += [{"subset": name, "query_id": i, "text": t, "correct_taxon": ct, "rank": int(r)}
                                for i, t, ct, r in zip(q.query_ids, q.query_texts, q.correct_taxa, ranks)]
             phases.append({"name": "Scoring", "start": run.start, "end": time.time() - self.t_score,
@@ -240,7 +254,8 @@ class BioVITASuite:
     def write(self, out: str, results: dict[str, dict], runs: dict[str, _Run], log) -> tuple[list[str], dict]:
         _write_ranks(out, self.per_query)
         result = results[biovita.TASK]
-        _write_report(self, out, {n: r.queries for n, r in runs.items()}, self.tops, self.scores, result)
+        _write_report(self, out, {n: r.queries for n, r in runs.items()}, self.tops,
+                      {n: {**s, **self.chance[n]} for n, s in self.scores.items()}, result)
         return ["ranks.parquet", "report.html"], {"task_score": result["mieb_ray"]["task_score"]}
 
 

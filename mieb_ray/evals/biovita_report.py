@@ -1,16 +1,19 @@
 """The eval-biovita HTML report (mieb_ray/page.py's style): `render(results, gallery, images)` returns the page: a
-header (model, task score, time), the taxon top-k accuracy per subset as an SVG grouped bar chart and a table, and
-a gallery of query cards with each query's top-5 taxa and their best photos. No JavaScript and no external URL;
-every text is escaped.
+header (model, task score, time), the taxon top-k accuracy per subset as an SVG grouped bar chart and a table, each
+beside its chance level when the results give it (`chance_top_<k>`: what random embeddings score, about k/100),
+and a gallery of query cards with each query's top-5 taxa and their best photos. No JavaScript and no external
+URL; every text is escaped.
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from mieb_ray.page import CSS, PALETTE, duration, num, pct, scalar, text, thumbnail
+from mieb_ray.page import CHANCE_LINE, PALETTE, duration, num, pct, scalar, text, thumbnail
+from mieb_ray.page import CSS as BASE_CSS
 
 KS = (1, 5, 10)
+CSS = BASE_CSS + ".chance{color:#666;font-size:12px}\n"
 
 
 def render(results: dict, gallery: list[dict], images: dict[str, bytes],
@@ -36,13 +39,21 @@ def _header(results: dict, title: str) -> str:
     fields += [(k, v) for k, v in model.items() if k not in ("name", "revision", "dim") and scalar(v)]
     fields.append(("evaluation time", duration(results.get("evaluation_time"))))
     meta = "".join(f"<span>{escape(k)}: <b>{escape(text(v))}</b></span>" for k, v in fields)
+    chances = [num(s.get("chance_top_1")) for s in (results.get("subsets") or {}).values()]
+    chance = sum(chances) / len(chances) if chances and None not in chances else None
     return (f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div>"
             f"<div class=\"score\">task score (mean top-1 over subsets): "
-            f"<b>{escape(pct(results.get('task_score')))}</b></div></header>")
+            f"<b>{escape(pct(results.get('task_score')))}</b>{_chance(chance)}</div></header>")
+
+
+def _chance(v) -> str:
+    """A chance level beside an accuracy; nothing when unknown."""
+    return "" if num(v) is None else f" <span class=\"chance\">chance {pct(v)}</span>"
 
 
 def _chart(subsets: dict) -> str:
-    """An SVG grouped bar chart: one group per k, one bar per subset, y from 0 to 100 %."""
+    """An SVG grouped bar chart: one group per k, one bar per subset with a dashed mark at its chance level, y
+    from 0 to 100 %."""
     names = list(subsets)
     w, h, left, right, top, bottom = 620, 320, 52, 12, 44, 34
     ph, pw = h - top - bottom, w - left - right
@@ -73,6 +84,12 @@ def _chart(subsets: dict) -> str:
                        f"<title>{escape(name)} top-{k}: {pct(v)}</title></rect>"
                        f"<text x=\"{x + bar_w / 2:.1f}\" y=\"{top + ph - bh - 4:.1f}\" text-anchor=\"middle\" "
                        f"fill=\"#1b1b1b\">{pct(v)}</text>")
+            chance = num(subsets[name].get(f"chance_top_{k}"))
+            if chance is not None:
+                y = top + ph * (1 - min(max(chance, 0.0), 1.0))
+                out.append(f"<line class=\"chance\" x1=\"{x + 2:.1f}\" x2=\"{x + bar_w - 2:.1f}\" y1=\"{y:.1f}\" "
+                           f"y2=\"{y:.1f}\" {CHANCE_LINE}><title>{escape(name)} top-{k} chance: {pct(chance)}"
+                           "</title></line>")
         out.append(f"<text x=\"{left + (g + 0.5) * group_w:.1f}\" y=\"{h - 12}\" text-anchor=\"middle\" "
                    f"font-weight=\"bold\">top-{k}</text>")
     lx = left
@@ -80,6 +97,9 @@ def _chart(subsets: dict) -> str:
         out.append(f"<rect x=\"{lx}\" y=\"12\" width=\"12\" height=\"12\" fill=\"{PALETTE[i % len(PALETTE)]}\"/>"
                    f"<text x=\"{lx + 17}\" y=\"22\">{escape(name)}</text>")
         lx += 30 + 8 * len(name)
+    if any(num(s.get(f"chance_top_{k}")) is not None for s in subsets.values() for k in KS):
+        out.append(f"<line x1=\"{lx}\" x2=\"{lx + 12}\" y1=\"18\" y2=\"18\" {CHANCE_LINE}/>"
+                   f"<text x=\"{lx + 17}\" y=\"22\">chance</text>")
     out.append("</svg>")
     return "".join(out)
 
@@ -88,7 +108,8 @@ def _table(subsets: dict) -> str:
     rows = "".join(
         f"<tr><td><span class=\"swatch\" style=\"background:{PALETTE[i % len(PALETTE)]}\"></span>{escape(name)}</td>"
         f"<td>{escape(text(s.get('queries')))}</td>"
-        + "".join(f"<td>{pct(s.get(f'taxon_top_{k}_accuracy'))}</td>" for k in KS) + "</tr>"
+        + "".join(f"<td>{pct(s.get(f'taxon_top_{k}_accuracy'))}{_chance(s.get(f'chance_top_{k}'))}</td>"
+                  for k in KS) + "</tr>"
         for i, (name, s) in enumerate(subsets.items()))
     heads = "".join(f"<th>top-{k}</th>" for k in KS)
     return (f"<table><caption>taxon top-k accuracy per subset</caption>"

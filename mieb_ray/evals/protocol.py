@@ -82,6 +82,21 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
     return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
 
 
+def check_sides(images: str, texts: str) -> None:
+    """Refuse image and text embeddings whose manifests say they hold the other side: swapped flags would
+    otherwise fail later as texts without an embedding, hiding the cause. Outputs that do not say pass."""
+    said = {side: embeddings.manifest_modality(storage.read_manifest(uri)) for side, uri in
+            (("image", images), ("text", texts))}
+    flags = {"image": f"--image-embeddings {storage.display(images)}",
+             "text": f"--text-embeddings {storage.display(texts)}"}
+    if said == {"image": "text", "text": "image"}:
+        raise UserError(f"{flags['image']} holds text embeddings and {flags['text']} holds image embeddings "
+                        "(their manifests say so): swapped?")
+    for side, other in (("image", "text"), ("text", "image")):
+        if said[side] == other:
+            raise UserError(f"{flags[side]} holds {other} embeddings (its manifest says so), not {side} embeddings")
+
+
 def embedding_bytes(*uris: str) -> int:
     """The embedding shards' total size, from the listing (no shard opened)."""
     shards = [embeddings.shard_uris(uri) for uri in uris]  # one listing each: they may be on different stores
@@ -109,9 +124,11 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
 def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
         allow_mixed_models: bool = False, executor_name: str = "auto") -> dict[str, dict]:
     """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
-    Image and text embeddings of different models are refused unless allow_mixed_models. executor_name: "ray",
-    "local" (the same tasks inline in this process, Ray never started) or "auto" (placement_of)."""
+    Image and text embeddings given the wrong way round are refused (check_sides), and of different models
+    unless allow_mixed_models. executor_name: "ray", "local" (the same tasks inline in this process, Ray never
+    started) or "auto" (placement_of)."""
     t0 = time.time()
+    check_sides(images, texts)
     for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
         log(f"[eval] warning: {note}")
     where = placement_of(executor_name, images, texts)

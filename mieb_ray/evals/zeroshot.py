@@ -311,9 +311,11 @@ class ZeroShotSuite:
             mteb = {k: v for k, v in r["scores"][p.task.split][0].items()
                     if k not in ("main_score", "hf_subset", "languages", "mteb_version")}
             fixed = r["mieb_ray"]["fixed_prompts"]
+            pr = self.predictions[p.task.name]
             rows.append({"task": p.task.name, "split": p.task.split, "images": r["mieb_ray"]["images"],
                          "classes": r["mieb_ray"]["classes"], "mteb": mteb, "fixed": fixed,
-                         "difference": fixed["accuracy"] - mteb["accuracy"]})
+                         "difference": fixed["accuracy"] - mteb["accuracy"],
+                         "misclassified": int((pr["mteb_pred"] != pr["label"]).sum())})  # mteb's prompts
         mean = {s: float(np.mean([t[s]["accuracy"] for t in rows])) if rows else 0.0 for s in PROMPT_SETS}
         return {"title": "MIEB zero-shot classification",
                 "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),

@@ -1,8 +1,9 @@
 """The eval-zeroshot HTML report: one self-contained file (inline CSS and SVG, images as data: URIs).
 
-`render(summary, gallery, images)` returns the page: a header (model, mean accuracy under both prompt sets),
-per-task accuracy with mteb's prompts and with the fixed prompts as an SVG bar chart and a table, and a
-gallery of images misclassified under mteb's prompts, grouped by task, with the prompts shown escaped so
+`render(summary, gallery, images)` returns the page: a header (model, mean accuracy under both prompt sets and
+chance), per-task accuracy with mteb's prompts and with the fixed prompts beside chance (1 / classes: what a
+model guessing at random scores) as an SVG bar chart and a table, and a gallery of images misclassified under
+mteb's prompts, grouped by task (how many shown of how many misclassified), with the prompts shown escaped so
 their defects (stray newlines...) are visible. No JavaScript and no external URL; every text is escaped.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 import math
 from html import escape
 
+from mieb_ray.page import CHANCE_LINE, PALETTE, duration, thumbnail
 from mieb_ray.page import CSS as BASE_CSS
-from mieb_ray.page import PALETTE, duration, thumbnail
 
 DASH = "\u2013"  # a missing or non-finite value
 SETS = (("mteb", "mteb prompts", PALETTE[1]), ("fixed", "fixed prompts", PALETTE[0]))
@@ -50,30 +51,40 @@ def render(summary: dict, gallery: list[dict], images: dict[str, bytes]) -> str:
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
-        _header(summary, title, len(tasks)),
+        _header(summary, title, tasks),
         "<h2>Accuracy per task</h2>", NOTE,
         f"<div class=\"summary\"><div class=\"panel\">{_chart(tasks)}</div>",
         f"<div class=\"panel\">{_table(tasks)}</div></div>",
-        f"<h2>Misclassified images under mteb's prompts ({len(gallery)})</h2>",
-        _gallery(gallery, images),
+        "<h2>Misclassified images under mteb's prompts</h2>",
+        _gallery(gallery, images, tasks),
         "</body></html>\n",
     ])
 
 
-def _header(summary: dict, title: str, n_tasks: int) -> str:
+def _chance(task: dict) -> float | None:
+    """The accuracy of a random guess among the task's classes."""
+    classes = _num(task.get("classes"))
+    return 1 / classes if classes and classes >= 1 else None
+
+
+def _header(summary: dict, title: str, tasks: list[dict]) -> str:
     model = summary.get("model") or {}
-    fields = [("model", model.get("name")), ("revision", model.get("revision")), ("tasks", n_tasks),
+    fields = [("model", model.get("name")), ("revision", model.get("revision")), ("tasks", len(tasks)),
               ("evaluation time", _secs(summary.get("evaluation_time")))]
     meta = "".join(f"<span>{escape(k)}: <b>{escape(str(v))}</b></span>" for k, v in fields if v not in (None, ""))
     mean = summary.get("mean") or {}
     scores = "".join(f"<div class=\"score\">{label}: <b>{_pct(mean.get(s))}</b></div> " for s, label, _ in SETS)
+    chances = [c for c in map(_chance, tasks) if c is not None]
+    chance = sum(chances) / len(chances) if chances else None
     return (f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div>"
             f"<p>mean accuracy over the tasks</p>{scores}"
-            f"<div class=\"score\">difference: <b>{_pp(mean.get('difference'))}</b></div></header>")
+            f"<div class=\"score\">difference: <b>{_pp(mean.get('difference'))}</b></div> "
+            f"<div class=\"score\">chance: <b>{_pct(chance)}</b></div></header>")
 
 
 def _chart(tasks: list[dict]) -> str:
-    """An SVG horizontal bar chart: per task one bar per prompt set, x from 0 to 100 %."""
+    """An SVG horizontal bar chart: per task one bar per prompt set and a dashed mark at chance, x from 0 to
+    100 %."""
     w, left, right, top, bar, gap = 720, 210, 60, 40, 13, 10
     pw = w - left - right
     h = top + len(tasks) * (2 * bar + gap) + 24
@@ -89,6 +100,9 @@ def _chart(tasks: list[dict]) -> str:
         lx = left + i * 140
         out.append(f"<rect x=\"{lx}\" y=\"10\" width=\"12\" height=\"12\" fill=\"{colour}\"/>"
                    f"<text x=\"{lx + 17}\" y=\"20\">{label}</text>")
+    lx = left + len(SETS) * 140
+    out.append(f"<line x1=\"{lx + 6}\" x2=\"{lx + 6}\" y1=\"8\" y2=\"24\" {CHANCE_LINE}/>"
+               f"<text x=\"{lx + 17}\" y=\"20\">chance (1 / classes)</text>")
     for t_i, t in enumerate(tasks):
         y0 = top + t_i * (2 * bar + gap)
         name = escape(str(t.get("task")))
@@ -99,6 +113,11 @@ def _chart(tasks: list[dict]) -> str:
             out.append(f"<rect x=\"{left}\" y=\"{y}\" width=\"{bw:.1f}\" height=\"{bar - 2}\" fill=\"{colour}\">"
                        f"<title>{name}, {label}: {_pct(v)}</title></rect>"
                        f"<text x=\"{left + bw + 4:.1f}\" y=\"{y + bar - 3}\" font-size=\"11\">{_pct(v)}</text>")
+        chance = _chance(t)
+        if chance is not None:
+            x = left + pw * chance
+            out.append(f"<line class=\"chance\" x1=\"{x:.1f}\" x2=\"{x:.1f}\" y1=\"{y0 - 2}\" "
+                       f"y2=\"{y0 + 2 * bar}\" {CHANCE_LINE}><title>{name}, chance: {_pct(chance)}</title></line>")
     out.append("</svg>")
     return "".join(out)
 
@@ -109,24 +128,31 @@ def _table(tasks: list[dict]) -> str:
         d = _num(t.get("difference"))
         cls = "" if not d else (" class=\"up\"" if d > 0 else " class=\"down\"")
         cells = [_text(t.get(k)) for k in ("split", "images", "classes")]
-        cells += [_pct((t.get(s) or {}).get("accuracy")) for s, _, _ in SETS]
+        cells += [_pct(_chance(t))] + [_pct((t.get(s) or {}).get("accuracy")) for s, _, _ in SETS]
         tail = "".join(f"<td>{_pct((t.get(s) or {}).get('f1'))}</td>" for s, _, _ in SETS)
         rows.append(f"<tr><td>{escape(str(t.get('task')))}</td>" + "".join(f"<td>{c}</td>" for c in cells)
                     + f"<td{cls}>{_pp(d)}</td>{tail}</tr>")
     return ("<table><caption>accuracy and macro f1 per task</caption><thead><tr><th>task</th><th>split</th>"
-            "<th>images</th><th>classes</th><th>accuracy (mteb prompts)</th><th>accuracy (fixed prompts)</th>"
+            "<th>images</th><th>classes</th><th>chance (1 / classes)</th><th>accuracy (mteb prompts)</th>"
+            "<th>accuracy (fixed prompts)</th>"
             "<th>difference</th><th>f1 (mteb prompts)</th><th>f1 (fixed prompts)</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def _gallery(gallery: list[dict], images: dict[str, bytes]) -> str:
+def _gallery(gallery: list[dict], images: dict[str, bytes], tasks: list[dict]) -> str:
     if not gallery:
         return "<p class=\"note\">No misclassified images to show.</p>"
     groups: dict[str, list[dict]] = {}
     for g in gallery:  # by task, in order of first appearance
         groups.setdefault(str(g.get("task")), []).append(g)
-    return "".join(f"<h3>{escape(task)} ({len(cards)})</h3><div class=\"cards\">"
+    misclassified = {str(t.get("task")): t.get("misclassified") for t in tasks}
+    return "".join(f"<h3>{escape(task)} ({_shown(len(cards), misclassified.get(task))})</h3><div class=\"cards\">"
                    + "".join(_card(c, images) for c in cards) + "</div>" for task, cards in groups.items())
+
+
+def _shown(shown: int, of) -> str:
+    """"8 of 94 shown": the gallery holds the first few; a summary without the count says what it can."""
+    return f"{shown} of {of:,} shown" if isinstance(of, int) and of >= shown else f"{shown} shown"
 
 
 def _card(c: dict, images: dict[str, bytes]) -> str:

@@ -168,6 +168,14 @@ def manifest_model(manifest: dict | None) -> dict:
     return {"name": str(model)} if isinstance(model, (str, int, float)) and model != "" else {}
 
 
+def manifest_modality(manifest: dict | None) -> str | None:
+    """What an embed output's manifest says it holds, "image" or "text" (its config.modality); None when it
+    says neither (another tool's manifest, or none)."""
+    config = (manifest or {}).get("config")
+    modality = config.get("modality") if isinstance(config, dict) else None
+    return modality if modality in ("image", "text") else None
+
+
 def _listed(manifest: dict | None) -> list[str] | None:
     """The shard paths a manifest lists: entries {"path": ...} (ours) or bare strings; None unless all are."""
     entries = (manifest or {}).get("shards")
