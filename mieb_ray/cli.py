@@ -1,12 +1,16 @@
-"""`mieb-ray build | check-sources | embed | eval | eval-biovita | eval-zeroshot | audit | demo`: parse flags, say
-where Ray is, call a job. No logic of its own."""
+"""The command line: `mieb-ray COMMAND ...`, each command a job (DESCRIPTION), its flags checked by flags.py."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import signal
 import sys
+import threading
+from contextlib import contextmanager, nullcontext, suppress
 
+from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
@@ -17,9 +21,15 @@ from mieb_ray.runtime import cluster
 from mieb_ray.runtime.output import no_empty_folder_on_failure
 from mieb_ray.sources import SOURCES, TOTAL_ROWS, select
 
+DESCRIPTION = (f"mieb-ray: build the mieb-train CLIP training set from the {len(SOURCES)} MIEB zero-shot "
+               "classification datasets, encode any image or text table with a CLIP model, score embeddings on MIEB "
+               "tasks exactly as mteb does, and audit which train rows duplicate an eval image. Each command runs on "
+               "this machine, or on a Ray cluster (--address, RAY_ADDRESS, `ray job submit`). Start with `mieb-ray "
+               "demo`; every flag: docs/cli.md.")
+
 
 def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
-    p.add_argument("--sources", "--data", dest="sources", default="hf",
+    p.add_argument("--sources", "--data", dest="sources", default="hf", type=flags.sources,
                    help=f"{what}'hf' for the Hugging Face hub at the pinned revisions (default), or a mirror of it: a "
                         "root (local path or s3://bucket/prefix) holding <org>/<repo>/ folders as the hub's "
                         "`--local-dir` downloads make them; --data is the same flag")
@@ -27,7 +37,7 @@ def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
 
 def add_build_flags(p: argparse.ArgumentParser) -> None:
     add_sources_flag(p)
-    p.add_argument("--out", required=True, help="output root, local path or s3://bucket/prefix")
+    p.add_argument("--out", required=True, type=flags.output, help="output root, local path or s3://bucket/prefix")
     p.add_argument("--datasets", default=None,
                    help=f"comma-separated dataset slugs (default: all {len(SOURCES)}): "
                         + ", ".join(s.slug for s in SOURCES))
@@ -37,10 +47,10 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="train", metavar="{train,eval}",
                    help="train: the train splits, keys <slug>/<index> (default); eval: each task's MIEB eval split "
                         "(test; validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
-    p.add_argument("--rows-per-shard", type=int, default=10_000,
+    p.add_argument("--rows-per-shard", type=flags.count, default=10_000,
                    help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000, "
                         "as the WebDataset sources' tars)")
-    p.add_argument("--exclude", default=None,
+    p.add_argument("--exclude", default=None, type=flags.existing_folder,
                    help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
                         "rows keep their keys")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
@@ -50,13 +60,13 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=None,
                    help=f"fail unless each dataset has its catalog row count and all {len(SOURCES)} make "
                         f"{TOTAL_ROWS:,} (default: on for --sources hf)")
-    p.add_argument("--max-error-rate", type=float, default=0.001,
+    p.add_argument("--max-error-rate", type=flags.fraction, default=0.001,
                    help="fail when more than this fraction of rows cannot be built (default: 0.001); such rows are "
                         "listed in OUT/_errors/, never silently dropped")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=flags.count, default=None,
                    help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster "
                         "can grow to)")
-    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per shard builder (default: 1)")
+    p.add_argument("--cpus-per-worker", type=flags.cpus, default=1.0, help="CPUs per shard builder (default: 1)")
     add_executor_flag(p)
 
 
@@ -91,17 +101,19 @@ def run_check(args: argparse.Namespace) -> None:
 
 
 def add_embed_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True,
+    p.add_argument("--input", required=True, type=flags.existing,
                    help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; local or s3://")
-    p.add_argument("--out", required=True, help="output root for the embedding shards, local or s3://")
-    p.add_argument("--model", required=True,
+    p.add_argument("--out", required=True, type=flags.output,
+                   help="output root for the embedding shards, local or s3://")
+    p.add_argument("--model", required=True, type=flags.model,
                    help="a hub name (e.g. openai/clip-vit-base-patch32), a local directory or an s3:// prefix holding "
                         "what save_pretrained writes: CLIP, SigLIP, SigLIP2 or any transformers model with "
                         "get_image_features / get_text_features (docs/embed.md); never remote code")
     p.add_argument("--revision", default=None,
                    help="hub commit to load (default: the pinned one for openai/clip-vit-base-patch32 and "
                         "-large-patch14; else the hub's, recorded in the manifest)")
-    p.add_argument("--modality", default="image", choices=["image", "text"])
+    p.add_argument("--modality", default="image", choices=["image", "text"],
+                   help="what to embed: the images of --image-column or the texts of --text-column")
     p.add_argument("--image-column", default="image",
                    help="HF Image structs or raw bytes; in tars, the image member")
     p.add_argument("--text-column", default="text", help="in tars, the .txt member")
@@ -109,8 +121,8 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--carry-columns", default="",
                    help="comma-separated input columns to copy beside each embedding (in tars: members or fields of "
                         "the .json)")
-    p.add_argument("--batch-size", type=int, default=256, help="rows per model call (default: 256)")
-    p.add_argument("--rows-per-shard", type=int, default=10_000,
+    p.add_argument("--batch-size", type=flags.count, default=256, help="rows per model call (default: 256)")
+    p.add_argument("--rows-per-shard", type=flags.count, default=10_000,
                    help="most rows per output shard; an input file with more is cut into row ranges (default: "
                         "10000; image shards hold at most 256 MB of decoded pixels)")
     p.add_argument("--dtype", default="float32", choices=["float16", "float32"],
@@ -119,7 +131,7 @@ def add_embed_flags(p: argparse.ArgumentParser) -> None:
                    help="continue an unfinished run: skip the shards it committed with the same settings (an "
                         "unfinished output needs --resume or --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
-    p.add_argument("--max-error-rate", type=float, default=0.01,
+    p.add_argument("--max-error-rate", type=flags.fraction, default=0.01,
                    help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
     p.add_argument("--decode", default="auto", choices=["cpu", "gpu", "auto"],
                    help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its "
@@ -150,18 +162,22 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
                        help=f"comma-separated mteb task names, or {registry.ALL} (default): "
                             + ", ".join(names[:3]) + ", ...")
     add_sources_flag(p, "where the tasks' data is read: ")
-    p.add_argument("--image-embeddings",
+    p.add_argument("--image-embeddings", type=flags.existing,
                    help="embed output of the eval images, keyed by BioVITA's corpus id and, for the zero-shot tasks, "
                         "<slug>/<split>/<index> (what build --split eval writes)")
-    p.add_argument("--text-embeddings", help="embed output of the query texts and prompts, keyed by the text itself")
-    p.add_argument("--model", help="instead of the two embedding flags: embed what the tasks need with this model "
-                                   "first (complete embeddings of the same model and input are reused)")
+    p.add_argument("--text-embeddings", type=flags.existing,
+                   help="embed output of the query texts and prompts, keyed by the text itself")
+    p.add_argument("--model", type=flags.model,
+                   help="instead of the two embedding flags: embed what the tasks need with this model first "
+                        "(complete embeddings of the same model and input are reused)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--out", required=True, help="output folder: <Task>.json per task (mteb's TaskResult layout), "
-                                                "report.html, per-query ranks or predictions")
+    p.add_argument("--out", required=True, type=flags.output,
+                   help="output folder: <Task>.json per task (mteb's TaskResult layout), report.html, per-query ranks "
+                        "or predictions")
     if any(suite.name == "biovita" for suite in within):
-        p.add_argument("--query-block", type=int, default=256, help="BioVITA queries per scoring task (default: 256)")
-        p.add_argument("--partitions", type=int, default=None,
+        p.add_argument("--query-block", type=flags.count, default=256,
+                       help="BioVITA queries per scoring task (default: 256)")
+        p.add_argument("--partitions", type=flags.count, default=None,
                        help="BioVITA's taxon-aligned corpus partitions, each scored by its own tasks (default: one "
                             "per 256 MB of image embeddings)")
     add_mixed_models_flag(p)
@@ -184,13 +200,13 @@ def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=flags.count, default=None,
                    help=f"{prefix}encoder actors, a fixed number (default: a pool from one per GPU up now to one per "
                         "GPU the cluster can grow to; on CPUs, one per 4 CPUs)")
-    p.add_argument("--gpus-per-worker", type=float, default=None,
+    p.add_argument("--gpus-per-worker", type=flags.gpus, default=None,
                    help=f"{prefix}GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can "
                         "add GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
-    p.add_argument("--cpus-per-worker", type=float, default=None,
+    p.add_argument("--cpus-per-worker", type=flags.cpus, default=None,
                    help=f"{prefix}CPUs (and torch threads) per encoder actor (default: 2 for a GPU encoder that "
                         "decodes JPEGs on its device, else 1)")
 
@@ -207,21 +223,24 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def add_audit_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train", required=True,
+    p.add_argument("--train", required=True, type=flags.existing,
                    help="a mieb-train output, or any Parquet/WebDataset table with key and image (local or s3://)")
-    p.add_argument("--against", required=True,
+    p.add_argument("--against", required=True, type=flags.tables,
                    help="'mieb' for the MIEB eval splits of the sources (read from --sources), or comma-separated "
                         "tables with key and image; a table's eval task is the last component of its path")
     add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, type=flags.output,
                    help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")
-    p.add_argument("--model", help="find near-duplicates too: embed both sides with this CLIP model first "
-                                   "(complete embeddings of the same model and input are reused)")
+    p.add_argument("--model", type=flags.model,
+                   help="find near-duplicates too: embed both sides with this CLIP model first (complete embeddings "
+                        "of the same model and input are reused)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--train-embeddings", help="instead of --model: embed output of the train images, keyed as --train")
-    p.add_argument("--against-embeddings", help="instead of --model: embed output of the eval images, keyed as "
-                                                "--against (mieb: <slug>/<split>/<index>)")
-    p.add_argument("--threshold", type=float, default=None,
+    p.add_argument("--train-embeddings", type=flags.existing,
+                   help="instead of --model: embed output of the train images, keyed as --train")
+    p.add_argument("--against-embeddings", type=flags.existing,
+                   help="instead of --model: embed output of the eval images, keyed as --against (mieb: "
+                        "<slug>/<split>/<index>)")
+    p.add_argument("--threshold", type=flags.cosine, default=None,
                    help="near-duplicate cosine, at or above which a pair is reported (default: 0.95)")
     p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the units it hashed")
     p.add_argument("--overwrite", action="store_true", help="replace a complete audit already at --out")
@@ -249,17 +268,21 @@ def run_demo(args: argparse.Namespace) -> None:
     )
 
     cluster.configure(args.address)
-    demo(args.out)
+    demo(args.out, overwrite=args.overwrite)
 
 
 def parser() -> argparse.ArgumentParser:
-    help_ = "Ray cluster address, e.g. auto (default: RAY_ADDRESS, else a local Ray)"
-    p = argparse.ArgumentParser(prog="mieb-ray", description=__doc__)
-    p.add_argument("--address", default=None, help=help_)
-    # the same flag after the command (`mieb-ray build ... --address auto`); SUPPRESS keeps the one given before
+    address = "Ray cluster address, e.g. auto (default: RAY_ADDRESS, else a local Ray)"
+    verbose = "print Ray's own logs and the libraries' progress bars too (default: the job's lines and errors)"
+    p = flags.Parser(prog="mieb-ray", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"mieb-ray {__version__}")
+    p.add_argument("--address", default=None, help=address)
+    p.add_argument("--verbose", action="store_true", help=verbose)
+    # the same flags after the command (`mieb-ray build ... --address auto`); SUPPRESS keeps the one given before
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--address", default=argparse.SUPPRESS, help=help_)
-    sub = p.add_subparsers(dest="command", required=True)
+    common.add_argument("--address", default=argparse.SUPPRESS, help=address)
+    common.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, parents=[common])
@@ -285,7 +308,8 @@ def parser() -> argparse.ArgumentParser:
     a.set_defaults(run=run_audit)
     d = command("demo", help="the whole flow on this machine from fixtures made on the spot: build, embed with a "
                              "tiny CLIP, eval BioVITA and a zero-shot task")
-    d.add_argument("--out", default="mieb-demo", help="output folder (default: ./mieb-demo)")
+    d.add_argument("--out", default="mieb-demo", type=flags.output, help="output folder (default: ./mieb-demo)")
+    d.add_argument("--overwrite", action="store_true", help="replace what an earlier run left in --out")
     d.set_defaults(run=run_demo)
     return p
 
@@ -310,11 +334,54 @@ def reference() -> str:
     return "\n".join(lines)
 
 
+# A line of Ray core's C++ log, as its driver writes them to this process's stderr:
+# `[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor with class name ... restart will fail ...`
+_RAY_CORE_LINE = re.compile(rb"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] [\w/.]+\.cc:\d+: ")
+
+
+@contextmanager
+def quiet():
+    """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
+    Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
+    (the workers' too: hubfs.WORKER_ENV) and the lines of Ray core's C++ log that its driver writes straight to
+    the stderr descriptor (among them an actor pool's 'restart will fail', an E line that is no error of the job:
+    a failure reaches the job as an exception). Everything else written there passes, in order."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # it read the variable at import
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    sys.stderr.flush()
+    stderr, (read, write) = os.dup(2), os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def pump() -> None:
+        with open(read, "rb", buffering=0) as lines, suppress(OSError):  # OSError: stderr closed under it
+            for line in lines:
+                if not _RAY_CORE_LINE.match(line):
+                    os.write(stderr, line)
+
+    thread = threading.Thread(target=pump, name="mieb-stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)  # the pipe's last writer closes: the pump drains it and ends
+        thread.join(timeout=5)
+        os.close(stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    command = parser()
+    args = command.parse_args(argv)
+    if getattr(args, "resume", False) and getattr(args, "overwrite", False):
+        command.exit(2, "mieb-ray: error: --resume and --overwrite exclude each other: --resume continues what is "
+                        "there, --overwrite replaces it\n")
+    cluster.set_verbose(args.verbose)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
+        with nullcontext() if args.verbose else quiet(), no_empty_folder_on_failure(getattr(args, "out", None)), \
+                surfaced():
             args.run(args)
     except KeyboardInterrupt:
         print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",

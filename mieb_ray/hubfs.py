@@ -51,7 +51,7 @@ MAX_RETRY_AFTER = 300.0  # the hub's rate-limit windows are 5 minutes
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 UNREACHED_TRIES = 3  # a connection error before the hub ever answered this process: a few seconds, then said
 # what the job's workers need to read the hub as the driver does
-WORKER_ENV = ("HF_TOKEN", "HF_ENDPOINT")
+WORKER_ENV = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_PROGRESS_BARS")
 WORKER_ENV_PREFIX = "MIEB_RAY_HUB_"
 
 

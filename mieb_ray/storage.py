@@ -59,7 +59,7 @@ def _s3_address() -> tuple[str, str, int]:
     return f"https://{host}", host, 443
 
 
-def _resolve(host: str, port: int) -> None:
+def _resolve(host: str, port: int, what: str) -> None:
     for attempt in range(3):
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -70,16 +70,17 @@ def _resolve(host: str, port: int) -> None:
             if getattr(exc, "errno", None) == socket.EAI_AGAIN and attempt < 2:
                 time.sleep(0.5)
                 continue
-            raise StorageError(f"cannot reach S3 endpoint {_s3_address()[0]}: unknown host {host!r} "
+            raise StorageError(f"cannot reach {what}: unknown host {host!r} "
                                f"({exc.strerror if isinstance(exc, socket.gaierror) else exc})") from exc
 
 
-def probe_s3(connect: bool = True) -> None:
-    """One line within seconds when the S3 endpoint cannot be reached at all: its host does not resolve or
-    (`connect`) no address takes a TCP connection within PROBE_TIMEOUT s. Not for outages mid-job: those
-    the SDK retries."""
-    endpoint, host, port = _s3_address()
-    _resolve(host, port)
+def probe(endpoint: str, what: str, connect: bool = True) -> None:
+    """One line within seconds when a service cannot be reached at all: its host does not resolve or (`connect`)
+    no address takes a TCP connection within PROBE_TIMEOUT s. Not for outages mid-job: those the clients retry
+    (for over a minute, on a machine that is simply offline)."""
+    url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    _resolve(host, port, f"{what} {endpoint}")
     if not connect:
         return
     try:
@@ -87,7 +88,12 @@ def probe_s3(connect: bool = True) -> None:
     except OSError as exc:
         reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else \
             f"no connection within {PROBE_TIMEOUT:g}s"
-        raise StorageError(f"cannot reach S3 endpoint {endpoint}: {reason}") from None
+        raise StorageError(f"cannot reach {what} {endpoint}: {reason}") from None
+
+
+def probe_s3(connect: bool = True) -> None:
+    """probe() of the S3 endpoint this process talks to."""
+    probe(_s3_address()[0], "S3 endpoint", connect)
 
 
 @functools.lru_cache(maxsize=None)

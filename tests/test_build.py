@@ -221,7 +221,8 @@ def test_cli_errors_are_one_line(ray_local, mirror, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown dataset 'cifar11'; valid: ucf101, imagenet1k" in err
 
-    assert main(["build", "--sources", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b"),
+    (tmp_path / "empty").mkdir()
+    assert main(["build", "--sources", str(tmp_path / "empty"), "--out", str(tmp_path / "b"),
                  "--datasets", "dtd"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "dtd: no train .parquet or .tar files under" in err
@@ -270,16 +271,18 @@ def test_error_rows_are_counted_and_the_rate_is_enforced(ray_local, tmp_path):
     assert {e["error"] for e in errors} == {"label 43 outside the 43 classes", "label missing or not in the class list"}
 
 
-def test_address_goes_before_or_after_the_command():
+def test_address_goes_before_or_after_the_command(tmp_path):
     from mieb_ray.cli import parser
 
     p = parser()
-    flags = ["--sources", "x", "--out", "y"]
+    flags = ["--sources", str(tmp_path), "--out", str(tmp_path / "y")]
     assert p.parse_args(["build", *flags, "--address", "auto"]).address == "auto"  # as the README writes it
     assert p.parse_args(["--address", "auto", "build", *flags]).address == "auto"
     assert p.parse_args(["build", *flags]).address is None
-    assert p.parse_args(["audit", "--train", "t", "--against", "mieb", "--out", "o", "--address", "auto"]).address \
-        == "auto"
+    assert p.parse_args(["audit", "--train", str(tmp_path), "--against", "mieb", "--out", "o", "--address",
+                         "auto"]).address == "auto"
+    assert p.parse_args(["build", *flags, "--verbose"]).verbose and p.parse_args(["--verbose", "build", *flags]).verbose
+    assert not p.parse_args(["build", *flags]).verbose
 
 
 @pytest.mark.timeout(120)

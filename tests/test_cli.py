@@ -18,37 +18,36 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_failed_run_leaves_no_folder_it_made(ray_local, tmp_path, capsys):
+    for empty in ("empty", "x", "y"):
+        (tmp_path / empty).mkdir()
     out = tmp_path / "new" / "out"
-    assert main(["build", "--sources", str(tmp_path / "missing"), "--out", str(out), "--datasets", "mnist"]) == 1
+    assert main(["build", "--sources", str(tmp_path / "empty"), "--out", str(out), "--datasets", "mnist"]) == 1
     assert "mieb-ray: error:" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
 
     # a folder that was there before is the user's: it stays, even empty
     kept = tmp_path / "kept"
     kept.mkdir()
-    assert main(["eval-biovita", "--data", str(tmp_path / "missing"), "--image-embeddings", str(tmp_path / "x"),
+    assert main(["eval-biovita", "--data", str(tmp_path / "empty"), "--image-embeddings", str(tmp_path / "x"),
                  "--text-embeddings", str(tmp_path / "y"), "--out", str(kept)]) == 1
     assert kept.is_dir() and not os.listdir(kept)
 
 
 @pytest.mark.parametrize("args, says", [
-    (["build", "--sources", "{tmp}/missing", "--datasets", "mnist", "--out", "{tmp}/o"], "no train"),
-    (["embed", "--input", "{tmp}/missing", "--model", "{tmp}/missing-model", "--out", "{tmp}/o"], "{tmp}/missing"),
-    (["embed", "--input", "{tmp}/table", "--model", "{tmp}/missing-model", "--out", "{tmp}/o"], "model path"),
-    (["eval-biovita", "--data", "{tmp}/missing", "--image-embeddings", "{tmp}/x", "--text-embeddings", "{tmp}/y",
-      "--out", "{tmp}/o"], "{tmp}/"),
-    (["eval-zeroshot", "--data", "{tmp}/missing", "--image-embeddings", "{tmp}/x", "--text-embeddings", "{tmp}/y",
-      "--tasks", "CIFAR10ZeroShot", "--out", "{tmp}/o"], "{tmp}/"),
-    (["audit", "--train", "{tmp}/missing", "--against", "{tmp}/missing2", "--out", "{tmp}/o"], "{tmp}/missing"),
+    (["build", "--sources", "{tmp}/empty", "--datasets", "mnist", "--out", "{tmp}/o"], "no train"),
+    (["embed", "--input", "{tmp}/table", "--model", "org/not-cached", "--out", "{tmp}/o"], "org/not-cached"),
+    (["eval-biovita", "--data", "{tmp}/empty", "--image-embeddings", "{tmp}/table", "--text-embeddings",
+      "{tmp}/table", "--out", "{tmp}/o"], "{tmp}/"),
+    (["eval-zeroshot", "--data", "{tmp}/empty", "--image-embeddings", "{tmp}/table", "--text-embeddings",
+      "{tmp}/table", "--tasks", "CIFAR10ZeroShot", "--out", "{tmp}/o"], "{tmp}/"),
     (["audit", "--train", "{tmp}/table", "--against", "{tmp}/table", "--out", "{tmp}/done"], "complete"),
-    (["embed", "--input", "{tmp}/table", "--model", "{tmp}/missing-model", "--out", "{tmp}/o", "--gpus-per-worker",
-      "2"], "--gpus-per-worker 2: an encoder uses one GPU at most"),
 ])
 def test_checks_that_need_no_ray_fail_before_ray_starts(tmp_path, args, says):
     """RAY_ADDRESS names no cluster: had the job started (or joined) Ray first, it would fail on that instead."""
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "_manifest.json").write_text('{"shards": [], "counts": {}}')
     (tmp_path / "table").mkdir()
+    (tmp_path / "empty").mkdir()
     pq.write_table(pa.table({"key": ["a"], "image": [b"not read"]}), tmp_path / "table" / "data.parquet")
     args = [a.format(tmp=tmp_path) for a in args]
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}

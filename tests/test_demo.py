@@ -42,3 +42,48 @@ def test_the_demo_command_builds_embeds_and_scores(tmp_path):
     assert 0 <= zeroshot["mieb_ray"]["fixed_prompts"]["accuracy"] <= 1
     assert os.path.exists(out / "eval" / "zeroshot" / "report.html")
     assert any("CIFAR10ZeroShot on 100 test images" in line for line in lines)
+    # nothing but the job's own lines: no progress bars, no Ray or library log lines
+    own = re.compile(r"^(\[(demo|build|embed|eval)\] |  /)")
+    assert done.stderr == "" and [line for line in lines if not own.match(line)] == []
+    # the summary lists every output, says why the table has a row less, and gives chance levels
+    summary = "\n".join(lines[lines.index("[demo] outputs:"):])
+    for name in ("mirror", "mieb-train", "tiny-clip", "embeddings-image", "embeddings-text", "eval/biovita",
+                 "eval/zeroshot"):
+        assert f"{out}/{name}: " in summary, name
+    assert "1 fewer than the mirror's: rows of classes mieb-train leaves out (caltech101: 1" in summary
+    assert "(chance: about 0.010/0.050/0.100, one right taxon among 100 candidates;" in summary
+    assert "(chance: 0.100, 10 classes" in summary
+
+    # run again into the same folder: refused, nothing touched
+    before = tree(out)
+    again = subprocess.run([sys.executable, "-m", "mieb_ray", "demo", "--out", str(out)], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert again.returncode == 1 and again.stdout == ""
+    assert again.stderr == (f"mieb-ray: error: {out} already holds mirror, mieb-train, tiny-clip, embeddings-image, "
+                            "embeddings-text, eval (an earlier run's?); pass --overwrite to replace them, or another "
+                            "--out\n")
+    assert tree(out) == before
+
+
+def tree(root) -> dict:
+    """Every file under root and its sha256: what a refusal must leave byte for byte."""
+    import hashlib
+
+    return {os.path.relpath(os.path.join(d, f), root): hashlib.sha256(open(os.path.join(d, f), "rb").read()).digest()
+            for d, _, files in os.walk(root) for f in files}
+
+
+def test_the_demo_never_replaces_a_build_it_did_not_make(mirror, tmp_path):
+    """A real build at DIR/mieb-train: `demo --out DIR` refuses, and the build stays byte for byte."""
+    from mieb_ray.pipelines.build import BuildConfig, build
+
+    out = tmp_path / "mine"
+    build(BuildConfig(mirror[0], str(out / "mieb-train"), datasets="mnist,dtd", executor="local"),
+          log=lambda line: None)
+    before = tree(out)
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "demo", "--out", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [f"mieb-ray: error: {out} already holds mieb-train (an earlier run's?); "
+                                        "pass --overwrite to replace them, or another --out"]
+    assert tree(out) == before

@@ -317,7 +317,6 @@ def test_bad_setup_fails_in_one_line_before_any_work(mieb_train, tiny_clip, tmp_
     BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
                          vocab_size=99)).save_pretrained(bert)
     cases = [
-        (["--model", str(tmp_path / "nowhere")], "model path"),
         (["--model", str(bert)], "(BertModel) cannot embed images: it has no get_image_features"),
         (["--model", tiny_clip, "--image-column", "picture"], "has no column picture"),
         (["--model", tiny_clip, "--input", str(tmp_path / "empty")], "no .parquet or .tar files under"),

@@ -395,6 +395,8 @@ def test_mixed_models_in_the_jobs(ray_local, bio, zs, tmp_path, capsys):
                  "--text-embeddings", other, "--out", str(tmp_path / "zs")])
     one_line_error(capsys, code, "come from different models")
 
+    (tmp_path / "no-train").mkdir()  # tables without files: the models are checked first
+    (tmp_path / "no-eval").mkdir()
     argv = ["audit", "--train", str(tmp_path / "no-train"), "--against", str(tmp_path / "no-eval"),
             "--train-embeddings", images, "--against-embeddings", other, "--out", str(tmp_path / "audit")]
     one_line_error(capsys, main(argv), "train embeddings (fixture/biovita-random) and eval embeddings "

@@ -204,13 +204,24 @@ def test_a_job_refuses_to_replace_work_by_mistake(tmp_path):
     job.earlier({}, {"v": 1})
     job.progress.record("u0", {"lo": 0}, {"rows": 1})
     (out / "0.txt").write_text("x")
+    plain = Job("test", str(out), "a complete test", ours)
+    plain.start()
     with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\); pass --resume to "
-                                        r"continue it or --overwrite to start again"):
-        Job("test", str(out), "a complete test", ours).start()
+                                        r"continue it or --overwrite to start again$"):
+        plain.earlier({"u0": {"lo": 0}}, {"v": 1})
+    with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\), started with other "
+                                        r"settings \(v 1 -> 2\); pass --resume"):
+        plain.earlier({"u0": {"lo": 0}}, {"v": 2})
     resumed = Job("test", str(out), "a complete test", ours, resume=True)
     resumed.start()
     assert resumed.earlier({"u0": {"lo": 0}, "u1": {"lo": 1}}, {"v": 1}) == {"u0": {"rows": 1}}
-    assert resumed.earlier({"u0": {"lo": 0}}, {"v": 2}) == {}  # other settings: made again
+    assert resumed.earlier({"u0": {"lo": 5}}, {"v": 1}) == {}  # its input changed: made again
+    with pytest.raises(UserError, match=r"started with other settings: v 1 -> 2; pass --resume with its settings"):
+        resumed.earlier({"u0": {"lo": 0}}, {"v": 2})
+    with pytest.raises(UserError, match=r"started with other settings: 1 of its units are not in this run's plan "
+                                        r"\(e\.g\. u0\); pass"):  # other --datasets: its work is never orphaned
+        resumed.earlier({"u9": {"lo": 0}}, {"v": 1})
+    assert (out / "0.txt").exists() and (out / storage.PROGRESS / "u0.json").exists()  # refusals change nothing
     again = Job("test", str(out), "a complete test", ours, overwrite=True)
     again.start()  # the unfinished run's files are gone
     assert not (out / "0.txt").exists() and not (out / storage.PROGRESS).exists()

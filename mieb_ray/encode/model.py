@@ -89,6 +89,7 @@ def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | Non
 
 
 def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
+    import huggingface_hub.constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -97,6 +98,19 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
     elif revision is None:
         log.warning("model %s is not pinned: using the hub's current main (pass --revision to pin it)", repo)
     at = f" at revision {revision}" if revision else ""
+    for weights in _WEIGHTS:  # a copy cached on this machine needs no network
+        try:
+            path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir,
+                                     local_files_only=True)
+        except (HfHubHTTPError, OSError, ValueError):
+            continue
+        if _select(os.listdir(path), weights):
+            return path
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        try:  # the hub's client retries an unreachable host for half a minute: one line now instead
+            storage.probe(huggingface_hub.constants.ENDPOINT, "the Hugging Face hub")
+        except storage.StorageError as exc:
+            raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
     try:
         for weights in _WEIGHTS:
             path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir)

@@ -26,6 +26,7 @@ from mieb_ray.runtime.pools import Cluster, launcher_capacity
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
 
 _address: str | None = None
+_verbose = False  # Ray's own log lines (INFO and WARNING) shown: --verbose
 _started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
 
 
@@ -44,6 +45,17 @@ def configure(address: str | None = None) -> None:
     """Where `ray_up` connects: `address`, else RAY_ADDRESS (a job submitted to a cluster), else a new local Ray."""
     global _address
     _address = address
+
+
+def set_verbose(verbose: bool) -> None:
+    """Ray's own log lines on (--verbose) or off: by default a job prints its own lines and Ray's errors."""
+    global _verbose
+    _verbose = verbose
+
+
+def ray_log_level() -> int:
+    """The level of Ray's Python loggers (ray, ray.data) while a job runs."""
+    return logging.INFO if _verbose else logging.ERROR
 
 
 def address() -> str | None:
@@ -72,11 +84,14 @@ def ray_up() -> None:
         if address is None and "RAY_num_workers_soft_limit" not in os.environ:
             own = {"_system_config": {"num_workers_soft_limit": worker_soft_limit(os.cpu_count() or 1)}}
         # HF_TOKEN and the hub settings reach every worker through its environment, never a log
-        ray.init(address=address, log_to_driver=True, logging_level="WARNING", runtime_env=worker_runtime_env(), **own)
+        # the workers' own output (a model's progress bars, Ray's retry notes) only with --verbose: their errors
+        # reach the job as exceptions
+        ray.init(address=address, log_to_driver=_verbose, logging_level=ray_log_level(),
+                 runtime_env=worker_runtime_env(), **own)
         _started_here = address is None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our pipelines print their own progress
+    logging.getLogger("ray").setLevel(ray_log_level())
 
 
 def _reachable(address: str | None, timeout: float = 5.0) -> None:

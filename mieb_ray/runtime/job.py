@@ -3,10 +3,11 @@
 The job supplies its units (name -> what the unit reads), its stages (runtime/units.py) and its manifest;
 `Job` does the rest:
 
-    start()   the output checked and writable, a complete one refused without --overwrite; an unfinished one
-              continued with --resume, started again with --overwrite, and refused otherwise: hours of work are
-              never replaced by mistake
-    earlier() with --resume, the units whose progress record an earlier run committed with these settings
+    start()   the output checked and writable, a complete one refused without --overwrite, an unfinished one
+              removed with --overwrite
+    earlier() once the plan gives the settings: an unfinished output continued with --resume (the units whose
+              progress record an earlier run committed with these settings), refused without it, and refused
+              with it when the settings or units differ, saying how: hours of work are never replaced by mistake
     run()     the remaining units on Ray or in this process (runtime/placement.py), a progress line every 5 s,
               each unit's result once, and an error if one never came back
     finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
@@ -38,24 +39,34 @@ class Job:
 
     def start(self) -> None:
         """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
-        one kept for --resume, removed with --overwrite and refused otherwise."""
+        one removed with --overwrite (else earlier() decides, once it knows this run's settings)."""
         output.prepare(self.out, self.overwrite, self.what)
-        if self.resume:
-            return
-        left = self._unfinished()
-        if left and not self.overwrite:
-            raise UserError(f"{storage.display(self.out)} holds an unfinished run of {self.name} ({len(left)} files); "
-                            "pass --resume to continue it or --overwrite to start again")
-        for uri in left:
-            storage.delete(uri)
-        storage.delete_tree(storage.join(self.out, storage.PROGRESS))
+        if self.overwrite:
+            for uri in self._unfinished():
+                storage.delete(uri)
+            storage.delete_tree(storage.join(self.out, storage.PROGRESS))
 
     def earlier(self, planned: dict[str, object], settings: dict) -> dict[str, dict]:
-        """{unit name: result} of the planned units ({name: what it reads}) an earlier run finished with the same
-        `settings` (what a progress record must match to be reused), when resuming; {} otherwise. From here on
-        `progress` is the records the workers commit."""
+        """{unit name: result} of the planned units ({name: what it reads}) an earlier, unfinished run finished
+        with the same `settings` (what a progress record must match to be reused), when resuming. An unfinished
+        output without --resume, or with --resume but other settings or other units, is refused in one line that
+        says what differs: hours of work are never replaced or orphaned by mistake. From here on `progress` is
+        the records the workers commit."""
         self.progress = Progress(self.out, settings)
-        return self.progress.done(planned) if self.resume else {}
+        left = self._unfinished()
+        if not left:
+            return {}
+        records = self.progress.records()
+        differ = self.progress.differences(records, planned)
+        where = f"{storage.display(self.out)} holds an unfinished run of {self.name} ({len(left)} " \
+            f"file{'s' if len(left) != 1 else ''})"
+        if not self.resume:
+            differ = f", started with other settings ({differ})" if differ else ""
+            raise UserError(f"{where}{differ}; pass --resume to continue it or --overwrite to start again")
+        if differ:
+            raise UserError(f"{where} started with other settings: {differ}; pass --resume with its settings to "
+                            "continue it, or --overwrite to start again with these")
+        return self.progress.done(records, planned)
 
     def _unfinished(self) -> list[str]:
         root = self.out.rstrip("/") + "/"

@@ -59,15 +59,36 @@ class Progress:
         record = {"unit": unit, "settings": self.settings, "result": result}
         storage.write_bytes(self.path(name), json.dumps(record).encode())
 
-    def done(self, units: dict[str, object]) -> dict[str, dict]:
-        """{name: result} of the wanted units ({name: unit}) an earlier run finished, with these settings."""
-        wanted = {self.path(n): n for n in units}
-        found = [uri for uri in storage.list_files(storage.join(self.out, storage.PROGRESS)) if uri in wanted]
+    def records(self) -> dict[str, dict]:
+        """{unit name: record} of every progress record there."""
+        root = storage.join(self.out, storage.PROGRESS).rstrip("/") + "/"
+        found = [uri for uri in storage.list_files(root.rstrip("/")) if uri.endswith(".json")]
         with ThreadPoolExecutor(16) as pool:
             records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
+        return {uri[len(root):-len(".json")]: r for uri, r in zip(found, records)}
+
+    def done(self, records: dict[str, dict], units: dict[str, object]) -> dict[str, dict]:
+        """{name: result} of the wanted units ({name: unit}) among `records` an earlier run finished with these
+        settings, from the same input (a unit whose input changed is made again)."""
         same = json.loads(json.dumps(units))
-        return {wanted[uri]: r["result"] for uri, r in zip(found, records)
-                if r.get("settings") == self.settings and r.get("unit") == same[wanted[uri]]}
+        return {name: r["result"] for name, r in records.items()
+                if name in same and r.get("settings") == self.settings and r.get("unit") == same[name]}
+
+    def differences(self, records: dict[str, dict], units: dict[str, object]) -> str:
+        """How an earlier run's records differ from this run: its settings and the units this run does not plan
+        (other datasets, another shard size); "" when they do not."""
+        changed = sorted({k for r in records.values() for k in set(r.get("settings") or {}) | set(self.settings)
+                          if (r.get("settings") or {}).get(k) != self.settings.get(k)})
+        said = []
+        for key in changed:
+            old = next(((r.get("settings") or {}).get(key) for r in records.values()), None)
+            new = self.settings.get(key)
+            short = all(len(json.dumps(v)) <= 40 for v in (old, new))
+            said.append(f"{key} {json.dumps(old)} -> {json.dumps(new)}" if short else key)
+        unplanned = sorted(set(records) - set(units))
+        if unplanned:
+            said.append(f"{len(unplanned)} of its units are not in this run's plan (e.g. {unplanned[0]})")
+        return "; ".join(said)
 
     def clear(self) -> None:
         storage.delete_tree(storage.join(self.out, storage.PROGRESS))

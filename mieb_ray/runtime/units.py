@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -55,6 +56,10 @@ def data_context():
     import ray
 
     ctx = ray.data.DataContext.get_current()
+    # Ray Data's logger is set up when ray.data is first imported, at INFO: our own progress lines instead
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    logger.setLevel(cluster.ray_log_level())
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its last stage whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
             "enable_progress_bars": False,  # our own progress lines
@@ -68,6 +73,7 @@ def data_context():
     finally:
         for k, v in saved.items():
             setattr(ctx, k, v)
+        logger.setLevel(level)
 
 
 def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None) -> Iterator[tuple[int, dict]]:
