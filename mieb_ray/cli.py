@@ -162,9 +162,10 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
                        help=f"comma-separated mteb task names, or {registry.ALL} (default): "
                             + ", ".join(names[:3]) + ", ...")
     add_sources_flag(p, "where the tasks' data is read: ")
-    p.add_argument("--image-embeddings", type=flags.existing,
-                   help="embed output of the eval images, keyed by BioVITA's corpus id and, for the zero-shot tasks, "
-                        "<slug>/<split>/<index> (what build --split eval writes)")
+    p.add_argument("--image-embeddings", type=flags.existing_list,
+                   help="embed output(s), comma-separated, of the images: keyed by BioVITA's corpus id, "
+                        "<slug>/<split>/<index> for the eval splits (what build --split eval writes) and, for the "
+                        "linear probe, <slug>/<index> for its train rows (mieb-train's keys)")
     p.add_argument("--text-embeddings", type=flags.existing,
                    help="embed output of the query texts and prompts, keyed by the text itself")
     p.add_argument("--model", type=flags.model,
@@ -297,9 +298,10 @@ def parser() -> argparse.ArgumentParser:
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
-    biovita, zeroshot = registry.SUITES
-    add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA and the 22 zero-shot "
-                                        "classification tasks), equal to mteb's scores"), registry.SUITES)
+    biovita, zeroshot, _ = registry.SUITES
+    add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA, the zero-shot and the "
+                                        "linear-probe classification tasks), equal to mteb's scores"),
+                   registry.SUITES)
     add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
     add_eval_flags(command("eval-zeroshot", help="eval limited to the 22 MIEB zero-shot classification tasks, with "
                                                  "mteb's prompts and with fixed ones"), (zeroshot,))

@@ -94,6 +94,13 @@ def existing(text: str) -> str:
     return text
 
 
+def existing_list(text: str) -> str:
+    """One or several comma-separated existing paths or s3:// URIs (embedding outputs)."""
+    for part in (p for p in text.split(",") if p):
+        existing(part)
+    return text
+
+
 def existing_folder(text: str) -> str:
     """An existing local folder, or an s3:// URI."""
     existing(text)

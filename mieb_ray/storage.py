@@ -177,6 +177,8 @@ def open_input(uri: str):
 def file_sizes(uris: list[str], what: str = "embedding shard") -> list[int]:
     """Sizes of files from the store's listing (never opened); a listed `what` that is not there is a one-line
     error (a manifest may list files another tool never wrote)."""
+    if len({is_s3(u) for u in uris}) > 1:  # files on two stores: each asked of its own
+        return [file_sizes([u], what)[0] for u in uris]
     fs, _ = filesystem(uris[0])
     infos = fs.get_file_info([filesystem(u)[1] for u in uris])
     for uri, info in zip(uris, infos):

@@ -194,3 +194,72 @@ def rank_bounds(subsets: dict[str, Subset], results: dict, atol: float) -> dict[
             else:
                 out[name, qid] = (1 + int((m > m[c] + atol).sum()), 1 + int((others & (m >= m[c] - atol)).sum()))
     return out
+
+
+def _identity_png(split: int, index: int) -> bytes:
+    """A 2x1 PNG whose pixels spell (split, index): how the probe's stand-in encoder knows the row it is given."""
+    import io
+
+    from PIL import Image
+
+    pixels = np.array([[[split, (index >> 16) & 255, (index >> 8) & 255], [index & 255, 0, 0]]], np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, "PNG")
+    return out.getvalue()
+
+
+def _probe_encoder(vectors: dict[tuple[int, int], np.ndarray]):
+    """Each image's vector by the (split, index) its pixels spell (0: train, 1: eval)."""
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    dim = len(next(iter(vectors.values())))
+
+    class FakeEncoder(AbsEncoder):
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["image"], "embed_dim": dim, "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            rows = []
+            for batch in inputs:
+                for image in batch["image"]:
+                    p = np.array(image.convert("RGB"))[0].astype(int)
+                    rows.append(vectors[int(p[0, 0]), (p[0, 1] << 16) | (p[0, 2] << 8) | p[1, 0]])
+            return np.stack(rows).astype(np.float32)
+
+    return FakeEncoder()
+
+
+def mteb_probe(task_name: str, repo: str, eval_split: str, train: dict[int, np.ndarray],
+               evaluated: dict[int, np.ndarray]) -> dict:
+    """The TaskResult JSON mteb 2.26.24 writes for a linear-probe task whose train and eval splits are read from a
+    fixture repo in the hub layout (their labels as `datasets` loads them), each image replaced by one that spells
+    its split and row: the stand-in encoder gives it the vector `train[row]` or `evaluated[row]`."""
+    import glob
+
+    import datasets
+    import mteb
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+        task = mteb.get_task(task_name)
+        loaded = {}
+        for code, split in enumerate(("train", eval_split)):
+            parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
+            builder, files = ("parquet", parquet) if parquet else (
+                "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))
+            data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=os.path.join(tmp, "hf"))[split]
+            column = task.input_column_name
+            pngs = [{"bytes": _identity_png(code, i), "path": None} for i in range(len(data))]
+            data = data.remove_columns([column]).add_column(column, pngs).cast_column(column, datasets.Image())
+            loaded[split] = data
+        task.dataset = datasets.DatasetDict(loaded)
+        task.data_loaded = True
+        task.dataset_transform()
+        vectors = {(0, i): v for i, v in train.items()} | {(1, i): v for i, v in evaluated.items()}
+        result = mteb.evaluate(_probe_encoder(vectors), task, cache=None, show_progress_bar=False)
+        path = Path(tmp, f"{task_name}.json")
+        result.task_results[0].to_disk(path)
+        return json.loads(path.read_text())

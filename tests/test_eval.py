@@ -264,7 +264,7 @@ def test_cli_with_a_model_embeds_first(ray_local, data, tiny_clip, tmp_path, cap
     assert set(genus.query_texts) <= set(texts) and len(texts) < len(genus.query_ids) + 30  # a text embeds once
     assert main(["eval-biovita", "--data", root, "--model", tiny_clip, "--image-embeddings", root,
                  "--out", str(out)]) == 1
-    assert "give either --model, or both" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert "give either --model, or --image-embeddings" in capsys.readouterr().err.strip().splitlines()[-1]
     assert storage.exists(str(out / "report.html"))
 
 

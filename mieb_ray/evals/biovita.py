@@ -150,6 +150,7 @@ class BioVITASuite:
     """BioVITAT2IReranking as an EvalSuite: one task, its subsets scored together."""
 
     kind = "mieb-biovita-eval"
+    needs_texts = True
 
     def __init__(self, sources: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,
                  partitions: int | None = None, gallery: int = 12):

@@ -31,13 +31,14 @@ MTEB_VERSION = "2.26.24"  # the scorers we equal
 class EmbedInputs:
     """What to embed: a table of images keyed by `image_key`, a table of texts keyed by the text itself."""
 
-    images: str
+    images: str  # one table, or several separated by commas (each embedded into its own output)
     image_key: str
-    texts: str
+    texts: str | None  # None: the suite needs no texts
 
 
 class EvalSuite(Protocol):
     kind: str  # the manifest's format
+    needs_texts: bool  # False: scored from image embeddings alone (texts is None)
 
     def task_names(self) -> list[str]: ...
 
@@ -53,7 +54,11 @@ class EvalSuite(Protocol):
 
 def task_result(task: str, revision: str, split: str, entries: list[dict], seconds: float, phases: list[dict]) -> dict:
     """mteb's TaskResult layout, as `TaskResult.to_disk` writes it (floats rounded to 6 decimals)."""
-    def rounded(v):
+    def rounded(v):  # nested too: the linear probe's scores_per_experiment
+        if isinstance(v, dict):
+            return {k: rounded(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [rounded(x) for x in v]
         return round(v, 6) if isinstance(v, float) else v
 
     return {"dataset_revision": revision, "task_name": task, "mteb_version": MTEB_VERSION,
@@ -97,13 +102,13 @@ def check_sides(images: str, texts: str) -> None:
             raise UserError(f"{flags[side]} holds {other} embeddings (its manifest says so), not {side} embeddings")
 
 
-def embedding_bytes(*uris: str) -> int:
+def embedding_bytes(*uris: str | None) -> int:
     """The embedding shards' total size, from the listing (no shard opened)."""
-    shards = [embeddings.shard_uris(uri) for uri in uris]  # one listing each: they may be on different stores
+    shards = [embeddings.shard_uris(root) for uri in uris if uri for root in embeddings.roots(uri)]  # each its store
     return sum(sum(storage.file_sizes(s)) for s in shards if s)
 
 
-def placement_of(requested: str, images: str, texts: str) -> placement.Placement:
+def placement_of(requested: str, images: str, texts: str | None) -> placement.Placement:
     """Where scoring runs (runtime/placement.py): under auto, in this process for at most one engine partition
     of embeddings when no cluster was asked for."""
     size = embedding_bytes(images, texts)
@@ -111,25 +116,33 @@ def placement_of(requested: str, images: str, texts: str) -> placement.Placement
     return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings")
 
 
-def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, **pools) -> tuple[str, str]:
-    """Embed the suite's images and texts into OUT/embeddings/{images,texts} (embed_table: complete embeddings of
-    the same model and input are reused). pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print,
+          **pools) -> tuple[str, str | None]:
+    """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
+    of the same model and input are reused). pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
-    return (embed_table(inputs.images, inputs.image_key, storage.join(root, "images"), model, revision, "image",
-                        log, **pools),
-            embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, **pools))
+    tables = embeddings.roots(inputs.images)
+    images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
+                          revision, "image", log, **pools) for n, table in enumerate(tables)]
+    texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, **pools) \
+        if inputs.texts else None
+    return ",".join(images), texts
 
 
-def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
+def run(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
         allow_mixed_models: bool = False, executor_name: str = "auto") -> dict[str, dict]:
     """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
     Image and text embeddings given the wrong way round are refused (check_sides), and of different models
     unless allow_mixed_models. executor_name: "ray", "local" (the same tasks inline in this process, Ray never
     started) or "auto" (placement_of)."""
     t0 = time.time()
-    check_sides(images, texts)
-    for note in embeddings.check_inputs({"image": images, "text": texts}, allow_mixed_models):
+    outputs = {f"image ({n})" if n else "image": root for n, root in enumerate(embeddings.roots(images))}
+    if texts:
+        for root in outputs.values():
+            check_sides(root, texts)
+        outputs["text"] = texts
+    for note in embeddings.check_inputs(outputs, allow_mixed_models):
         log(f"[eval] warning: {note}")
     where = placement_of(executor_name, images, texts)
     log(f"[eval] {where.describe()}")
@@ -137,7 +150,7 @@ def run(suite: EvalSuite, out: str, images: str, texts: str, log=print,
         return _run(suite, out, images, texts, log, t0, where.mode)
 
 
-def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float, which: str) -> dict[str, dict]:
+def _run(suite: EvalSuite, out: str, images: str, texts: str | None, log, t0: float, which: str) -> dict[str, dict]:
     pending = suite.submit(images, texts, log)
     results = suite.collect(pending, log)
     storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
@@ -148,6 +161,7 @@ def _run(suite: EvalSuite, out: str, images: str, texts: str, log, t0: float, wh
     own, extra = suite.write(out, results, pending, log)
     storage.write_manifest(out, {"format": suite.kind, "format_version": 1, "version": __version__,
                                  "files": files + own, "image_embeddings": storage.display(images),
-                                 "text_embeddings": storage.display(texts), **extra, "executor": which,
+                                 "text_embeddings": storage.display(texts) if texts else None, **extra,
+                                 "executor": which,
                                  "seconds": round(time.time() - t0, 3)})
     return results

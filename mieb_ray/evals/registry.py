@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, protocol
+from mieb_ray.evals import biovita_data, probe_tasks, protocol
 from mieb_ray.evals.biovita import BioVITASuite
+from mieb_ray.evals.linear_probe import LinearProbeSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 
@@ -42,6 +43,8 @@ SUITES = (
     Suite("biovita", (biovita_data.TASK,),
           lambda names, o: BioVITASuite(o.sources, query_block=o.query_block, partitions=o.partitions)),
     Suite("zeroshot", tuple(t.name for t in TASKS), lambda names, o: ZeroShotSuite(select_tasks(names), o.sources)),
+    Suite("linear_probe", tuple(t.name for t in probe_tasks.TASKS),
+          lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources)),
 )
 
 
@@ -60,19 +63,22 @@ def select(tasks: str | None, within: tuple[Suite, ...] = SUITES) -> list[tuple[
 def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, out: str, model: str | None = None,
                    revision: str | None = None, images: str | None = None, texts: str | None = None,
                    allow_mixed_models: bool = False, executor: str = "auto", log=print, **pools) -> dict[str, dict]:
-    """Score the chosen tasks from `images` and `texts` (embed outputs), or embed what they need with `model`
-    first; {task name: its TaskResult}. pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+    """Score the chosen tasks from `images` and `texts` (embed outputs; texts only where a task needs them), or
+    embed what they need with `model` first; {task name: its TaskResult}. pools: the embed job's workers,
+    gpus_per_worker, cpus_per_worker."""
+    scorers = [(suite, names, suite.make(names, options)) for suite, names in selected]
     if bool(model) == bool(images or texts):
-        raise UserError("give either --model, or both --image-embeddings and --text-embeddings")
-    if not model and not (images and texts):
-        raise UserError("--image-embeddings and --text-embeddings go together")
+        raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
+    needing = [n for _, names, scorer in scorers if scorer.needs_texts for n in names]
+    if not model and (not images or (needing and not texts)):
+        raise UserError(f"{needing[0] if needing else 'every task'} needs --image-embeddings and --text-embeddings"
+                        if needing or not images else "--image-embeddings is needed")
     storage.check_output(out)
     t0, results, folders = time.time(), {}, {}
-    for suite, names in selected:
-        scorer = suite.make(names, options)
+    for suite, names, scorer in scorers:
         where = storage.join(out, suite.name) if len(selected) > 1 else out
         inputs = (protocol.embed(scorer, where, model, revision, log, executor=executor, **pools) if model
-                  else (images, texts))
+                  else (images, texts if scorer.needs_texts else None))
         results |= protocol.run(scorer, where, *inputs, log=log, allow_mixed_models=allow_mixed_models,
                                 executor_name=executor)
         folders[suite.name] = suite.name

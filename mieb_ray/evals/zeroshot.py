@@ -144,6 +144,7 @@ class ZeroShotSuite:
     """The chosen zero-shot tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = "mieb-zeroshot-eval"
+    needs_texts = True
 
     def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS):
         self.tasks, self.sources, self.gallery_tasks = tasks, sources, gallery_tasks

@@ -191,10 +191,18 @@ def _is_shard(root: str, uri: str) -> bool:
     return uri.endswith(SHARD_SUFFIXES) and not any(p.startswith(("_", ".")) for p in parts)
 
 
+def roots(uris: str) -> list[str]:
+    """The embedding outputs of a flag's value: one root, or several separated by commas."""
+    return [u for u in uris.split(",") if u]
+
+
 def shards(root: str) -> tuple[list[str], str | None]:
-    """The shards of an embedding output and, when its manifest did not list them, why they were listed from
-    the folder (a warning to print). An output of ours still running (progress records, no manifest) is an
-    error: its shards are not all there yet."""
+    """The shards of an embedding output (or of several: `roots`) and, when a manifest did not list them, why they
+    were listed from the folder (a warning to print). An output of ours still running (progress records, no
+    manifest) is an error: its shards are not all there yet."""
+    if "," in root:
+        found = [shards(r) for r in roots(root)]
+        return [s for uris, _ in found for s in uris], "; ".join(n for _, n in found if n) or None
     manifest = storage.read_manifest(root)
     paths = _listed(manifest)
     if paths is not None:

@@ -1,0 +1,337 @@
+"""MIEB's linear-probe tasks as an EvalSuite: up to 19 tasks scored together from one set of image embeddings,
+equal to mteb 2.26.24's `AbsTaskClassification` on the same embeddings.
+
+plan      driver: each task's train and eval splits planned by the one reader (footers, first tar headers)
+labels    a task per read unit: the (index, label) of its rows, labels as the source holds them (mteb's label
+          column: class ids, or Birdsnap's names)
+samples   driver: mteb's undersampling of each task's train labels (probe_tasks.samples); the union of the
+          experiments' rows is all a task needs of the train embeddings
+vectors   a task per batch of image-embedding shards, each shard opened once: the rows keyed as a sampled train
+          row (`<slug>/<index>`, as mieb-train keys it) or as an eval row (`<slug>/<split>/<index>`) of a chosen
+          task; every other key is ignored
+gather    a task per task: its sampled train rows and its eval split in order, from every block, each exactly once
+fit       a task per (task, experiment): sklearn's LogisticRegression as mteb configures it, then mteb's metrics
+collect   driver: per task the mean of each metric and every experiment's scores, in mteb's TaskResult
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
+from mieb_ray.evals.protocol import EmbedInputs, task_result
+from mieb_ray.io import embeddings, reader
+from mieb_ray.pipelines.build import build_eval_splits
+from mieb_ray.runtime import placement, tasks
+from mieb_ray.sources import by_slug
+from mieb_ray.topk import engine
+
+UNIT_ROWS = 100_000  # split rows per label-reading task
+BLOCK_BYTES = 128 << 20  # image-embedding shard bytes per read task
+METRICS = ("accuracy", "f1", "f1_weighted", "precision", "precision_weighted", "recall", "recall_weighted", "ap",
+           "ap_weighted")
+
+
+@dataclass
+class Planned:
+    task: ProbeTask
+    train: list  # read units of the train split
+    eval: list  # of the eval split
+    drawn: list[list[int]] = field(default_factory=list)  # per experiment: source indices, in mteb's order
+    union: np.ndarray | None = None  # sorted source indices of every drawn row
+    train_labels: list = field(default_factory=list)  # per experiment: the drawn rows' labels
+    eval_labels: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+@tasks.remote(num_cpus=1)
+def _labels(unit: reader.Unit) -> tuple[np.ndarray, list]:
+    """(index, label) of one read unit's rows: labels as the source holds them (ints, or names)."""
+    index, labels = [], []
+    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["label"]]):
+        index.append(chunk["index"].to_numpy())
+        labels += chunk["label"].to_pylist()
+    return (np.concatenate(index) if index else np.zeros(0, np.int64)), labels
+
+
+@tasks.remote(num_cpus=1)
+def _write_drawn(unit: reader.Unit, slug: str, wanted: np.ndarray, dest: str) -> int:
+    """The drawn rows of one train read unit, as a table to embed: `key` (`<slug>/<index>`, mieb-train's) and
+    `image` (the source's bytes). Returns its rows; none: no file."""
+    keys, images = [], []
+    for chunk in reader.read(unit, [reader.source_columns(by_slug(slug))["image"]]):
+        mine = np.isin(chunk["index"].to_numpy(), wanted)
+        if mine.any():
+            keep = pa.array(mine)
+            keys += [f"{slug}/{i}" for i in pc.filter(chunk["index"], keep).to_pylist()]
+            images.append(pc.filter(chunk["image"], keep))
+    if keys:
+        storage.commit_file(dest, lambda local: pq.write_table(
+            pa.table({"key": keys, "image": pa.concat_arrays([c for a in images for c in a.chunks])}), local))
+    return len(keys)
+
+
+@tasks.remote(num_cpus=1, num_returns=2)
+def _vectors(uris: list[str], wanted: list[tuple[str, str, np.ndarray]]):
+    """One batch of shards, each opened once: (vectors, meta) of the rows a chosen task needs. wanted: per task
+    (train prefix, eval prefix, the sorted train indices it samples). meta: per row its task, whether it is an eval
+    row, and its index; the shards' dims and rows."""
+    vectors, task_of, is_eval, index, dims, rows = [], [], [], [], set(), 0
+    for uri in uris:
+        table = embeddings.open_shard(uri)
+        rows += table.num_rows
+        if not table.num_rows:
+            continue
+        dims |= {embeddings.dim(table)} - {None}
+        keys = table["key"].combine_chunks()
+        matrix = embeddings.matrix(table)
+        for t, (train_prefix, eval_prefix, union) in enumerate(wanted):
+            for evaluating, prefix in ((False, train_prefix), (True, eval_prefix)):
+                rest = pc.utf8_slice_codeunits(keys, len(prefix))
+                mine = pc.and_(pc.starts_with(keys, prefix), pc.match_substring_regex(rest, r"^\d+$"))
+                mine = mine.to_numpy(zero_copy_only=False)
+                if not mine.any():
+                    continue
+                idx = pc.cast(pc.filter(rest, pa.array(mine)), pa.int64()).to_numpy()
+                rows_at = np.flatnonzero(mine)
+                if not evaluating:  # of the train rows, only those drawn
+                    drawn = np.isin(idx, union)
+                    idx, rows_at = idx[drawn], rows_at[drawn]
+                vectors.append(matrix[rows_at].astype(np.float32))
+                task_of.append(np.full(len(idx), t, np.int32))
+                is_eval.append(np.full(len(idx), evaluating))
+                index.append(idx)
+    d = min(dims) if dims else 0
+    meta = {"dims": sorted(dims), "rows": rows,
+            "task": np.concatenate(task_of) if task_of else np.zeros(0, np.int32),
+            "eval": np.concatenate(is_eval) if is_eval else np.zeros(0, bool),
+            "index": np.concatenate(index) if index else np.zeros(0, np.int64)}
+    return (np.concatenate(vectors) if vectors else np.zeros((0, d), np.float32)), meta
+
+
+@tasks.remote(num_cpus=1, num_returns=2)
+def _gather(t: int, name: str, keys: tuple[str, str], union: np.ndarray, n_eval: int, where: str, *blocks):
+    """Task t's drawn train rows (in `union` order) and its eval split (in index order), each row exactly once;
+    one line naming the keys that are missing or doubled."""
+    metas, vectors = blocks[1::2], blocks[0::2]
+    parts = {False: ([], []), True: ([], [])}
+    for meta, block in zip(metas, vectors):
+        mine = meta["task"] == t
+        for evaluating in (False, True):
+            sel = mine & (meta["eval"] == evaluating)
+            if sel.any():
+                parts[evaluating][0].append(meta["index"][sel])
+                parts[evaluating][1].append(block[sel])
+    out = []
+    for evaluating, wanted in ((False, union), (True, np.arange(n_eval))):
+        idx = np.concatenate(parts[evaluating][0]) if parts[evaluating][0] else np.zeros(0, np.int64)
+        where_in = np.searchsorted(wanted, idx)
+        known = (where_in < len(wanted)) & (wanted[np.minimum(where_in, len(wanted) - 1)] == idx) if len(wanted) \
+            else np.zeros(len(idx), bool)
+        counts = np.bincount(where_in[known], minlength=len(wanted))
+        prefix, what = (keys[1], "eval images") if evaluating else (keys[0], "train rows it samples")
+        missing = np.flatnonzero(counts == 0)
+        if len(missing):
+            shown = ", ".join(repr(f"{prefix}{wanted[i]}") for i in missing[:5])
+            raise UserError(f"{name}: {len(missing):,} of the {len(wanted):,} {what} have no embedding in {where} "
+                            f"(e.g. {shown})")
+        if (counts > 1).any():
+            raise UserError(f"{where} holds {int((counts > 1).sum()):,} duplicate {name} keys")
+        matrix = np.concatenate(parts[evaluating][1]) if parts[evaluating][1] else np.zeros((0, 0), np.float32)
+        ordered = np.empty((len(wanted), matrix.shape[1]), np.float32)
+        ordered[where_in[known]] = matrix[known]
+        out.append(ordered)
+    return out[0], out[1]
+
+
+@tasks.remote(num_cpus=1)
+def _fit(train: np.ndarray, evaluated: np.ndarray, positions: np.ndarray, y_train: list, y_eval: list) -> dict:
+    """One experiment as mteb runs it: LogisticRegression(max_iter=100, random_state=42) fit on the drawn rows
+    (`positions` in the union, in mteb's order), predictions on the eval split, mteb's metrics of them."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # mteb's 100 iterations often stop short, as there
+        warnings.simplefilter("ignore", UserWarning)  # "more unique classes than half the samples": 16 per class
+        model = LogisticRegression(max_iter=MAX_ITER, random_state=SEED).fit(train[positions], y_train)
+    return metrics(y_eval, model.predict(evaluated))
+
+
+def metrics(y_true: list, y_pred) -> dict:
+    """mteb 2.26.24's AbsTaskClassification._calculate_scores, the same sklearn calls."""
+    from sklearn import metrics as m
+    from sklearn.exceptions import UndefinedMetricWarning
+
+    with warnings.catch_warnings():  # a class never predicted: sklearn warns, mteb's numbers stand
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        scores = {"accuracy": m.accuracy_score(y_true, y_pred),
+                  "f1": m.f1_score(y_true, y_pred, average="macro"),
+                  "f1_weighted": m.f1_score(y_true, y_pred, average="weighted"),
+                  "precision": m.precision_score(y_true, y_pred, average="macro"),
+                  "precision_weighted": m.precision_score(y_true, y_pred, average="weighted"),
+                  "recall": m.recall_score(y_true, y_pred, average="macro"),
+                  "recall_weighted": m.recall_score(y_true, y_pred, average="weighted"),
+                  "ap": None, "ap_weighted": None}
+        if len(np.unique(y_true)) == 2:
+            scores["ap"] = m.average_precision_score(y_true, y_pred, average="macro")
+            scores["ap_weighted"] = m.average_precision_score(y_true, y_pred, average="weighted")
+    return {k: None if v is None else float(v) for k, v in scores.items()}
+
+
+def average(experiments: list[dict]) -> dict:
+    """mteb's _calculate_avg_scores: each metric's mean over the experiments that have it (NaN where none)."""
+    out = {}
+    for k in experiments[0]:
+        values = [e[k] for e in experiments if e[k] is not None]
+        out[k] = float(np.mean(values)) if values else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the suite
+
+
+@dataclass
+class _Pending:
+    planned: list[Planned]
+    fits: list[list]  # per task, per experiment: a ref to its metrics
+    start: float
+    images_uri: str
+
+
+class LinearProbeSuite:
+    """The chosen linear-probe tasks over one mirror (`sources`: "hf" or a mirror root)."""
+
+    kind = "mieb-linear-probe-eval"
+    needs_texts = False
+
+    def __init__(self, tasks_: list[ProbeTask], sources: str):
+        self.tasks, self.sources = tasks_, sources
+        self._planned: list[Planned] | None = None
+
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    def plan(self) -> list[Planned]:
+        """Both splits of each task planned from file metadata (driver)."""
+        if self._planned is None:
+            def one(task: ProbeTask) -> Planned:
+                train, _ = reader.plan_source(task.source, self.sources, UNIT_ROWS, split="train")
+                evaluated, _ = reader.plan_source(task.source, self.sources, UNIT_ROWS, split=task.split)
+                return Planned(task, train, evaluated)
+
+            with ThreadPoolExecutor(8) as pool:
+                self._planned = list(pool.map(one, self.tasks))
+        return self._planned
+
+    def draw(self, log) -> list[Planned]:
+        """Every task's labels read, and its training rows drawn as mteb draws them (once)."""
+        planned = self.plan()
+        if all(p.union is not None for p in planned):
+            return planned
+        refs = [([_labels.remote(u) for u in p.train], [_labels.remote(u) for u in p.eval]) for p in planned]
+        for p, (train_refs, eval_refs) in zip(planned, refs):
+            train = _in_order(p.task, "train", tasks.get(train_refs), self.sources)
+            p.eval_labels = _in_order(p.task, p.task.split, tasks.get(eval_refs), self.sources)
+            rows = train_rows(p.task, len(train))
+            labels = [train[i] for i in rows]
+            drawn = samples(labels, p.task.samples_per_label, p.task.experiments)
+            p.drawn = [rows[d].tolist() for d in drawn]
+            p.train_labels = [[labels[i] for i in d] for d in drawn]
+            p.union = np.unique(np.concatenate([np.asarray(d, np.int64) for d in p.drawn]))
+        log(f"[eval] {len(planned)} linear-probe tasks: {sum(len(p.union) for p in planned):,} train rows drawn "
+            f"(mteb's {planned[0].task.samples_per_label if planned else 16} per label), "
+            f"{sum(len(p.eval_labels) for p in planned):,} eval images")
+        return planned
+
+    def embed_inputs(self, out: str, log) -> EmbedInputs:
+        """Two tables of images to embed: the drawn train rows only, read from the sources (keys `<slug>/<index>`,
+        Caltech101's background rows included), and the eval splits built by the build job (reused when
+        complete); no texts."""
+        with tasks.using(placement.choose("auto", None).mode):
+            planned = self.draw(log)
+            digest = hashlib.sha256(json.dumps([[p.task.name, p.union.tolist()] for p in planned]).encode())
+            drawn = storage.join(out, "probe-train", digest.hexdigest()[:12])
+            written = tasks.get([_write_drawn.remote(u, p.task.slug, p.union,
+                                                     storage.join(drawn, p.task.slug, f"{u.name.replace('/', '-')}"
+                                                                  ".parquet"))
+                                 for p in planned for u in p.train])
+        log(f"[eval] the {sum(written):,} drawn train rows written to embed: {storage.display(drawn)}")
+        evaluated = build_eval_splits(self.sources, out, log, [p.task.slug for p in planned])
+        return EmbedInputs(f"{drawn},{evaluated}", "key", None)
+
+    def submit(self, images: str, texts: str | None, log) -> _Pending:
+        start = time.time()
+        planned = self.draw(log)
+        where = storage.display(images)
+        shards = embeddings.shard_uris(images)
+        sizes = storage.file_sizes(shards) if shards else []
+        wanted = [(p.task.train_key(""), p.task.eval_prefix(), p.union) for p in planned]
+        blocks = [_vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
+        flat = [ref for block in blocks for ref in block]
+        fits = []
+        for t, p in enumerate(planned):
+            train, evaluated = _gather.remote(t, p.task.name, (p.task.train_key(""), p.task.eval_prefix()), p.union,
+                                              len(p.eval_labels), where, *flat)
+            position = {int(i): n for n, i in enumerate(p.union)}
+            fits.append([_fit.remote(train, evaluated, np.array([position[i] for i in drawn], np.int64), y,
+                                     p.eval_labels) for drawn, y in zip(p.drawn, p.train_labels)])
+        log(f"[eval] {len(shards)} image shards in {len(blocks)} blocks; "
+            f"{sum(len(f) for f in fits)} fits ({len(planned)} tasks x their experiments)")
+        return _Pending(planned, fits, start, images)
+
+    def collect(self, pending: _Pending, log) -> dict[str, dict]:
+        results = {}
+        for p, refs in zip(pending.planned, pending.fits):
+            experiments = tasks.get(refs)
+            entry = {**average(experiments), "scores_per_experiment": experiments}
+            entry = {**entry, "main_score": entry["accuracy"], "hf_subset": "default", "languages": ["eng-Latn"]}
+            seconds = time.time() - pending.start
+            result = task_result(p.task.name, p.task.source.revision, p.task.split, [entry], seconds,
+                                 [{"name": "Scoring", "start": 0.0, "end": seconds, "split": p.task.split,
+                                   "subset": "default"}])
+            result["mieb_ray"] = {"train_rows_drawn": len(p.union), "eval_images": len(p.eval_labels),
+                                  "classes": len(set(p.eval_labels) | {y for ys in p.train_labels for y in ys}),
+                                  "experiments": p.task.experiments, "samples_per_label": p.task.samples_per_label}
+            results[p.task.name] = result
+        log(f"[eval] {len(results)} linear-probe tasks fit and scored in {time.time() - pending.start:.1f}s")
+        return results
+
+    def write(self, out: str, results: dict[str, dict], pending: _Pending, log) -> tuple[list[str], dict]:
+        rows = [{"task": p.task.name, "split": p.task.split, **results[p.task.name]["mieb_ray"],
+                 "accuracy": results[p.task.name]["scores"][p.task.split][0]["accuracy"]} for p in pending.planned]
+        mean = float(np.mean([r["accuracy"] for r in rows])) if rows else 0.0
+        summary = {"title": "MIEB linear probe", "tasks": rows, "mean_accuracy": mean,
+                   "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
+        storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+        log(f"[eval] mean linear-probe accuracy over {len(rows)} tasks: {mean:.4f} -> {storage.display(out)}")
+        return ["summary.json"], {"mean_accuracy": mean}
+
+
+def _in_order(task: ProbeTask, split: str, parts: list[tuple[np.ndarray, list]], sources: str) -> list:
+    """A split's labels by row index, every row once."""
+    index = np.concatenate([i for i, _ in parts]) if parts else np.zeros(0, np.int64)
+    labels = [label for _, ls in parts for label in ls]
+    n = int(index.max()) + 1 if len(index) else 0
+    out: list = [None] * n
+    for i, label in zip(index.tolist(), labels):
+        out[i] = label
+    missing = [i for i, label in enumerate(out) if label is None]
+    if len(index) != n or missing:
+        raise UserError(f"{task.name}: rows {', '.join(map(str, missing[:5]))} of the {split} split have no label in "
+                        f"{storage.display(sources)}")
+    return out

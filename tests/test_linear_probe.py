@@ -1,0 +1,172 @@
+"""MIEB's linear probe (mteb's ImageClassification tasks): our TaskResult equals `mteb.evaluate`'s on the same
+embeddings, task by task, with the data read from a fixture mirror in the hub's layout: Parquet and WebDataset
+sources, labels as ids and as names (Birdsnap), a binary task (PatchCamelyon: mteb's ap), STL10's 8 x 10
+sampling, and Caltech101's background class (in mteb's train split, not in mieb-train)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from embedding_fixtures import write_embeddings
+from mteb_reference import mteb_probe
+
+from mieb_ray.errors import UserError
+from mieb_ray.evals import probe_tasks, registry
+from mieb_ray.evals.probe_tasks import BY_NAME, samples
+from mieb_ray.fixtures.mirror import label_of, make_mirror
+from mieb_ray.sources import by_slug
+
+TASKS = ["CIFAR10", "Birdsnap", "GTSRB", "Caltech101", "PatchCamelyon", "STL10"]
+TRAIN, EVAL, DIM = 50, 24, 16
+
+
+def test_every_task_is_mtebs():
+    """Name, repo, revision, splits, label column, sampling and classifier, against mteb's own task objects."""
+    import mteb
+
+    for task in probe_tasks.TASKS:
+        theirs = mteb.get_task(task.name)
+        source = task.source
+        assert (theirs.metadata.dataset["path"], theirs.metadata.dataset["revision"]) == (source.repo, source.revision)
+        assert theirs.metadata.eval_splits == [task.split] and type(theirs).train_split == "train"
+        assert type(theirs).label_column_name == source.label_column
+        assert (theirs.samples_per_label, theirs.n_experiments, theirs.seed) == \
+            (task.samples_per_label, task.experiments, probe_tasks.SEED)
+        assert theirs.evaluator_model.get_params()["max_iter"] == probe_tasks.MAX_ITER
+        assert ("dataset_transform" in type(theirs).__dict__) == bool(task.drop_train), task.name
+    assert len(probe_tasks.TASKS) == 19
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 0, 2, 1, 0, 3] * 9, ["b", "a", "c"] * 20 + ["d"]])
+def test_sampling_is_mtebs(labels):
+    """probe_tasks.samples against mteb's own `_undersample_data` loop."""
+    import datasets
+    import mteb
+
+    task = mteb.get_task("CIFAR10")
+    data = datasets.Dataset.from_dict({"label": labels})
+    idxs, theirs = None, []
+    for i in range(task.n_experiments):
+        _, idxs, selected = task._undersample_data(data, i, idxs)
+        theirs.append(selected)
+    assert samples(labels, task.samples_per_label, task.n_experiments) == theirs
+    assert samples(labels, 2, 3) != samples(labels, 2, 3, seed=7)
+
+
+def vector(kind: str, slug: str, index: int) -> np.ndarray:
+    """A fixed random vector per row, near its class's centre so the probe learns something."""
+    rng = np.random.default_rng(abs(hash((kind, slug, index))) % 2**32)
+    return rng.normal(size=DIM).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def probe_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    mirror = str(root / "mirror")
+    slugs = [BY_NAME[t].slug for t in TASKS]
+    make_mirror(mirror, rows=TRAIN, datasets=slugs, eval_rows=EVAL)
+    keys, rows, train, evaluated = [], [], {}, {}
+    centres = {}
+    for name in TASKS:
+        task = BY_NAME[name]
+        for i in range(TRAIN):
+            c = label_of(task.source, i)
+            centres.setdefault((task.slug, c), np.random.default_rng(len(centres)).normal(size=DIM))
+            train[task.slug, i] = (centres[task.slug, c] + vector("t", task.slug, i)).astype(np.float32)
+            keys.append(task.train_key(i))
+            rows.append(train[task.slug, i])
+        for i in range(EVAL):
+            c = label_of(task.source, i)
+            centres.setdefault((task.slug, c), np.random.default_rng(len(centres)).normal(size=DIM))
+            evaluated[task.slug, i] = (centres[task.slug, c] + vector("e", task.slug, i)).astype(np.float32)
+            keys.append(f"{task.eval_prefix()}{i}")
+            rows.append(evaluated[task.slug, i])
+    keys += ["other/3", "cifar10/train/5", "prompt text"]  # keys of no task's: ignored
+    rows += [np.ones(DIM, np.float32)] * 3
+    order = np.random.default_rng(0).permutation(len(keys))  # shuffled across shards and two outputs
+    half = len(order) // 2
+    outputs = [str(root / "a"), str(root / "b")]
+    for out, part in zip(outputs, (order[:half], order[half:])):
+        write_embeddings(out, [keys[i] for i in part], np.stack(rows)[part], "image", "float32", 2, {})
+    return mirror, ",".join(outputs), train, evaluated
+
+
+def test_each_task_equals_mteb(probe_data, tmp_path):
+    mirror, images, train, evaluated = probe_data
+    out = str(tmp_path / "out")
+    results = registry.evaluate_tasks(registry.select(",".join(TASKS)), registry.Options(mirror), out,
+                                      images=images, executor="local", log=print)
+    for name in TASKS:
+        task = BY_NAME[name]
+        theirs = mteb_probe(name, os.path.join(mirror, task.source.repo), task.split,
+                            {i: v for (s, i), v in train.items() if s == task.slug},
+                            {i: v for (s, i), v in evaluated.items() if s == task.slug})
+        ours = results[name]
+        assert ours["task_name"] == theirs["task_name"] and ours["dataset_revision"] == theirs["dataset_revision"]
+        mine, ref = ours["scores"][task.split][0], theirs["scores"][task.split][0]
+        assert set(mine) == set(ref), name
+        for key in ref:
+            assert mine[key] == ref[key] or (mine[key] != mine[key] and ref[key] != ref[key]), (name, key)
+    assert os.path.exists(os.path.join(out, "summary.json"))
+
+
+def test_missing_train_rows_are_one_line_naming_them(probe_data, tmp_path):
+    """Caltech101's background rows are sampled by mteb but are not in mieb-train's embeddings."""
+    mirror, images, train, evaluated = probe_data
+    caltech = BY_NAME["Caltech101"]
+    background = [i for i in range(TRAIN) if label_of(caltech.source, i) in by_slug("caltech101").drop]
+    keys = [caltech.train_key(i) for i in range(TRAIN) if i not in background] + \
+        [f"{caltech.eval_prefix()}{i}" for i in range(EVAL)]
+    vectors = np.stack([train["caltech101", i] for i in range(TRAIN) if i not in background]
+                       + [evaluated["caltech101", i] for i in range(EVAL)])
+    partial = str(tmp_path / "partial")
+    write_embeddings(partial, keys, vectors, "image", "float32", 1, {})
+    with pytest.raises(UserError, match=r"^Caltech101: \d+ of the \d+ train rows it samples have no embedding in "
+                                        r".*partial \(e\.g\. 'caltech101/\d+'"):
+        registry.evaluate_tasks(registry.select("Caltech101"), registry.Options(mirror), str(tmp_path / "o"),
+                                images=partial, executor="local", log=print)
+
+
+def test_the_command_line_scores_from_several_outputs(probe_data, tmp_path, capsys):
+    from mieb_ray.cli import main
+
+    mirror, images, _, _ = probe_data
+    out = tmp_path / "cli"
+    assert main(["eval", "--tasks", "CIFAR10,STL10", "--sources", mirror, "--image-embeddings", images, "--out",
+                 str(out), "--executor", "local"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["CIFAR10.json", "STL10.json", "_manifest.json", "summary.json"]
+    assert "[eval] mean linear-probe accuracy over 2 tasks" in capsys.readouterr().out
+
+
+def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_clip, tmp_path):
+    """--model: the drawn train rows (Caltech101's background ones too, read from the source) and the eval splits
+    embedded, then scored: the same scores as from those embeddings given precomputed."""
+    mirror = str(tmp_path / "mirror")
+    rows = {"cifar10": 400, "caltech101": TRAIN, "gtsrb": TRAIN}  # 400: more than mteb draws
+    make_mirror(mirror, rows=rows, datasets=list(rows), eval_rows=EVAL)
+    names = "CIFAR10,Caltech101,GTSRB"
+    out = tmp_path / "out"
+    first = registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(out), model=tiny_clip,
+                                    executor="local", log=print)
+    train_emb, eval_emb = str(out / "embeddings" / "images"), str(out / "embeddings" / "images-1")
+    from mieb_ray.io import embeddings
+
+    keys = set(embeddings.read_all(train_emb)[0])
+    caltech = BY_NAME["Caltech101"]
+    background = {caltech.train_key(i) for i in range(TRAIN) if label_of(caltech.source, i) in caltech.source.drop}
+    assert background and background <= keys  # mteb samples them: embedded from the source
+    drawn = set()
+    for name in names.split(","):
+        task = BY_NAME[name]
+        labels = [label_of(task.source, i) for i in range(rows[task.slug])]
+        drawn |= {task.train_key(i) for d in samples(labels, task.samples_per_label, task.experiments) for i in d}
+    assert keys == drawn and len(keys) < sum(rows.values())  # only the drawn train rows
+    assert len(embeddings.read_all(eval_emb)[0]) == 3 * EVAL
+    again = registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(tmp_path / "again"),
+                                    images=f"{train_emb},{eval_emb}", executor="local", log=print)
+    for name in names.split(","):
+        split = BY_NAME[name].split
+        assert json.dumps(first[name]["scores"][split]) == json.dumps(again[name]["scores"][split])  # NaN == NaN
