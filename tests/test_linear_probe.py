@@ -170,3 +170,15 @@ def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_cli
     for name in names.split(","):
         split = BY_NAME[name].split
         assert json.dumps(first[name]["scores"][split]) == json.dumps(again[name]["scores"][split])  # NaN == NaN
+
+
+@pytest.mark.timeout(600)
+def test_on_ray_as_in_process(ray_local, probe_data, tmp_path):
+    """The label reads, shard reads, gathers and fits as Ray tasks: the same TaskResults."""
+    mirror, images, _, _ = probe_data
+    names = "CIFAR10,Birdsnap,GTSRB"
+    runs = {where: registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(tmp_path / where),
+                                           images=images, executor=where, log=print) for where in ("ray", "local")}
+    for name in names.split(","):
+        split = BY_NAME[name].split
+        assert json.dumps(runs["ray"][name]["scores"][split]) == json.dumps(runs["local"][name]["scores"][split])
