@@ -298,9 +298,10 @@ def parser() -> argparse.ArgumentParser:
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
-    biovita, zeroshot, _ = registry.SUITES
+    biovita, zeroshot, *_ = registry.SUITES
     add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA, the zero-shot and the "
-                                        "linear-probe classification tasks), equal to mteb's scores"),
+                                        "linear-probe classification tasks, image clustering), equal to mteb's "
+                                        "scores"),
                    registry.SUITES)
     add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
     add_eval_flags(command("eval-zeroshot", help="eval limited to the 22 MIEB zero-shot classification tasks, with "

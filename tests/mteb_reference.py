@@ -238,6 +238,16 @@ def mteb_probe(task_name: str, repo: str, eval_split: str, train: dict[int, np.n
     """The TaskResult JSON mteb 2.26.24 writes for a linear-probe task whose train and eval splits are read from a
     fixture repo in the hub layout (their labels as `datasets` loads them), each image replaced by one that spells
     its split and row: the stand-in encoder gives it the vector `train[row]` or `evaluated[row]`."""
+    return _mteb_on_rows(task_name, repo, {0: "train", 1: eval_split}, train, evaluated)
+
+
+def mteb_clustering(task_name: str, repo: str, eval_split: str, evaluated: dict[int, np.ndarray]) -> dict:
+    """As mteb_probe, for a clustering task: its eval split only."""
+    return _mteb_on_rows(task_name, repo, {1: eval_split}, {}, evaluated)
+
+
+def _mteb_on_rows(task_name: str, repo: str, splits: dict[int, str], train: dict[int, np.ndarray],
+                  evaluated: dict[int, np.ndarray]) -> dict:
     import glob
 
     import datasets
@@ -246,7 +256,7 @@ def mteb_probe(task_name: str, repo: str, eval_split: str, train: dict[int, np.n
     with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
         task = mteb.get_task(task_name)
         loaded = {}
-        for code, split in enumerate(("train", eval_split)):
+        for code, split in splits.items():
             parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
             builder, files = ("parquet", parquet) if parquet else (
                 "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))

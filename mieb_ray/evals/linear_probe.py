@@ -2,14 +2,11 @@
 equal to mteb 2.26.24's `AbsTaskClassification` on the same embeddings.
 
 plan      driver: each task's train and eval splits planned by the one reader (footers, first tar headers)
-labels    a task per read unit: the (index, label) of its rows, labels as the source holds them (mteb's label
-          column: class ids, or Birdsnap's names)
+labels    a task per read unit of both splits (split_rows.labels), labels as the source holds them
 samples   driver: mteb's undersampling of each task's train labels (probe_tasks.samples); the union of the
           experiments' rows is all a task needs of the train embeddings
-vectors   a task per batch of image-embedding shards, each shard opened once: the rows keyed as a sampled train
-          row (`<slug>/<index>`, as mieb-train keys it) or as an eval row (`<slug>/<split>/<index>`) of a chosen
-          task; every other key is ignored
-gather    a task per task: its sampled train rows and its eval split in order, from every block, each exactly once
+vectors   split_rows.vectors and .gather: each shard read once, a task's drawn train rows (`<slug>/<index>`, as
+          mieb-train keys them) and its eval split (`<slug>/<split>/<index>`) gathered in order
 fit       a task per (task, experiment): sklearn's LogisticRegression as mteb configures it, then mteb's metrics
 collect   driver: per task the mean of each metric and every experiment's scores, in mteb's TaskResult
 """
@@ -29,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import storage
-from mieb_ray.errors import UserError
+from mieb_ray.evals import split_rows
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
@@ -40,8 +37,6 @@ from mieb_ray.topk import engine
 
 UNIT_ROWS = 100_000  # split rows per label-reading task
 BLOCK_BYTES = 128 << 20  # image-embedding shard bytes per read task
-METRICS = ("accuracy", "f1", "f1_weighted", "precision", "precision_weighted", "recall", "recall_weighted", "ap",
-           "ap_weighted")
 
 
 @dataclass
@@ -59,16 +54,6 @@ class Planned:
 
 
 @tasks.remote(num_cpus=1)
-def _labels(unit: reader.Unit) -> tuple[np.ndarray, list]:
-    """(index, label) of one read unit's rows: labels as the source holds them (ints, or names)."""
-    index, labels = [], []
-    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["label"]]):
-        index.append(chunk["index"].to_numpy())
-        labels += chunk["label"].to_pylist()
-    return (np.concatenate(index) if index else np.zeros(0, np.int64)), labels
-
-
-@tasks.remote(num_cpus=1)
 def _write_drawn(unit: reader.Unit, slug: str, wanted: np.ndarray, dest: str) -> int:
     """The drawn rows of one train read unit, as a table to embed: `key` (`<slug>/<index>`, mieb-train's) and
     `image` (the source's bytes). Returns its rows; none: no file."""
@@ -83,79 +68,6 @@ def _write_drawn(unit: reader.Unit, slug: str, wanted: np.ndarray, dest: str) ->
         storage.commit_file(dest, lambda local: pq.write_table(
             pa.table({"key": keys, "image": pa.concat_arrays([c for a in images for c in a.chunks])}), local))
     return len(keys)
-
-
-@tasks.remote(num_cpus=1, num_returns=2)
-def _vectors(uris: list[str], wanted: list[tuple[str, str, np.ndarray]]):
-    """One batch of shards, each opened once: (vectors, meta) of the rows a chosen task needs. wanted: per task
-    (train prefix, eval prefix, the sorted train indices it samples). meta: per row its task, whether it is an eval
-    row, and its index; the shards' dims and rows."""
-    vectors, task_of, is_eval, index, dims, rows = [], [], [], [], set(), 0
-    for uri in uris:
-        table = embeddings.open_shard(uri)
-        rows += table.num_rows
-        if not table.num_rows:
-            continue
-        dims |= {embeddings.dim(table)} - {None}
-        keys = table["key"].combine_chunks()
-        matrix = embeddings.matrix(table)
-        for t, (train_prefix, eval_prefix, union) in enumerate(wanted):
-            for evaluating, prefix in ((False, train_prefix), (True, eval_prefix)):
-                rest = pc.utf8_slice_codeunits(keys, len(prefix))
-                mine = pc.and_(pc.starts_with(keys, prefix), pc.match_substring_regex(rest, r"^\d+$"))
-                mine = mine.to_numpy(zero_copy_only=False)
-                if not mine.any():
-                    continue
-                idx = pc.cast(pc.filter(rest, pa.array(mine)), pa.int64()).to_numpy()
-                rows_at = np.flatnonzero(mine)
-                if not evaluating:  # of the train rows, only those drawn
-                    drawn = np.isin(idx, union)
-                    idx, rows_at = idx[drawn], rows_at[drawn]
-                vectors.append(matrix[rows_at].astype(np.float32))
-                task_of.append(np.full(len(idx), t, np.int32))
-                is_eval.append(np.full(len(idx), evaluating))
-                index.append(idx)
-    d = min(dims) if dims else 0
-    meta = {"dims": sorted(dims), "rows": rows,
-            "task": np.concatenate(task_of) if task_of else np.zeros(0, np.int32),
-            "eval": np.concatenate(is_eval) if is_eval else np.zeros(0, bool),
-            "index": np.concatenate(index) if index else np.zeros(0, np.int64)}
-    return (np.concatenate(vectors) if vectors else np.zeros((0, d), np.float32)), meta
-
-
-@tasks.remote(num_cpus=1, num_returns=2)
-def _gather(t: int, name: str, keys: tuple[str, str], union: np.ndarray, n_eval: int, where: str, *blocks):
-    """Task t's drawn train rows (in `union` order) and its eval split (in index order), each row exactly once;
-    one line naming the keys that are missing or doubled."""
-    metas, vectors = blocks[1::2], blocks[0::2]
-    parts = {False: ([], []), True: ([], [])}
-    for meta, block in zip(metas, vectors):
-        mine = meta["task"] == t
-        for evaluating in (False, True):
-            sel = mine & (meta["eval"] == evaluating)
-            if sel.any():
-                parts[evaluating][0].append(meta["index"][sel])
-                parts[evaluating][1].append(block[sel])
-    out = []
-    for evaluating, wanted in ((False, union), (True, np.arange(n_eval))):
-        idx = np.concatenate(parts[evaluating][0]) if parts[evaluating][0] else np.zeros(0, np.int64)
-        where_in = np.searchsorted(wanted, idx)
-        known = (where_in < len(wanted)) & (wanted[np.minimum(where_in, len(wanted) - 1)] == idx) if len(wanted) \
-            else np.zeros(len(idx), bool)
-        counts = np.bincount(where_in[known], minlength=len(wanted))
-        prefix, what = (keys[1], "eval images") if evaluating else (keys[0], "train rows it samples")
-        missing = np.flatnonzero(counts == 0)
-        if len(missing):
-            shown = ", ".join(repr(f"{prefix}{wanted[i]}") for i in missing[:5])
-            raise UserError(f"{name}: {len(missing):,} of the {len(wanted):,} {what} have no embedding in {where} "
-                            f"(e.g. {shown})")
-        if (counts > 1).any():
-            raise UserError(f"{where} holds {int((counts > 1).sum()):,} duplicate {name} keys")
-        matrix = np.concatenate(parts[evaluating][1]) if parts[evaluating][1] else np.zeros((0, 0), np.float32)
-        ordered = np.empty((len(wanted), matrix.shape[1]), np.float32)
-        ordered[where_in[known]] = matrix[known]
-        out.append(ordered)
-    return out[0], out[1]
 
 
 @tasks.remote(num_cpus=1)
@@ -243,10 +155,11 @@ class LinearProbeSuite:
         planned = self.plan()
         if all(p.union is not None for p in planned):
             return planned
-        refs = [([_labels.remote(u) for u in p.train], [_labels.remote(u) for u in p.eval]) for p in planned]
+        refs = [([split_rows.labels.remote(u) for u in p.train], [split_rows.labels.remote(u) for u in p.eval])
+                for p in planned]
         for p, (train_refs, eval_refs) in zip(planned, refs):
-            train = _in_order(p.task, "train", tasks.get(train_refs), self.sources)
-            p.eval_labels = _in_order(p.task, p.task.split, tasks.get(eval_refs), self.sources)
+            train = split_rows.in_order(p.task.name, "train", tasks.get(train_refs), self.sources)
+            p.eval_labels = split_rows.in_order(p.task.name, p.task.split, tasks.get(eval_refs), self.sources)
             rows = train_rows(p.task, len(train))
             labels = [train[i] for i in rows]
             drawn = samples(labels, p.task.samples_per_label, p.task.experiments)
@@ -281,12 +194,12 @@ class LinearProbeSuite:
         shards = embeddings.shard_uris(images)
         sizes = storage.file_sizes(shards) if shards else []
         wanted = [(p.task.train_key(""), p.task.eval_prefix(), p.union) for p in planned]
-        blocks = [_vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
+        blocks = [split_rows.vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
         flat = [ref for block in blocks for ref in block]
         fits = []
         for t, p in enumerate(planned):
-            train, evaluated = _gather.remote(t, p.task.name, (p.task.train_key(""), p.task.eval_prefix()), p.union,
-                                              len(p.eval_labels), where, *flat)
+            train, evaluated = split_rows.gather.remote(t, p.task.name, (p.task.train_key(""), p.task.eval_prefix()),
+                                                        p.union, len(p.eval_labels), where, *flat)
             position = {int(i): n for n, i in enumerate(p.union)}
             fits.append([_fit.remote(train, evaluated, np.array([position[i] for i in drawn], np.int64), y,
                                      p.eval_labels) for drawn, y in zip(p.drawn, p.train_labels)])
@@ -320,18 +233,3 @@ class LinearProbeSuite:
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         log(f"[eval] mean linear-probe accuracy over {len(rows)} tasks: {mean:.4f} -> {storage.display(out)}")
         return ["summary.json"], {"mean_accuracy": mean}
-
-
-def _in_order(task: ProbeTask, split: str, parts: list[tuple[np.ndarray, list]], sources: str) -> list:
-    """A split's labels by row index, every row once."""
-    index = np.concatenate([i for i, _ in parts]) if parts else np.zeros(0, np.int64)
-    labels = [label for _, ls in parts for label in ls]
-    n = int(index.max()) + 1 if len(index) else 0
-    out: list = [None] * n
-    for i, label in zip(index.tolist(), labels):
-        out[i] = label
-    missing = [i for i, label in enumerate(out) if label is None]
-    if len(index) != n or missing:
-        raise UserError(f"{task.name}: rows {', '.join(map(str, missing[:5]))} of the {split} split have no label in "
-                        f"{storage.display(sources)}")
-    return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, probe_tasks, protocol
+from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol
 from mieb_ray.evals.biovita import BioVITASuite
 from mieb_ray.evals.linear_probe import LinearProbeSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
@@ -45,6 +45,8 @@ SUITES = (
     Suite("zeroshot", tuple(t.name for t in TASKS), lambda names, o: ZeroShotSuite(select_tasks(names), o.sources)),
     Suite("linear_probe", tuple(t.name for t in probe_tasks.TASKS),
           lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources)),
+    Suite("clustering", tuple(t.name for t in clustering.TASKS),
+          lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources)),
 )
 
 

@@ -1,0 +1,162 @@
+"""MIEB's image clustering tasks (CIFAR10Clustering, CIFAR100Clustering) as an EvalSuite, equal to mteb 2.26.24's
+`AbsTaskClusteringLegacy`: the eval split's image embeddings in row order clustered by sklearn's MiniBatchKMeans
+(as many clusters as labels, batch 500, n_init "auto", random_state 42), scored against the labels with NMI (the
+main score), V-measure, ARI and cluster accuracy (the best one-to-one match of clusters to labels).
+
+plan      driver: each task's eval split planned by the one reader
+labels    split_rows.labels, a task per read unit
+vectors   split_rows.vectors and .gather: each image-embedding shard read once, a task's eval rows
+          (`<slug>/<split>/<index>`, what `build --split eval` keys) gathered in order
+fit       a task per task: the clustering and its metrics
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.evals import split_rows
+from mieb_ray.evals.protocol import EmbedInputs, task_result
+from mieb_ray.io import embeddings, reader
+from mieb_ray.pipelines.build import build_eval_splits
+from mieb_ray.runtime import tasks
+from mieb_ray.sources import Source, by_slug
+from mieb_ray.topk import engine
+
+SEED = 42  # mteb's Evaluator seed: MiniBatchKMeans' random_state
+BATCH = 500  # ClusteringEvaluator's clustering_batch_size
+UNIT_ROWS = 100_000
+BLOCK_BYTES = 128 << 20
+
+
+@dataclass(frozen=True)
+class ClusteringTask:
+    name: str
+    slug: str
+
+    @property
+    def source(self) -> Source:
+        return by_slug(self.slug)
+
+    @property
+    def split(self) -> str:
+        return self.source.eval_split
+
+
+TASKS = (ClusteringTask("CIFAR10Clustering", "cifar10"), ClusteringTask("CIFAR100Clustering", "cifar100"))
+BY_NAME = {t.name: t for t in TASKS}
+
+
+def select_tasks(names: list[str] | None) -> list[ClusteringTask]:
+    if not names:
+        return list(TASKS)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise UserError(f"unknown clustering task {unknown[0]!r}; valid: {', '.join(BY_NAME)}")
+    return [BY_NAME[n] for n in names]
+
+
+def metrics(labels: list, clusters) -> dict:
+    """mteb 2.26.24's AbsTaskClusteringLegacy._compute_metrics, the same sklearn and scipy calls."""
+    from scipy.optimize import linear_sum_assignment
+    from sklearn import metrics as m
+
+    matrix = m.confusion_matrix(labels, clusters)
+    rows, cols = linear_sum_assignment(matrix, maximize=True)
+    return {"v_measure": float(m.cluster.v_measure_score(labels, clusters)),
+            "nmi": float(m.cluster.normalized_mutual_info_score(labels, clusters)),
+            "ari": float(m.cluster.adjusted_rand_score(labels, clusters)),
+            "cluster_accuracy": float(matrix[rows, cols].sum() / len(labels))}
+
+
+@tasks.remote(num_cpus=1)
+def _cluster(vectors: np.ndarray, labels: list) -> dict:
+    from sklearn.cluster import MiniBatchKMeans
+
+    model = MiniBatchKMeans(n_clusters=len(set(labels)), batch_size=BATCH, n_init="auto", compute_labels=True,
+                            random_state=SEED).fit(vectors)
+    return metrics(labels, model.labels_.tolist())
+
+
+@dataclass
+class Planned:
+    task: ClusteringTask
+    units: list
+    labels: list = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    planned: list[Planned]
+    scored: list  # per task: a ref to its metrics
+    start: float
+    images_uri: str
+
+
+class ClusteringSuite:
+    """The chosen clustering tasks over one mirror (`sources`: "hf" or a mirror root)."""
+
+    kind = "mieb-clustering-eval"
+    needs_texts = False
+
+    def __init__(self, tasks_: list[ClusteringTask], sources: str):
+        self.tasks, self.sources = tasks_, sources
+
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    def embed_inputs(self, out: str, log) -> EmbedInputs:
+        """The eval splits built by the build job (reused when complete); no texts."""
+        return EmbedInputs(build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks]), "key", None)
+
+    def submit(self, images: str, texts: str | None, log) -> _Pending:
+        start = time.time()
+        planned = [Planned(t, reader.plan_source(t.source, self.sources, UNIT_ROWS, split=t.split)[0])
+                   for t in self.tasks]
+        refs = [[split_rows.labels.remote(u) for u in p.units] for p in planned]
+        for p, r in zip(planned, refs):
+            p.labels = split_rows.in_order(p.task.name, p.task.split, tasks.get(r), self.sources)
+        shards = embeddings.shard_uris(images)
+        sizes = storage.file_sizes(shards) if shards else []
+        none = np.zeros(0, np.int64)
+        wanted = [(f"{p.task.slug}/", f"{p.task.slug}/{p.task.split}/", none) for p in planned]
+        blocks = [split_rows.vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
+        flat = [ref for block in blocks for ref in block]
+        scored = []
+        for t, p in enumerate(planned):
+            _, evaluated = split_rows.gather.remote(t, p.task.name, wanted[t][:2], none, len(p.labels),
+                                                    storage.display(images), *flat)
+            scored.append(_cluster.remote(evaluated, p.labels))
+        log(f"[eval] {len(planned)} clustering tasks, {sum(len(p.labels) for p in planned):,} images, "
+            f"{len(shards)} image shards in {len(blocks)} blocks")
+        return _Pending(planned, scored, start, images)
+
+    def collect(self, pending: _Pending, log) -> dict[str, dict]:
+        results = {}
+        for p, ref in zip(pending.planned, pending.scored):
+            scores = tasks.get(ref)
+            seconds = time.time() - pending.start
+            entry = {**scores, "main_score": scores["nmi"], "hf_subset": "default", "languages": ["eng-Latn"]}
+            result = task_result(p.task.name, p.task.source.revision, p.task.split, [entry], seconds,
+                                 [{"name": "Scoring", "start": 0.0, "end": seconds, "split": p.task.split,
+                                   "subset": "default"}])
+            result["mieb_ray"] = {"images": len(p.labels), "clusters": len(set(p.labels))}
+            results[p.task.name] = result
+        log(f"[eval] {len(results)} clustering tasks scored in {time.time() - pending.start:.1f}s")
+        return results
+
+    def write(self, out: str, results: dict[str, dict], pending: _Pending, log) -> tuple[list[str], dict]:
+        rows = [{"task": p.task.name, "split": p.task.split, **results[p.task.name]["mieb_ray"],
+                 **{k: results[p.task.name]["scores"][p.task.split][0][k]
+                    for k in ("nmi", "v_measure", "ari", "cluster_accuracy")}} for p in pending.planned]
+        summary = {"title": "MIEB image clustering", "tasks": rows,
+                   "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
+        storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+        mean = float(np.mean([r["nmi"] for r in rows])) if rows else 0.0
+        log(f"[eval] mean NMI over {len(rows)} clustering tasks: {mean:.4f} -> {storage.display(out)}")
+        return ["summary.json"], {"mean_nmi": mean}

@@ -1,0 +1,51 @@
+"""MIEB's image clustering (CIFAR10Clustering, CIFAR100Clustering): our TaskResult equals `mteb.evaluate`'s on the
+same embeddings, the eval split read from a fixture mirror in the hub's layout."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from embedding_fixtures import write_embeddings
+from mteb_reference import mteb_clustering
+
+from mieb_ray.evals import clustering, registry
+from mieb_ray.fixtures.mirror import label_of, make_mirror
+
+ROWS, DIM = 120, 8
+
+
+def test_every_task_is_mtebs():
+    import mteb
+
+    for task in clustering.TASKS:
+        theirs = mteb.get_task(task.name)
+        assert (theirs.metadata.dataset["path"], theirs.metadata.dataset["revision"]) == \
+            (task.source.repo, task.source.revision)
+        assert theirs.metadata.eval_splits == [task.split] and theirs.metadata.main_score == "nmi"
+        assert type(theirs).label_column_name == task.source.label_column
+
+
+def test_each_task_equals_mteb(tmp_path):
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows=2, datasets=["cifar10", "cifar100"], eval_rows=ROWS)
+    keys, rows, by_task = [], [], {}
+    rng = np.random.default_rng(0)
+    for task in clustering.TASKS:
+        centres = rng.normal(size=(100, DIM))
+        vectors = {i: (centres[label_of(task.source, i)] + 0.8 * rng.normal(size=DIM)).astype(np.float32)
+                   for i in range(ROWS)}
+        by_task[task.name] = vectors
+        keys += [f"{task.slug}/{task.split}/{i}" for i in vectors] + [f"{task.slug}/{i}" for i in range(3)]
+        rows += list(vectors.values()) + [np.ones(DIM, np.float32)] * 3  # train keys: ignored
+    images = str(tmp_path / "images")
+    order = rng.permutation(len(keys))
+    write_embeddings(images, [keys[i] for i in order], np.stack(rows)[order], "image", "float32", 2, {})
+    out = str(tmp_path / "out")
+    results = registry.evaluate_tasks(registry.select("CIFAR10Clustering,CIFAR100Clustering"),
+                                      registry.Options(mirror), out, images=images, executor="local", log=print)
+    for task in clustering.TASKS:
+        theirs = mteb_clustering(task.name, os.path.join(mirror, task.source.repo), task.split, by_task[task.name])
+        mine, ref = results[task.name]["scores"][task.split][0], theirs["scores"][task.split][0]
+        assert mine == ref, task.name
+        assert 0 < mine["nmi"] < 1
