@@ -181,6 +181,12 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
         p.add_argument("--partitions", type=flags.count, default=None,
                        help="BioVITA's taxon-aligned corpus partitions, each scored by its own tasks (default: one "
                             "per 256 MB of image embeddings)")
+    p.add_argument("--results-dir", type=flags.output,
+                   help="also write the TaskResults as mteb's results repository lays them out: "
+                        "DIR/<org>__<model>/<revision>/<Task>.json and model_meta.json (docs/evals.md)")
+    p.add_argument("--trained-on-mieb-train", action="store_true",
+                   help="the model was trained on mieb-train: model_meta.json's training_datasets names the MIEB "
+                        "tasks drawn from its sources, so a leaderboard does not count them as zero-shot")
     add_mixed_models_flag(p)
     add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
@@ -219,6 +225,7 @@ def run_eval(args: argparse.Namespace) -> None:
     registry.evaluate_tasks(selected, options, args.out, model=args.model, revision=args.revision,
                             images=args.image_embeddings, texts=args.text_embeddings,
                             allow_mixed_models=args.allow_mixed_models, executor=args.executor,
+                            results_dir=args.results_dir, trained_on_mieb_train=args.trained_on_mieb_train,
                             workers=args.workers, gpus_per_worker=args.gpus_per_worker,
                             cpus_per_worker=args.cpus_per_worker)
 

@@ -49,3 +49,34 @@ def test_each_task_equals_mteb(tmp_path):
         mine, ref = results[task.name]["scores"][task.split][0], theirs["scores"][task.split][0]
         assert mine == ref, task.name
         assert 0 < mine["nmi"] < 1
+
+
+def test_results_dir_round_trips_through_mtebs_loader(tmp_path):
+    """--results-dir: mteb's ResultCache loads the TaskResults back with the same scores; a model trained on
+    mieb-train names the MIEB tasks of its sources as training data, so they are not zero-shot for it."""
+    import mteb
+
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows=2, datasets=["cifar10"], eval_rows=30)
+    task = clustering.BY_NAME["CIFAR10Clustering"]
+    rng = np.random.default_rng(1)
+    keys = [f"cifar10/test/{i}" for i in range(30)]
+    images = str(tmp_path / "images")
+    write_embeddings(images, keys, rng.normal(size=(30, DIM)).astype(np.float32), "image", "float32", 1, {})
+    cache = tmp_path / "cache"
+    results = registry.evaluate_tasks(registry.select(task.name), registry.Options(mirror), str(tmp_path / "out"),
+                                      images=images, executor="local", results_dir=str(cache / "results"),
+                                      trained_on_mieb_train=True, log=print)
+    folder = cache / "results" / "fixture__biovita-random" / "no_revision_available"
+    assert sorted(p.name for p in folder.iterdir()) == ["CIFAR10Clustering.json", "model_meta.json"]
+    loaded = mteb.ResultCache(cache).load_results(models=["fixture/biovita-random"], tasks=[task.name],
+                                                  include_remote=False)
+    [model] = loaded.model_results
+    [result] = model.task_results
+    assert result.task_name == task.name
+    assert result.scores[task.split][0]["nmi"] == results[task.name]["scores"][task.split][0]["nmi"]
+    from mteb.models.model_meta import ModelMeta
+
+    meta = ModelMeta.model_validate_json((folder / "model_meta.json").read_text())
+    assert task.name in meta.training_datasets and "CIFAR10ZeroShot" in meta.training_datasets
+    assert meta.is_zero_shot_on([mteb.get_task("CIFAR10ZeroShot")]) is False

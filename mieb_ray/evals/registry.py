@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol
+from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo
 from mieb_ray.evals.biovita import BioVITASuite
 from mieb_ray.evals.linear_probe import LinearProbeSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
@@ -64,10 +64,12 @@ def select(tasks: str | None, within: tuple[Suite, ...] = SUITES) -> list[tuple[
 
 def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, out: str, model: str | None = None,
                    revision: str | None = None, images: str | None = None, texts: str | None = None,
-                   allow_mixed_models: bool = False, executor: str = "auto", log=print, **pools) -> dict[str, dict]:
+                   allow_mixed_models: bool = False, executor: str = "auto", results_dir: str | None = None,
+                   trained_on_mieb_train: bool = False, log=print, **pools) -> dict[str, dict]:
     """Score the chosen tasks from `images` and `texts` (embed outputs; texts only where a task needs them), or
     embed what they need with `model` first; {task name: its TaskResult}. pools: the embed job's workers,
-    gpus_per_worker, cpus_per_worker."""
+    gpus_per_worker, cpus_per_worker. results_dir: also every TaskResult in the layout of mteb's results
+    repository (evals/results_repo.py)."""
     scorers = [(suite, names, suite.make(names, options)) for suite, names in selected]
     if bool(model) == bool(images or texts):
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
@@ -76,17 +78,20 @@ def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, ou
         raise UserError(f"{needing[0] if needing else 'every task'} needs --image-embeddings and --text-embeddings"
                         if needing or not images else "--image-embeddings is needed")
     storage.check_output(out)
-    t0, results, folders = time.time(), {}, {}
+    t0, results, folders, scored_from = time.time(), {}, {}, None
     for suite, names, scorer in scorers:
         where = storage.join(out, suite.name) if len(selected) > 1 else out
         inputs = (protocol.embed(scorer, where, model, revision, log, executor=executor, **pools) if model
                   else (images, texts if scorer.needs_texts else None))
         results |= protocol.run(scorer, where, *inputs, log=log, allow_mixed_models=allow_mixed_models,
                                 executor_name=executor)
+        scored_from = scored_from or inputs[0]
         folders[suite.name] = suite.name
     if len(selected) > 1:
         storage.write_manifest(out, {"format": "mieb-eval", "format_version": 1, "version": __version__,
                                      "tasks": list(results), "suites": folders,
                                      "seconds": round(time.time() - t0, 3)})
+    if results_dir:
+        results_repo.write(results_dir, scored_from, results, trained_on_mieb_train, log)
     log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
     return results
