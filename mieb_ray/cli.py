@@ -344,18 +344,21 @@ def reference() -> str:
     return "\n".join(lines)
 
 
-# A line of Ray core's C++ log, as its driver writes them to this process's stderr:
-# `[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor with class name ... restart will fail ...`
-_RAY_CORE_LINE = re.compile(rb"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] [\w/.]+\.cc:\d+: ")
+# Ray's lines that are no error of the job, as its driver writes them to this process's stderr: its C++ log
+# (`[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor with class name ... restart will fail ...`)
+# and the raylets' warnings (`(raylet) WARNING: 10 PYTHON worker processes have been started ...`); a raylet's
+# errors (a worker killed for memory, say) still pass
+_RAY_LINE = re.compile(rb"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] [\w/.]+\.cc:\d+: |"
+                       rb"(\x1b\[\d+m)?\(raylet(, ip=[\d.]+)?\)(\x1b\[0m)? WARNING: )")
 
 
 @contextmanager
 def quiet():
     """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
     Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
-    (the workers' too: hubfs.WORKER_ENV) and the lines of Ray core's C++ log that its driver writes straight to
-    the stderr descriptor (among them an actor pool's 'restart will fail', an E line that is no error of the job:
-    a failure reaches the job as an exception). Everything else written there passes, in order."""
+    (the workers' too: hubfs.WORKER_ENV), and the lines of Ray core's C++ log and the raylets' warnings that its
+    driver writes straight to the stderr descriptor (among them an actor pool's 'restart will fail', an E line that
+    is no error of the job: a failure reaches the job as an exception). Everything else passes, in order."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules:  # it read the variable at import
         sys.modules["transformers"].utils.logging.disable_progress_bar()
@@ -367,7 +370,7 @@ def quiet():
     def pump() -> None:
         with open(read, "rb", buffering=0) as lines, suppress(OSError):  # OSError: stderr closed under it
             for line in lines:
-                if not _RAY_CORE_LINE.match(line):
+                if not _RAY_LINE.match(line):
                     os.write(stderr, line)
 
     thread = threading.Thread(target=pump, name="mieb-stderr", daemon=True)
