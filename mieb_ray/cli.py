@@ -181,6 +181,9 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
         p.add_argument("--partitions", type=flags.count, default=None,
                        help="BioVITA's taxon-aligned corpus partitions, each scored by its own tasks (default: one "
                             "per 256 MB of image embeddings)")
+    p.add_argument("--exclude", type=flags.existing_folder,
+                   help="an audit output (mieb-ray audit --out): every task also scored without the eval images it "
+                        "flagged (the linear probe also without the train rows it flagged), under mieb_ray.clean")
     p.add_argument("--results-dir", type=flags.output,
                    help="also write the TaskResults as mteb's results repository lays them out: "
                         "DIR/<org>__<model>/<revision>/<Task>.json and model_meta.json (docs/evals.md)")
@@ -220,7 +223,8 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 def run_eval(args: argparse.Namespace) -> None:
     selected = registry.select(getattr(args, "tasks", None), args.within)  # unknown names fail before Ray starts
-    options = registry.Options(args.sources, getattr(args, "query_block", 256), getattr(args, "partitions", None))
+    options = registry.Options(args.sources, getattr(args, "query_block", 256), getattr(args, "partitions", None),
+                               exclude=args.exclude)
     cluster.configure(args.address)
     registry.evaluate_tasks(selected, options, args.out, model=args.model, revision=args.revision,
                             images=args.image_embeddings, texts=args.text_embeddings,

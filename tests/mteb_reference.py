@@ -234,20 +234,22 @@ def _probe_encoder(vectors: dict[tuple[int, int], np.ndarray]):
 
 
 def mteb_probe(task_name: str, repo: str, eval_split: str, train: dict[int, np.ndarray],
-               evaluated: dict[int, np.ndarray]) -> dict:
+               evaluated: dict[int, np.ndarray], drop: dict[str, set[int]] | None = None) -> dict:
     """The TaskResult JSON mteb 2.26.24 writes for a linear-probe task whose train and eval splits are read from a
     fixture repo in the hub layout (their labels as `datasets` loads them), each image replaced by one that spells
-    its split and row: the stand-in encoder gives it the vector `train[row]` or `evaluated[row]`."""
-    return _mteb_on_rows(task_name, repo, {0: "train", 1: eval_split}, train, evaluated)
+    its split and row: the stand-in encoder gives it the vector `train[row]` or `evaluated[row]`. drop: rows left
+    out of a split ({"train" | "eval": row indices}) before mteb sees it (the task's own transform runs after)."""
+    return _mteb_on_rows(task_name, repo, {0: "train", 1: eval_split}, train, evaluated, drop)
 
 
-def mteb_clustering(task_name: str, repo: str, eval_split: str, evaluated: dict[int, np.ndarray]) -> dict:
+def mteb_clustering(task_name: str, repo: str, eval_split: str, evaluated: dict[int, np.ndarray],
+                    drop: dict[str, set[int]] | None = None) -> dict:
     """As mteb_probe, for a clustering task: its eval split only."""
-    return _mteb_on_rows(task_name, repo, {1: eval_split}, {}, evaluated)
+    return _mteb_on_rows(task_name, repo, {1: eval_split}, {}, evaluated, drop)
 
 
 def _mteb_on_rows(task_name: str, repo: str, splits: dict[int, str], train: dict[int, np.ndarray],
-                  evaluated: dict[int, np.ndarray]) -> dict:
+                  evaluated: dict[int, np.ndarray], drop: dict[str, set[int]] | None = None) -> dict:
     import glob
 
     import datasets
@@ -264,7 +266,8 @@ def _mteb_on_rows(task_name: str, repo: str, splits: dict[int, str], train: dict
             column = task.input_column_name
             pngs = [{"bytes": _identity_png(code, i), "path": None} for i in range(len(data))]
             data = data.remove_columns([column]).add_column(column, pngs).cast_column(column, datasets.Image())
-            loaded[split] = data
+            gone = (drop or {}).get("train" if code == 0 else "eval", set())
+            loaded[split] = data.select([i for i in range(len(data)) if i not in gone]) if gone else data
         task.dataset = datasets.DatasetDict(loaded)
         task.data_loaded = True
         task.dataset_transform()

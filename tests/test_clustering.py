@@ -80,3 +80,28 @@ def test_results_dir_round_trips_through_mtebs_loader(tmp_path):
     meta = ModelMeta.model_validate_json((folder / "model_meta.json").read_text())
     assert task.name in meta.training_datasets and "CIFAR10ZeroShot" in meta.training_datasets
     assert meta.is_zero_shot_on([mteb.get_task("CIFAR10ZeroShot")]) is False
+
+
+def test_clean_scores_equal_mteb_without_the_flagged_images(tmp_path):
+    from test_linear_probe import audit_output
+
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows=2, datasets=["cifar10"], eval_rows=ROWS)
+    task = clustering.BY_NAME["CIFAR10Clustering"]
+    rng = np.random.default_rng(2)
+    centres = rng.normal(size=(10, DIM))
+    vectors = {i: (centres[label_of(task.source, i)] + 0.8 * rng.normal(size=DIM)).astype(np.float32)
+               for i in range(ROWS)}
+    images = str(tmp_path / "images")
+    write_embeddings(images, [f"cifar10/test/{i}" for i in vectors], np.stack(list(vectors.values())), "image",
+                     "float32", 1, {})
+    gone = {3, 7, 50, 51}
+    audit = audit_output(tmp_path / "audit", [(f"cifar10/{i}", f"cifar10/test/{i}", "pixels") for i in gone])
+    results = registry.evaluate_tasks(registry.select(task.name), registry.Options(mirror, exclude=audit),
+                                      str(tmp_path / "out"), images=images, executor="local", log=print)
+    theirs = mteb_clustering(task.name, os.path.join(mirror, task.source.repo), task.split, vectors,
+                             drop={"eval": gone})["scores"][task.split][0]
+    clean = results[task.name]["mieb_ray"]["clean"]
+    assert {k: round(clean[k], 6) for k in ("nmi", "v_measure", "ari", "cluster_accuracy")} == \
+        {k: theirs[k] for k in ("nmi", "v_measure", "ari", "cluster_accuracy")}
+    assert clean["images"] == ROWS - 4 and clean["left_out"]["eval"] == {"any": 4, "pixels": 4}

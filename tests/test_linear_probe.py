@@ -182,3 +182,56 @@ def test_on_ray_as_in_process(ray_local, probe_data, tmp_path):
     for name in names.split(","):
         split = BY_NAME[name].split
         assert json.dumps(runs["ray"][name]["scores"][split]) == json.dumps(runs["local"][name]["scores"][split])
+
+
+def audit_output(path, pairs: list[tuple[str, str, str]]) -> str:
+    """An audit output as `mieb-ray audit` leaves it, holding these (train key, eval key, detector) pairs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mieb_ray import storage
+
+    os.makedirs(path, exist_ok=True)
+    train, evaluated, method = zip(*pairs)
+    pq.write_table(pa.table({"train_key": list(train), "eval_task": [None] * len(pairs), "eval_key": list(evaluated),
+                             "method": list(method), "score": [1.0] * len(pairs)}), os.path.join(path,
+                                                                                                  "contamination.parquet"))
+    storage.write_manifest(str(path), {"format": "mieb-audit"})
+    return str(path)
+
+
+def test_clean_scores_equal_mteb_on_the_filtered_splits(probe_data, tmp_path):
+    """--exclude: each task also scored without the flagged eval images and, for the probe, without the flagged
+    train rows before mteb's undersampling: equal to mteb on the splits without them."""
+    mirror, images, train, evaluated = probe_data
+    cifar, gtsrb = BY_NAME["CIFAR10"], BY_NAME["GTSRB"]
+    pairs = [(cifar.train_key(3), f"{cifar.eval_prefix()}0", "exact"),
+             (cifar.train_key(17), f"{cifar.eval_prefix()}5", "pixels"),
+             (cifar.train_key(40), f"{cifar.eval_prefix()}9", "exact"),
+             (gtsrb.train_key(1), f"{gtsrb.eval_prefix()}2", "near")]
+    audit = audit_output(tmp_path / "audit", pairs)
+    results = registry.evaluate_tasks(registry.select("CIFAR10,GTSRB"), registry.Options(mirror, exclude=audit),
+                                      str(tmp_path / "out"), images=images, executor="local", log=print)
+    for name in ("CIFAR10", "GTSRB"):
+        task = BY_NAME[name]
+        gone_train = {int(t.split("/")[-1]) for t, _, _ in pairs if t.startswith(task.train_key(""))}
+        gone_eval = {int(e.split("/")[-1]) for _, e, _ in pairs if e.startswith(task.eval_prefix())}
+        theirs = mteb_probe(name, os.path.join(mirror, task.source.repo), task.split,
+                            {i: v for (s, i), v in train.items() if s == task.slug},
+                            {i: v for (s, i), v in evaluated.items() if s == task.slug},
+                            drop={"train": gone_train, "eval": gone_eval})["scores"][task.split][0]
+        clean = results[name]["mieb_ray"]["clean"]
+        for key in ("accuracy", "f1", "recall_weighted", "scores_per_experiment"):
+            assert json.dumps(round_all(clean[key])) == json.dumps(theirs[key]), (name, key)
+        assert clean["left_out"]["eval"]["any"] == len(gone_eval) and clean["eval_images"] == EVAL - len(gone_eval)
+        assert clean["left_out"]["train"]["any"] == len(gone_train)
+    assert results["CIFAR10"]["mieb_ray"]["clean"]["left_out"]["eval"] == {"any": 3, "exact": 2, "pixels": 1}
+
+
+def round_all(value):
+    """As mteb's TaskResult.to_disk writes floats."""
+    if isinstance(value, dict):
+        return {k: round_all(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [round_all(v) for v in value]
+    return round(value, 6) if isinstance(value, float) else value

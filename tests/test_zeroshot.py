@@ -204,3 +204,27 @@ def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data,
     logged = capsys.readouterr().out
     assert "reusing the eval splits" in logged
     assert "reusing image embeddings" in logged and "reusing text embeddings" in logged
+
+
+def test_clean_scores_are_the_scores_of_the_images_the_audit_did_not_flag(data, tmp_path):
+    """Each image's prediction stands alone, so mteb on the split without the flagged images scores what the
+    official run predicted for the rest: the clean metrics are those, with the counts per detector."""
+    from test_linear_probe import audit_output
+
+    from mieb_ray.evals.zeroshot_scoring import metrics
+
+    images, texts = _embed(tmp_path)
+    task = select_tasks(CHOSEN)[0]
+    gone = {1: "exact", 4: "near", 6: "exact"}
+    audit = audit_output(tmp_path / "audit", [(f"{task.slug}/{i}", f"{task.key_prefix()}{i}", m)
+                                              for i, m in gone.items()])
+    out = tmp_path / "out"
+    results = protocol.run(ZeroShotSuite([task], data, exclude=audit), str(out), images, texts,
+                           log=lambda _: None, executor_name="local")
+    clean = results[task.name]["mieb_ray"]["clean"]
+    rows = pq.read_table(out / "predictions.parquet").to_pylist()
+    kept = [r for i, r in enumerate(rows) if i not in gone]
+    want = metrics(np.array([r["label"] for r in kept]), np.array([r["mteb_pred"] for r in kept]),
+                   np.zeros(len(kept)))
+    assert clean["accuracy"] == want["accuracy"] and clean["f1"] == want["f1"]
+    assert clean["images"] == EVAL_ROWS - 3 and clean["left_out"]["eval"] == {"any": 3, "exact": 2, "near": 1}

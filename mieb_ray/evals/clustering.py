@@ -23,6 +23,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.evals import split_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
+from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
 from mieb_ray.sources import Source, by_slug
@@ -75,9 +76,12 @@ def metrics(labels: list, clusters) -> dict:
 
 
 @tasks.remote(num_cpus=1)
-def _cluster(vectors: np.ndarray, labels: list) -> dict:
+def _cluster(vectors: np.ndarray, labels: list, keep: np.ndarray | None = None) -> dict:
+    """The clustering of the rows (those `keep` marks, in order) and its metrics."""
     from sklearn.cluster import MiniBatchKMeans
 
+    if keep is not None:
+        vectors, labels = vectors[keep], [label for label, k in zip(labels, keep) if k]
     model = MiniBatchKMeans(n_clusters=len(set(labels)), batch_size=BATCH, n_init="auto", compute_labels=True,
                             random_state=SEED).fit(vectors)
     return metrics(labels, model.labels_.tolist())
@@ -96,6 +100,7 @@ class _Pending:
     scored: list  # per task: a ref to its metrics
     start: float
     images_uri: str
+    clean: list = field(default_factory=list)  # with --exclude, per task: (ref to its metrics, left-out counts)
 
 
 class ClusteringSuite:
@@ -104,8 +109,9 @@ class ClusteringSuite:
     kind = "mieb-clustering-eval"
     needs_texts = False
 
-    def __init__(self, tasks_: list[ClusteringTask], sources: str):
-        self.tasks, self.sources = tasks_, sources
+    def __init__(self, tasks_: list[ClusteringTask], sources: str, exclude: str | None = None):
+        self.tasks, self.sources, self.exclude = tasks_, sources, exclude
+        self.flags = Flags.load(exclude) if exclude else None
 
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
@@ -127,14 +133,20 @@ class ClusteringSuite:
         wanted = [(f"{p.task.slug}/", f"{p.task.slug}/{p.task.split}/", none) for p in planned]
         blocks = [split_rows.vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
         flat = [ref for block in blocks for ref in block]
-        scored = []
+        scored, clean = [], []
         for t, p in enumerate(planned):
             _, evaluated = split_rows.gather.remote(t, p.task.name, wanted[t][:2], none, len(p.labels),
                                                     storage.display(images), *flat)
             scored.append(_cluster.remote(evaluated, p.labels))
+            if self.flags is not None:  # the same clustering of the images the audit did not flag
+                keys = [f"{wanted[t][1]}{i}" for i in range(len(p.labels))]
+                keep = np.array([k not in self.flags.eval for k in keys], bool)
+                clean.append((_cluster.remote(evaluated, p.labels, keep),
+                              {"images": int(keep.sum()), "left_out": {"eval": Flags.left_out(self.flags.eval, keys)},
+                               "audit": storage.display(self.exclude)}))
         log(f"[eval] {len(planned)} clustering tasks, {sum(len(p.labels) for p in planned):,} images, "
             f"{len(shards)} image shards in {len(blocks)} blocks")
-        return _Pending(planned, scored, start, images)
+        return _Pending(planned, scored, start, images, clean)
 
     def collect(self, pending: _Pending, log) -> dict[str, dict]:
         results = {}
@@ -146,6 +158,10 @@ class ClusteringSuite:
                                  [{"name": "Scoring", "start": 0.0, "end": seconds, "split": p.task.split,
                                    "subset": "default"}])
             result["mieb_ray"] = {"images": len(p.labels), "clusters": len(set(p.labels))}
+            if pending.clean:
+                ref, about = pending.clean[len(results)]
+                clean = tasks.get(ref)
+                result["mieb_ray"]["clean"] = {**clean, "main_score": clean["nmi"], **about}
             results[p.task.name] = result
         log(f"[eval] {len(results)} clustering tasks scored in {time.time() - pending.start:.1f}s")
         return results

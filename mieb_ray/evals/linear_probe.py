@@ -30,6 +30,7 @@ from mieb_ray.evals import split_rows
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
+from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.sources import by_slug
@@ -48,6 +49,7 @@ class Planned:
     union: np.ndarray | None = None  # sorted source indices of every drawn row
     train_labels: list = field(default_factory=list)  # per experiment: the drawn rows' labels
     eval_labels: list = field(default_factory=list)
+    clean: dict | None = None  # with --exclude: drawn, train_labels, keep (eval rows), left_out, as above
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -71,9 +73,11 @@ def _write_drawn(unit: reader.Unit, slug: str, wanted: np.ndarray, dest: str) ->
 
 
 @tasks.remote(num_cpus=1)
-def _fit(train: np.ndarray, evaluated: np.ndarray, positions: np.ndarray, y_train: list, y_eval: list) -> dict:
+def _fit(train: np.ndarray, evaluated: np.ndarray, positions: np.ndarray, y_train: list, y_eval: list,
+         keep: np.ndarray | None = None) -> dict:
     """One experiment as mteb runs it: LogisticRegression(max_iter=100, random_state=42) fit on the drawn rows
-    (`positions` in the union, in mteb's order), predictions on the eval split, mteb's metrics of them."""
+    (`positions` in the union, in mteb's order), predictions on the eval split (the rows `keep` marks, when given:
+    y_eval are theirs), mteb's metrics of them."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
@@ -81,7 +85,7 @@ def _fit(train: np.ndarray, evaluated: np.ndarray, positions: np.ndarray, y_trai
         warnings.simplefilter("ignore", ConvergenceWarning)  # mteb's 100 iterations often stop short, as there
         warnings.simplefilter("ignore", UserWarning)  # "more unique classes than half the samples": 16 per class
         model = LogisticRegression(max_iter=MAX_ITER, random_state=SEED).fit(train[positions], y_train)
-    return metrics(y_eval, model.predict(evaluated))
+    return metrics(y_eval, model.predict(evaluated if keep is None else evaluated[keep]))
 
 
 def metrics(y_true: list, y_pred) -> dict:
@@ -123,6 +127,7 @@ class _Pending:
     fits: list[list]  # per task, per experiment: a ref to its metrics
     start: float
     images_uri: str
+    clean: list = field(default_factory=list)  # with --exclude: the same, without what the audit flagged
 
 
 class LinearProbeSuite:
@@ -131,8 +136,9 @@ class LinearProbeSuite:
     kind = "mieb-linear-probe-eval"
     needs_texts = False
 
-    def __init__(self, tasks_: list[ProbeTask], sources: str):
-        self.tasks, self.sources = tasks_, sources
+    def __init__(self, tasks_: list[ProbeTask], sources: str, exclude: str | None = None):
+        self.tasks, self.sources, self.exclude = tasks_, sources, exclude
+        self.flags = Flags.load(exclude) if exclude else None
         self._planned: list[Planned] | None = None
 
     def task_names(self) -> list[str]:
@@ -165,11 +171,30 @@ class LinearProbeSuite:
             drawn = samples(labels, p.task.samples_per_label, p.task.experiments)
             p.drawn = [rows[d].tolist() for d in drawn]
             p.train_labels = [[labels[i] for i in d] for d in drawn]
-            p.union = np.unique(np.concatenate([np.asarray(d, np.int64) for d in p.drawn]))
+            every = p.drawn
+            if self.flags is not None:
+                p.clean = self._clean(p, rows, labels)
+                every = every + p.clean["drawn"]
+            p.union = np.unique(np.concatenate([np.asarray(d, np.int64) for d in every]))
         log(f"[eval] {len(planned)} linear-probe tasks: {sum(len(p.union) for p in planned):,} train rows drawn "
             f"(mteb's {planned[0].task.samples_per_label if planned else 16} per label), "
             f"{sum(len(p.eval_labels) for p in planned):,} eval images")
         return planned
+
+    def _clean(self, p: Planned, rows: np.ndarray, labels: list) -> dict:
+        """mteb's draws on the train split without the rows the audit flagged (the same undersampling of what is
+        left), and the eval rows it did not flag."""
+        train_keys = [p.task.train_key(int(i)) for i in rows]
+        kept = [n for n, k in enumerate(train_keys) if k not in self.flags.train]
+        kept_rows, kept_labels = rows[kept], [labels[n] for n in kept]
+        drawn = samples(kept_labels, p.task.samples_per_label, p.task.experiments)
+        eval_keys = [f"{p.task.eval_prefix()}{i}" for i in range(len(p.eval_labels))]
+        keep = np.array([k not in self.flags.eval for k in eval_keys], bool)
+        return {"drawn": [kept_rows[d].tolist() for d in drawn], "train_labels": [[kept_labels[i] for i in d]
+                                                                                   for d in drawn],
+                "keep": keep, "eval_labels": [y for y, k in zip(p.eval_labels, keep) if k],
+                "left_out": {"eval": Flags.left_out(self.flags.eval, eval_keys),
+                             "train": Flags.left_out(self.flags.train, train_keys)}}
 
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """Two tables of images to embed: the drawn train rows only, read from the sources (keys `<slug>/<index>`,
@@ -196,16 +221,20 @@ class LinearProbeSuite:
         wanted = [(p.task.train_key(""), p.task.eval_prefix(), p.union) for p in planned]
         blocks = [split_rows.vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
         flat = [ref for block in blocks for ref in block]
-        fits = []
+        fits, clean = [], []
         for t, p in enumerate(planned):
             train, evaluated = split_rows.gather.remote(t, p.task.name, (p.task.train_key(""), p.task.eval_prefix()),
                                                         p.union, len(p.eval_labels), where, *flat)
             position = {int(i): n for n, i in enumerate(p.union)}
-            fits.append([_fit.remote(train, evaluated, np.array([position[i] for i in drawn], np.int64), y,
-                                     p.eval_labels) for drawn, y in zip(p.drawn, p.train_labels)])
+            at = [np.array([position[i] for i in drawn], np.int64) for drawn in p.drawn]
+            fits.append([_fit.remote(train, evaluated, a, y, p.eval_labels) for a, y in zip(at, p.train_labels)])
+            if p.clean is not None:  # the same fits without what the audit flagged
+                at = [np.array([position[i] for i in drawn], np.int64) for drawn in p.clean["drawn"]]
+                clean.append([_fit.remote(train, evaluated, a, y, p.clean["eval_labels"], p.clean["keep"])
+                              for a, y in zip(at, p.clean["train_labels"])])
         log(f"[eval] {len(shards)} image shards in {len(blocks)} blocks; "
             f"{sum(len(f) for f in fits)} fits ({len(planned)} tasks x their experiments)")
-        return _Pending(planned, fits, start, images)
+        return _Pending(planned, fits, start, images, clean)
 
     def collect(self, pending: _Pending, log) -> dict[str, dict]:
         results = {}
@@ -220,6 +249,12 @@ class LinearProbeSuite:
             result["mieb_ray"] = {"train_rows_drawn": len(p.union), "eval_images": len(p.eval_labels),
                                   "classes": len(set(p.eval_labels) | {y for ys in p.train_labels for y in ys}),
                                   "experiments": p.task.experiments, "samples_per_label": p.task.samples_per_label}
+            if p.clean is not None:
+                cleaned = tasks.get(pending.clean[len(results)])
+                result["mieb_ray"]["clean"] = {**average(cleaned), "scores_per_experiment": cleaned,
+                                               "main_score": average(cleaned)["accuracy"],
+                                               "eval_images": len(p.clean["eval_labels"]),
+                                               "left_out": p.clean["left_out"], "audit": storage.display(self.exclude)}
             results[p.task.name] = result
         log(f"[eval] {len(results)} linear-probe tasks fit and scored in {time.time() - pending.start:.1f}s")
         return results

@@ -30,6 +30,7 @@ class Options:
     sources: str  # "hf" or a mirror root
     query_block: int = 256
     partitions: int | None = None
+    exclude: str | None = None  # an audit output: each task also scored without what it flagged (mieb_ray.clean)
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,12 @@ class Suite:
 SUITES = (
     Suite("biovita", (biovita_data.TASK,),
           lambda names, o: BioVITASuite(o.sources, query_block=o.query_block, partitions=o.partitions)),
-    Suite("zeroshot", tuple(t.name for t in TASKS), lambda names, o: ZeroShotSuite(select_tasks(names), o.sources)),
+    Suite("zeroshot", tuple(t.name for t in TASKS),
+          lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),
     Suite("linear_probe", tuple(t.name for t in probe_tasks.TASKS),
-          lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources)),
+          lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources, exclude=o.exclude)),
     Suite("clustering", tuple(t.name for t in clustering.TASKS),
-          lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources)),
+          lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources, exclude=o.exclude)),
 )
 
 

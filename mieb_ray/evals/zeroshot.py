@@ -36,6 +36,7 @@ from mieb_ray.evals.zeroshot_scoring import (
 )
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, reader
+from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
 from mieb_ray.sources import by_slug
@@ -146,8 +147,11 @@ class ZeroShotSuite:
     kind = "mieb-zeroshot-eval"
     needs_texts = True
 
-    def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS):
+    def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS,
+                 exclude: str | None = None):
         self.tasks, self.sources, self.gallery_tasks = tasks, sources, gallery_tasks
+        self.flags = Flags.load(exclude) if exclude else None
+        self.exclude = exclude
         self._planned: list[Planned] | None = None
 
     def task_names(self) -> list[str]:
@@ -278,6 +282,13 @@ class ZeroShotSuite:
         result["mieb_ray"] = {"fixed_prompts": scores["fixed"],
                               "difference": {"accuracy": scores["fixed"]["accuracy"] - scores["mteb"]["accuracy"]},
                               "images": n, "classes": len(p.prompts["mteb"]), "scorer": p.task.scorer}
+        if self.flags is not None:  # each image's prediction stands alone: the clean scores are those of the rest
+            keys = [f"{p.task.key_prefix()}{i}" for i in range(n)]
+            keep = np.array([k not in self.flags.eval for k in keys], bool)
+            clean = metrics(labels[keep], cols["mteb_pred"][keep], cols["mteb_pos"][keep])
+            result["mieb_ray"]["clean"] = {**clean, "main_score": clean["accuracy"], "images": int(keep.sum()),
+                                           "left_out": {"eval": Flags.left_out(self.flags.eval, keys)},
+                                           "audit": storage.display(self.exclude)}
         return result
 
     # -- what to write

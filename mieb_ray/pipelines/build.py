@@ -27,12 +27,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from mieb_ray import __version__, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
-from mieb_ray.io import reader
+from mieb_ray.io import contamination, reader
 from mieb_ray.mieb_train import SIZES, shard_sizes
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.shard_builder import ShardBuilder
@@ -79,13 +78,8 @@ class BuildConfig:
 
 
 def excluded_keys(audit: str) -> pa.Array:
-    """The distinct train keys an audit output flagged (any detector), from its contamination.parquet."""
-    manifest = storage.read_manifest(audit)
-    if manifest is None or manifest.get("format") != "mieb-audit":
-        raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
-                        "of mieb-ray audit)")
-    with storage.open_input(storage.join(audit, "contamination.parquet")) as f:
-        return pc.unique(pq.read_table(f, columns=["train_key"])["train_key"].combine_chunks())
+    """The distinct train keys an audit output flagged (any detector)."""
+    return contamination.flagged_train_keys(audit)
 
 
 def source_split(source: Source, split: str) -> str:

@@ -1,0 +1,60 @@
+"""An audit's findings as the jobs that act on them read them: `contamination.parquet` of a complete audit output
+(`mieb-ray audit --out`), one row per (train row, eval image, detector) pair. `build --exclude` leaves the flagged
+train rows out; `eval --exclude` scores again without the flagged eval images (and, for the linear probe, without
+the flagged train rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+
+FILE = "contamination.parquet"
+
+
+def read(audit: str, columns: list[str]) -> pa.Table:
+    """Columns of an audit output's pairs (train_key, eval_task, eval_key, method, score); one line when `audit`
+    is not a complete audit output."""
+    manifest = storage.read_manifest(audit)
+    if manifest is None or manifest.get("format") != "mieb-audit":
+        raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
+                        "of mieb-ray audit)")
+    with storage.open_input(storage.join(audit, FILE)) as f:
+        return pq.read_table(f, columns=columns)
+
+
+def flagged_train_keys(audit: str) -> pa.Array:
+    """The distinct train keys the audit flagged (any detector)."""
+    return pc.unique(read(audit, ["train_key"])["train_key"].combine_chunks())
+
+
+@dataclass(frozen=True)
+class Flags:
+    """Which detectors flagged each eval image and each train row."""
+
+    eval: dict[str, frozenset[str]]
+    train: dict[str, frozenset[str]]
+
+    @staticmethod
+    def load(audit: str) -> Flags:
+        pairs = read(audit, ["train_key", "eval_key", "method"]).to_pydict()
+        found: dict[str, dict[str, set[str]]] = {"eval": {}, "train": {}}
+        for train, evaluated, method in zip(pairs["train_key"], pairs["eval_key"], pairs["method"]):
+            found["eval"].setdefault(evaluated, set()).add(method)
+            found["train"].setdefault(train, set()).add(method)
+        return Flags(*({k: frozenset(v) for k, v in found[side].items()} for side in ("eval", "train")))
+
+    @staticmethod
+    def left_out(flags: dict[str, frozenset[str]], keys: list[str]) -> dict[str, int]:
+        """How many of `keys` are flagged: by any detector, and by each."""
+        counts = {"any": 0}
+        for key in keys:
+            for method in flags.get(key, ()):
+                counts[method] = counts.get(method, 0) + 1
+            counts["any"] += key in flags
+        return counts
