@@ -350,10 +350,11 @@ def reference() -> str:
 
 # Ray's lines that are no error of the job, as its driver writes them to this process's stderr: its C++ log
 # (`[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor with class name ... restart will fail ...`)
-# and the raylets' warnings (`(raylet) WARNING: 10 PYTHON worker processes have been started ...`); a raylet's
-# errors (a worker killed for memory, say) still pass
+# and the raylets' warnings and retry notices (`(raylet) WARNING: 10 PYTHON worker processes have been started`,
+# `(raylet) Task ... failed. There are infinite retries remaining, so the task will be retried`: a task that fails
+# for good reaches the job as an exception); a raylet's other lines (a worker killed for memory, say) pass
 _RAY_LINE = re.compile(rb"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] [\w/.]+\.cc:\d+: |"
-                       rb"(\x1b\[\d+m)?\(raylet(, ip=[\d.]+)?\)(\x1b\[0m)? WARNING: )")
+                       rb"(\x1b\[\d+m)?\(raylet(, ip=[\d.]+)?\)(\x1b\[0m)? (WARNING: |Task .* will be retried))")
 
 
 @contextmanager

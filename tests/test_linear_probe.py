@@ -137,7 +137,8 @@ def test_the_command_line_scores_from_several_outputs(probe_data, tmp_path, caps
     out = tmp_path / "cli"
     assert main(["eval", "--tasks", "CIFAR10,STL10", "--sources", mirror, "--image-embeddings", images, "--out",
                  str(out), "--executor", "local"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["CIFAR10.json", "STL10.json", "_manifest.json", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["CIFAR10.json", "STL10.json", "_manifest.json", "report.html",
+                                                     "summary.json"]
     assert "[eval] mean linear-probe accuracy over 2 tasks" in capsys.readouterr().out
 
 
@@ -235,3 +236,21 @@ def round_all(value):
     if isinstance(value, list):
         return [round_all(v) for v in value]
     return round(value, 6) if isinstance(value, float) else value
+
+
+def test_one_page_for_the_whole_run(probe_data, tmp_path):
+    """Several task types: OUT/report.html has a section per type, each task's score beside its clean score and
+    what the audit left out, and links to each type's page."""
+    mirror, images, _, _ = probe_data
+    cifar = BY_NAME["CIFAR10"]
+    audit = audit_output(tmp_path / "audit", [(cifar.train_key(1), f"{cifar.eval_prefix()}{i}", "exact")
+                                              for i in (2, 3)])
+    out = tmp_path / "out"
+    results = registry.evaluate_tasks(registry.select("CIFAR10,Birdsnap"), registry.Options(mirror, exclude=audit),
+                                      str(out), images=images, executor="local", log=print)
+    page = (out / "report.html").read_text()
+    assert "<h1>MIEB eval run</h1>" in page and "Linear probe" in page
+    clean = results["CIFAR10"]["mieb_ray"]["clean"]["main_score"]
+    assert f"<td>CIFAR10</td><td>{results['CIFAR10']['scores']['test'][0]['main_score']:.4f}</td>" \
+        f"<td>{clean:.4f}</td>" in page
+    assert "<td>2</td></tr>" in page  # CIFAR10's two flagged eval images

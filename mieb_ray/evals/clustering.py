@@ -20,7 +20,7 @@ import numpy as np
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import split_rows
+from mieb_ray.evals import run_report, split_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
@@ -173,6 +173,8 @@ class ClusteringSuite:
         summary = {"title": "MIEB image clustering", "tasks": rows,
                    "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+        storage.write_bytes(storage.join(out, "report.html"),
+                            run_report.render([("clustering", None, results)], summary["model"]).encode())
         mean = float(np.mean([r["nmi"] for r in rows])) if rows else 0.0
         log(f"[eval] mean NMI over {len(rows)} clustering tasks: {mean:.4f} -> {storage.display(out)}")
-        return ["summary.json"], {"mean_nmi": mean}
+        return ["summary.json", "report.html"], {"mean_nmi": mean}

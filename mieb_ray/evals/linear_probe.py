@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import storage
-from mieb_ray.evals import split_rows
+from mieb_ray.evals import run_report, split_rows
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
@@ -266,5 +266,7 @@ class LinearProbeSuite:
         summary = {"title": "MIEB linear probe", "tasks": rows, "mean_accuracy": mean,
                    "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+        storage.write_bytes(storage.join(out, "report.html"),
+                            run_report.render([("linear_probe", None, results)], summary["model"]).encode())
         log(f"[eval] mean linear-probe accuracy over {len(rows)} tasks: {mean:.4f} -> {storage.display(out)}")
-        return ["summary.json"], {"mean_accuracy": mean}
+        return ["summary.json", "report.html"], {"mean_accuracy": mean}

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo
+from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo, run_report
 from mieb_ray.evals.biovita import BioVITASuite
 from mieb_ray.evals.linear_probe import LinearProbeSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
+from mieb_ray.io import embeddings
 
 ALL = "all"
 
@@ -89,9 +90,13 @@ def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, ou
                                 executor_name=executor)
         scored_from = scored_from or inputs[0]
         folders[suite.name] = suite.name
-    if len(selected) > 1:
+    if len(selected) > 1:  # the run's page, then its manifest, last
+        model = embeddings.manifest_model(storage.read_manifest(embeddings.roots(scored_from)[0]))
+        sections = [(suite.name, f"{suite.name}/report.html", {n: results[n] for n in names})
+                    for suite, names in selected]
+        storage.write_bytes(storage.join(out, "report.html"), run_report.render(sections, model).encode())
         storage.write_manifest(out, {"format": "mieb-eval", "format_version": 1, "version": __version__,
-                                     "tasks": list(results), "suites": folders,
+                                     "tasks": list(results), "suites": folders, "files": ["report.html"],
                                      "seconds": round(time.time() - t0, 3)})
     if results_dir:
         results_repo.write(results_dir, scored_from, results, trained_on_mieb_train, log)
