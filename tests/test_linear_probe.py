@@ -82,7 +82,7 @@ def probe_data(tmp_path_factory):
             c = label_of(task.source, i)
             centres.setdefault((task.slug, c), np.random.default_rng(len(centres)).normal(size=DIM))
             evaluated[task.slug, i] = (centres[task.slug, c] + vector("e", task.slug, i)).astype(np.float32)
-            keys.append(f"{task.eval_prefix()}{i}")
+            keys.append(f"{task.key_prefix()}{i}")
             rows.append(evaluated[task.slug, i])
     keys += ["other/3", "cifar10/train/5", "prompt text"]  # keys of no task's: ignored
     rows += [np.ones(DIM, np.float32)] * 3
@@ -119,7 +119,7 @@ def test_missing_train_rows_are_one_line_naming_them(probe_data, tmp_path):
     caltech = BY_NAME["Caltech101"]
     background = [i for i in range(TRAIN) if label_of(caltech.source, i) in by_slug("caltech101").drop]
     keys = [caltech.train_key(i) for i in range(TRAIN) if i not in background] + \
-        [f"{caltech.eval_prefix()}{i}" for i in range(EVAL)]
+        [f"{caltech.key_prefix()}{i}" for i in range(EVAL)]
     vectors = np.stack([train["caltech101", i] for i in range(TRAIN) if i not in background]
                        + [evaluated["caltech101", i] for i in range(EVAL)])
     partial = str(tmp_path / "partial")
@@ -206,17 +206,17 @@ def test_clean_scores_equal_mteb_on_the_filtered_splits(probe_data, tmp_path):
     train rows before mteb's undersampling: equal to mteb on the splits without them."""
     mirror, images, train, evaluated = probe_data
     cifar, gtsrb = BY_NAME["CIFAR10"], BY_NAME["GTSRB"]
-    pairs = [(cifar.train_key(3), f"{cifar.eval_prefix()}0", "exact"),
-             (cifar.train_key(17), f"{cifar.eval_prefix()}5", "pixels"),
-             (cifar.train_key(40), f"{cifar.eval_prefix()}9", "exact"),
-             (gtsrb.train_key(1), f"{gtsrb.eval_prefix()}2", "near")]
+    pairs = [(cifar.train_key(3), f"{cifar.key_prefix()}0", "exact"),
+             (cifar.train_key(17), f"{cifar.key_prefix()}5", "pixels"),
+             (cifar.train_key(40), f"{cifar.key_prefix()}9", "exact"),
+             (gtsrb.train_key(1), f"{gtsrb.key_prefix()}2", "near")]
     audit = audit_output(tmp_path / "audit", pairs)
     results = registry.evaluate_tasks(registry.select("CIFAR10,GTSRB"), registry.Options(mirror, exclude=audit),
                                       str(tmp_path / "out"), images=images, executor="local", log=print)
     for name in ("CIFAR10", "GTSRB"):
         task = BY_NAME[name]
         gone_train = {int(t.split("/")[-1]) for t, _, _ in pairs if t.startswith(task.train_key(""))}
-        gone_eval = {int(e.split("/")[-1]) for _, e, _ in pairs if e.startswith(task.eval_prefix())}
+        gone_eval = {int(e.split("/")[-1]) for _, e, _ in pairs if e.startswith(task.key_prefix())}
         theirs = mteb_probe(name, os.path.join(mirror, task.source.repo), task.split,
                             {i: v for (s, i), v in train.items() if s == task.slug},
                             {i: v for (s, i), v in evaluated.items() if s == task.slug},
@@ -243,7 +243,7 @@ def test_one_page_for_the_whole_run(probe_data, tmp_path):
     what the audit left out, and links to each type's page."""
     mirror, images, _, _ = probe_data
     cifar = BY_NAME["CIFAR10"]
-    audit = audit_output(tmp_path / "audit", [(cifar.train_key(1), f"{cifar.eval_prefix()}{i}", "exact")
+    audit = audit_output(tmp_path / "audit", [(cifar.train_key(1), f"{cifar.key_prefix()}{i}", "exact")
                                               for i in (2, 3)])
     out = tmp_path / "out"
     results = registry.evaluate_tasks(registry.select("CIFAR10,Birdsnap"), registry.Options(mirror, exclude=audit),

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mieb_ray import storage
-from mieb_ray.errors import UserError
-from mieb_ray.evals import run_report, split_rows
+from mieb_ray.evals import metrics, run_report, split_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
+from mieb_ray.evals.source_task import SourceTask
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
-from mieb_ray.sources import Source, by_slug
 from mieb_ray.topk import engine
 
 SEED = 42  # mteb's Evaluator seed: MiniBatchKMeans' random_state
@@ -35,44 +34,13 @@ UNIT_ROWS = 100_000
 BLOCK_BYTES = 128 << 20
 
 
-@dataclass(frozen=True)
-class ClusteringTask:
-    name: str
-    slug: str
-
-    @property
-    def source(self) -> Source:
-        return by_slug(self.slug)
-
-    @property
-    def split(self) -> str:
-        return self.source.eval_split
-
-
-TASKS = (ClusteringTask("CIFAR10Clustering", "cifar10"), ClusteringTask("CIFAR100Clustering", "cifar100"))
+TASKS = (SourceTask("CIFAR10Clustering", "cifar10"), SourceTask("CIFAR100Clustering", "cifar100"))
 BY_NAME = {t.name: t for t in TASKS}
 
 
-def select_tasks(names: list[str] | None) -> list[ClusteringTask]:
-    if not names:
-        return list(TASKS)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise UserError(f"unknown clustering task {unknown[0]!r}; valid: {', '.join(BY_NAME)}")
-    return [BY_NAME[n] for n in names]
-
-
-def metrics(labels: list, clusters) -> dict:
-    """mteb 2.26.24's AbsTaskClusteringLegacy._compute_metrics, the same sklearn and scipy calls."""
-    from scipy.optimize import linear_sum_assignment
-    from sklearn import metrics as m
-
-    matrix = m.confusion_matrix(labels, clusters)
-    rows, cols = linear_sum_assignment(matrix, maximize=True)
-    return {"v_measure": float(m.cluster.v_measure_score(labels, clusters)),
-            "nmi": float(m.cluster.normalized_mutual_info_score(labels, clusters)),
-            "ari": float(m.cluster.adjusted_rand_score(labels, clusters)),
-            "cluster_accuracy": float(matrix[rows, cols].sum() / len(labels))}
+def select_tasks(names: list[str] | None) -> list[SourceTask]:
+    """The tasks named (the registry has checked the names), or all."""
+    return [BY_NAME[n] for n in names] if names else list(TASKS)
 
 
 @tasks.remote(num_cpus=1)
@@ -84,12 +52,12 @@ def _cluster(vectors: np.ndarray, labels: list, keep: np.ndarray | None = None) 
         vectors, labels = vectors[keep], [label for label, k in zip(labels, keep) if k]
     model = MiniBatchKMeans(n_clusters=len(set(labels)), batch_size=BATCH, n_init="auto", compute_labels=True,
                             random_state=SEED).fit(vectors)
-    return metrics(labels, model.labels_.tolist())
+    return metrics.clustering(labels, model.labels_.tolist())
 
 
 @dataclass
 class Planned:
-    task: ClusteringTask
+    task: SourceTask
     units: list
     labels: list = field(default_factory=list)
 
@@ -109,7 +77,7 @@ class ClusteringSuite:
     kind = "mieb-clustering-eval"
     needs_texts = False
 
-    def __init__(self, tasks_: list[ClusteringTask], sources: str, exclude: str | None = None):
+    def __init__(self, tasks_: list[SourceTask], sources: str, exclude: str | None = None):
         self.tasks, self.sources, self.exclude = tasks_, sources, exclude
         self.flags = Flags.load(exclude) if exclude else None
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.evals import run_report, split_rows
+from mieb_ray.evals.metrics import classification
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.io import embeddings, reader
@@ -85,28 +86,8 @@ def _fit(train: np.ndarray, evaluated: np.ndarray, positions: np.ndarray, y_trai
         warnings.simplefilter("ignore", ConvergenceWarning)  # mteb's 100 iterations often stop short, as there
         warnings.simplefilter("ignore", UserWarning)  # "more unique classes than half the samples": 16 per class
         model = LogisticRegression(max_iter=MAX_ITER, random_state=SEED).fit(train[positions], y_train)
-    return metrics(y_eval, model.predict(evaluated if keep is None else evaluated[keep]))
-
-
-def metrics(y_true: list, y_pred) -> dict:
-    """mteb 2.26.24's AbsTaskClassification._calculate_scores, the same sklearn calls."""
-    from sklearn import metrics as m
-    from sklearn.exceptions import UndefinedMetricWarning
-
-    with warnings.catch_warnings():  # a class never predicted: sklearn warns, mteb's numbers stand
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        scores = {"accuracy": m.accuracy_score(y_true, y_pred),
-                  "f1": m.f1_score(y_true, y_pred, average="macro"),
-                  "f1_weighted": m.f1_score(y_true, y_pred, average="weighted"),
-                  "precision": m.precision_score(y_true, y_pred, average="macro"),
-                  "precision_weighted": m.precision_score(y_true, y_pred, average="weighted"),
-                  "recall": m.recall_score(y_true, y_pred, average="macro"),
-                  "recall_weighted": m.recall_score(y_true, y_pred, average="weighted"),
-                  "ap": None, "ap_weighted": None}
-        if len(np.unique(y_true)) == 2:
-            scores["ap"] = m.average_precision_score(y_true, y_pred, average="macro")
-            scores["ap_weighted"] = m.average_precision_score(y_true, y_pred, average="weighted")
-    return {k: None if v is None else float(v) for k, v in scores.items()}
+    predicted = model.predict(evaluated if keep is None else evaluated[keep])
+    return classification(y_eval, predicted, predicted)  # mteb's ap: of the predictions
 
 
 def average(experiments: list[dict]) -> dict:
@@ -188,7 +169,7 @@ class LinearProbeSuite:
         kept = [n for n, k in enumerate(train_keys) if k not in self.flags.train]
         kept_rows, kept_labels = rows[kept], [labels[n] for n in kept]
         drawn = samples(kept_labels, p.task.samples_per_label, p.task.experiments)
-        eval_keys = [f"{p.task.eval_prefix()}{i}" for i in range(len(p.eval_labels))]
+        eval_keys = [f"{p.task.key_prefix()}{i}" for i in range(len(p.eval_labels))]
         keep = np.array([k not in self.flags.eval for k in eval_keys], bool)
         return {"drawn": [kept_rows[d].tolist() for d in drawn], "train_labels": [[kept_labels[i] for i in d]
                                                                                    for d in drawn],
@@ -218,12 +199,12 @@ class LinearProbeSuite:
         where = storage.display(images)
         shards = embeddings.shard_uris(images)
         sizes = storage.file_sizes(shards) if shards else []
-        wanted = [(p.task.train_key(""), p.task.eval_prefix(), p.union) for p in planned]
+        wanted = [(p.task.train_key(""), p.task.key_prefix(), p.union) for p in planned]
         blocks = [split_rows.vectors.remote(shards[a:b], wanted) for a, b in engine.batches(sizes, BLOCK_BYTES)]
         flat = [ref for block in blocks for ref in block]
         fits, clean = [], []
         for t, p in enumerate(planned):
-            train, evaluated = split_rows.gather.remote(t, p.task.name, (p.task.train_key(""), p.task.eval_prefix()),
+            train, evaluated = split_rows.gather.remote(t, p.task.name, (p.task.train_key(""), p.task.key_prefix()),
                                                         p.union, len(p.eval_labels), where, *flat)
             position = {int(i): n for n, i in enumerate(p.union)}
             at = [np.array([position[i] for i in drawn], np.int64) for drawn in p.drawn]

@@ -16,37 +16,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mieb_ray.errors import UserError
-from mieb_ray.sources import Source, by_slug
+from mieb_ray.evals.source_task import SourceTask
 
 SEED = 42  # AbsTask.seed: the undersampling's RandomState and the classifier's random_state
 MAX_ITER = 100  # AbsTaskClassification.evaluator_model = LogisticRegression(max_iter=100)
 
 
 @dataclass(frozen=True)
-class ProbeTask:
-    name: str  # mteb's task name
-    slug: str  # the catalog source
+class ProbeTask(SourceTask):
     samples_per_label: int = 16
     experiments: int = 5
     drop_train: tuple[int, ...] = ()  # train rows mteb's dataset_transform removes (source indices)
 
-    @property
-    def source(self) -> Source:
-        return by_slug(self.slug)
-
-    @property
-    def split(self) -> str:
-        """The eval split."""
-        return self.source.eval_split
-
-    def train_key(self, index: int) -> str:
+    def train_key(self, index: int | str) -> str:
         """How mieb-train (and `mieb-ray embed` of it) keys a train row."""
         return f"{self.slug}/{index}"
-
-    def eval_prefix(self) -> str:
-        """How `build --split eval` keys an eval row: this prefix and the row's index in the split."""
-        return f"{self.slug}/{self.split}/"
 
 
 TASKS = (
@@ -74,12 +58,8 @@ BY_NAME = {t.name: t for t in TASKS}
 
 
 def select_tasks(names: list[str] | None) -> list[ProbeTask]:
-    if not names:
-        return list(TASKS)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise UserError(f"unknown linear-probe task {unknown[0]!r}; valid: {', '.join(BY_NAME)}")
-    return [BY_NAME[n] for n in names]
+    """The tasks named (the registry has checked the names), or all."""
+    return [BY_NAME[n] for n in names] if names else list(TASKS)
 
 
 def train_rows(task: ProbeTask, rows: int) -> np.ndarray:

@@ -10,11 +10,11 @@ torch operations in mteb's orientation (images @ prompts.T), so they are the num
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from mieb_ray.evals.metrics import classification
 from mieb_ray.evals.zeroshot_tasks import SOFTMAX
 
 TOP = 3  # predicted classes kept per image (the report's gallery)
@@ -103,22 +103,5 @@ class ClassArgmax:
 
 
 def metrics(labels: np.ndarray, pred: np.ndarray, pos: np.ndarray) -> dict:
-    """mteb 2.26.24's ZeroShotClassification metrics (`_calculate_scores`), the same sklearn calls."""
-    from sklearn import metrics as m
-    from sklearn.exceptions import UndefinedMetricWarning
-
-    labels, pred = [int(x) for x in labels], np.asarray(pred, np.int64)
-    with warnings.catch_warnings():  # a class no image is predicted as: sklearn warns, mteb's numbers stand
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        out = {"accuracy": m.accuracy_score(labels, pred),
-               "f1": m.f1_score(labels, pred, average="macro"),
-               "f1_weighted": m.f1_score(labels, pred, average="weighted"),
-               "precision": m.precision_score(labels, pred, average="macro"),
-               "precision_weighted": m.precision_score(labels, pred, average="weighted"),
-               "recall": m.recall_score(labels, pred, average="macro"),
-               "recall_weighted": m.recall_score(labels, pred, average="weighted"),
-               "ap": None, "ap_weighted": None}
-        if len(np.unique(labels)) == 2:
-            out["ap"] = m.average_precision_score(labels, pos, average="macro")
-            out["ap_weighted"] = m.average_precision_score(labels, pos, average="weighted")
-    return {k: (None if v is None else float(v)) for k, v in out.items()}
+    """mteb 2.26.24's ZeroShotClassification metrics (`_calculate_scores`): ap from the score of class 1."""
+    return classification([int(x) for x in labels], np.asarray(pred, np.int64), pos)

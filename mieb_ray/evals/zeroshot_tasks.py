@@ -20,7 +20,7 @@ from importlib import resources
 
 from mieb_ray.captions import ClassTable, class_table
 from mieb_ray.errors import UserError
-from mieb_ray.sources import Source, by_slug
+from mieb_ray.evals.source_task import SourceTask
 
 SOFTMAX = "softmax"
 COSINE = "cosine"
@@ -28,25 +28,11 @@ HUB = None  # names: the ClassLabel names of the eval split's label column
 
 
 @dataclass(frozen=True)
-class ZeroShotTask:
-    name: str  # mteb's task name
-    slug: str  # the catalog source
+class ZeroShotTask(SourceTask):
     template: str  # mteb's f-string, "{}" = the name
     scorer: str  # SOFTMAX or COSINE
     names: str | tuple[str, ...] | None = HUB  # HUB, a template file read with readlines(), or mteb's list
     path_names: bool = False  # SUN397: " ".join(name.split("/")[2:]).replace("_", " ") first
-
-    @property
-    def source(self) -> Source:
-        return by_slug(self.slug)
-
-    @property
-    def split(self) -> str:
-        return self.source.eval_split
-
-    def key_prefix(self) -> str:
-        """Image embeddings of this task's rows are keyed `<slug>/<split>/<index>`."""
-        return f"{self.slug}/{self.split}/"
 
     def mteb_prompts(self, hub_names: list[str] | None) -> list[str]:
         """mteb's candidate labels, index = label id, exactly as `get_candidate_labels()` returns them."""
