@@ -82,3 +82,21 @@ def test_one_command_scores_several_suites_as_their_own_commands_do(ray_local, t
     # one suite: its outputs in OUT itself, as eval-biovita writes them
     assert main(["eval", "--tasks", "BioVITAT2IReranking", *flags, "--out", str(tmp_path / "one")]) == 0
     assert sorted(os.listdir(tmp_path / "one")) == sorted(os.listdir(tmp_path / "biovita"))
+
+
+def test_missing_embeddings_are_named_in_one_line(tmp_path, capsys):
+    """Precomputed inputs: what a chosen task lacks is named before anything is read."""
+    images = str(tmp_path / "img")
+    write_embeddings(images, ["a"], np.ones((1, 2), np.float32), "image", "float32", 1, {})
+
+    def error(*flags: str) -> str:
+        assert main(["eval", *flags, "--sources", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1
+        return lines[0]
+
+    assert error("--tasks", "CIFAR10", "--text-embeddings", images) == "mieb-ray: error: --image-embeddings is needed"
+    assert error("--tasks", f"CIFAR10,{ZS}", "--text-embeddings", images) == (
+        f"mieb-ray: error: --image-embeddings is needed (and --text-embeddings: {ZS} needs both)")
+    assert error("--tasks", f"CIFAR10,{ZS}", "--image-embeddings", images) == (
+        f"mieb-ray: error: {ZS} needs --text-embeddings too")

@@ -259,6 +259,12 @@ def test_mixed_models_are_refused_unless_allowed(tmp_path):
     assert len(notes) == 1 and "come from different models (--allow-mixed-models)" in notes[0]
     notes = embeddings.check_inputs({"image": a, "text": unnamed})
     assert len(notes) == 1 and "text embeddings at" in notes[0] and "name no model: cannot check" in notes[0]
+    # several image roots scored as one output: each root's model is checked, and the first names the run's model
+    assert embeddings.check_inputs({"image": f"{a},{d}", "text": d}) == []
+    with pytest.raises(UserError, match=rf"image embeddings at {a} \(org/clip at revision r1\) and image embeddings "
+                                        rf"at {b} \(org/siglip\) come from different models"):
+        embeddings.check_inputs({"image": f"{a},{b}", "text": a})
+    assert embeddings.model_of(f"{b},{a}") == {"name": "org/siglip"}
 
 
 # ---------------------------------------------------------------------------------------------- the consumers

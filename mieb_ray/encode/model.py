@@ -90,7 +90,6 @@ def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | Non
 
 def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
     import huggingface_hub.constants
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
     if revision is None and repo in PINNED:
@@ -98,29 +97,35 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
     elif revision is None:
         log.warning("model %s is not pinned: using the hub's current main (pass --revision to pin it)", repo)
     at = f" at revision {revision}" if revision else ""
-    for weights in _WEIGHTS:  # a copy cached on this machine needs no network
-        try:
-            path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir,
-                                     local_files_only=True)
-        except (HfHubHTTPError, OSError, ValueError):
-            continue
-        if _select(os.listdir(path), weights):
-            return path
+    try:  # a copy cached on this machine needs no network
+        return _snapshot(repo, revision, cache_dir, local_files_only=True)
+    except (HfHubHTTPError, OSError, ValueError, LookupError):
+        pass
     if not huggingface_hub.constants.HF_HUB_OFFLINE:
         try:  # the hub's client retries an unreachable host for half a minute: one line now instead
             storage.probe(huggingface_hub.constants.ENDPOINT, "the Hugging Face hub")
         except storage.StorageError as exc:
             raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
     try:
-        for weights in _WEIGHTS:
-            path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir)
-            if _select(os.listdir(path), weights):
-                return path
+        return _snapshot(repo, revision, cache_dir, local_files_only=False)
     except (HfHubHTTPError, OSError, ValueError) as exc:  # not found, gated, offline without a cached copy
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise UserError(f"model {repo} is not a local directory and cannot be fetched from the "
                         f"Hugging Face hub{at}: {first}") from exc
-    raise UserError(f"model {repo}{at} has no weights (*.safetensors or pytorch_model*.bin)")
+    except LookupError:
+        raise UserError(f"model {repo}{at} has no weights (*.safetensors or pytorch_model*.bin)") from None
+
+
+def _snapshot(repo: str, revision: str | None, cache_dir: str | None, local_files_only: bool) -> str:
+    """The snapshot of the small files plus the first weight format the repo has; LookupError when it has none."""
+    from huggingface_hub import snapshot_download
+
+    for weights in _WEIGHTS:
+        path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir,
+                                 local_files_only=local_files_only)
+        if _select(os.listdir(path), weights):
+            return path
+    raise LookupError(repo)
 
 
 def _select(paths: list[str], weights: list[str] | None = None) -> list[str]:

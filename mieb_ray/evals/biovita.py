@@ -241,8 +241,7 @@ class BioVITASuite:
         seconds = time.time() - self.t_score
         task_score = float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()]))
         result = task_result(scores, seconds, phases)
-        models = {k: embeddings.manifest_model(storage.read_manifest(u)) for k, u in (("image", self.images),
-                                                                                          ("text", self.texts))}
+        models = {"image": embeddings.model_of(self.images), "text": embeddings.model_of(self.texts)}
         result["mieb_ray"] = {
             "version": __version__, "task_score": task_score, "sources": storage.display(self.sources),
             "image_embeddings": {"uri": storage.display(self.images), "model": models["image"]},

@@ -139,7 +139,7 @@ class ClusteringSuite:
                  **{k: results[p.task.name]["scores"][p.task.split][0][k]
                     for k in ("nmi", "v_measure", "ari", "cluster_accuracy")}} for p in pending.planned]
         summary = {"title": "MIEB image clustering", "tasks": rows,
-                   "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
+                   "model": embeddings.model_of(pending.images_uri)}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         storage.write_bytes(storage.join(out, "report.html"),
                             run_report.render([("clustering", None, results)], summary["model"]).encode())

@@ -245,7 +245,7 @@ class LinearProbeSuite:
                  "accuracy": results[p.task.name]["scores"][p.task.split][0]["accuracy"]} for p in pending.planned]
         mean = float(np.mean([r["accuracy"] for r in rows])) if rows else 0.0
         summary = {"title": "MIEB linear probe", "tasks": rows, "mean_accuracy": mean,
-                   "model": embeddings.manifest_model(storage.read_manifest(embeddings.roots(pending.images_uri)[0]))}
+                   "model": embeddings.model_of(pending.images_uri)}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         storage.write_bytes(storage.join(out, "report.html"),
                             run_report.render([("linear_probe", None, results)], summary["model"]).encode())

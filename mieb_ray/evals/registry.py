@@ -77,9 +77,11 @@ def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, ou
     if bool(model) == bool(images or texts):
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
     needing = [n for _, names, scorer in scorers if scorer.needs_texts for n in names]
-    if not model and (not images or (needing and not texts)):
-        raise UserError(f"{needing[0] if needing else 'every task'} needs --image-embeddings and --text-embeddings"
-                        if needing or not images else "--image-embeddings is needed")
+    if not model and not images:
+        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
+                                                          if needing else ""))
+    if not model and needing and not texts:
+        raise UserError(f"{needing[0]} needs --text-embeddings too")
     storage.check_output(out)
     t0, results, folders, scored_from = time.time(), {}, {}, None
     for suite, names, scorer in scorers:
@@ -91,7 +93,7 @@ def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, ou
         scored_from = scored_from or inputs[0]
         folders[suite.name] = suite.name
     if len(selected) > 1:  # the run's page, then its manifest, last
-        model = embeddings.manifest_model(storage.read_manifest(embeddings.roots(scored_from)[0]))
+        model = embeddings.model_of(scored_from)
         sections = [(suite.name, f"{suite.name}/report.html", {n: results[n] for n in names})
                     for suite, names in selected]
         storage.write_bytes(storage.join(out, "report.html"), run_report.render(sections, model).encode())

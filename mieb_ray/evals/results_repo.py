@@ -51,7 +51,7 @@ def model_meta(model: dict, trained_on_mieb_train: bool) -> dict:
 
 def write(root: str, images: str, results: dict[str, dict], trained_on_mieb_train: bool, log=print) -> str:
     """Every TaskResult and the model's model_meta.json under ROOT/<model>/<revision>/; returns that folder."""
-    model = embeddings.manifest_model(storage.read_manifest(embeddings.roots(images)[0]))
+    model = embeddings.model_of(images)
     folder, revision = model_folder(model)
     where = storage.join(root, folder, revision)
     for name, result in results.items():

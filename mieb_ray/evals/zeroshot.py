@@ -330,7 +330,7 @@ class ZeroShotSuite:
                          "misclassified": int((pr["mteb_pred"] != pr["label"]).sum())})  # mteb's prompts
         mean = {s: float(np.mean([t[s]["accuracy"] for t in rows])) if rows else 0.0 for s in PROMPT_SETS}
         return {"title": "MIEB zero-shot classification",
-                "model": embeddings.manifest_model(storage.read_manifest(pending.images_uri)),
+                "model": embeddings.model_of(pending.images_uri),
                 "evaluation_time": time.time() - pending.start, "tasks": rows,
                 "mean": {**mean, "difference": mean["fixed"] - mean["mteb"]}}
 

@@ -168,6 +168,11 @@ def manifest_model(manifest: dict | None) -> dict:
     return {"name": str(model)} if isinstance(model, (str, int, float)) and model != "" else {}
 
 
+def model_of(uris: str) -> dict:
+    """The model that made an embedding output (of several, `roots`: the first's), as `manifest_model` gives it."""
+    return manifest_model(storage.read_manifest(roots(uris)[0]))
+
+
 def manifest_modality(manifest: dict | None) -> str | None:
     """What an embed output's manifest says it holds, "image" or "text" (its config.modality); None when it
     says neither (another tool's manifest, or none)."""
@@ -254,20 +259,23 @@ def check_inputs(outputs: dict[str, str], allow_mixed_models: bool = False) -> l
     manifest that does not list the shards; a model that cannot be checked; mixed models when allowed). Outputs
     whose manifests name different models (name or revision) are refused: their cosines mean nothing."""
     notes, models = [], {}
-    for what, root in outputs.items():
-        note = shards(root)[1]
+    for what, uris in outputs.items():
+        note = shards(uris)[1]
         if note:
             notes.append(f"{what} embeddings: {note}")
-        models[what] = manifest_model(storage.read_manifest(root))
-        if not models[what].get("name"):
-            notes.append(f"{what} embeddings at {storage.display(root)} name no model: cannot check that they "
-                         "match the others'")
+        several = len(roots(uris)) > 1
+        for root in roots(uris):  # each root of several: they are scored as one output
+            name = f"{what} embeddings" + (f" at {storage.display(root)}" if several else "")
+            models[name] = manifest_model(storage.read_manifest(root))
+            if not models[name].get("name"):
+                notes.append(f"{what} embeddings at {storage.display(root)} name no model: cannot check that they "
+                             "match the others'")
     named = [(w, m) for w, m in models.items() if m.get("name")]
     for what, model in named[1:]:
         first, ref = named[0]
         if _same_model(ref, model):
             continue
-        mixed = f"{first} embeddings ({_label(ref)}) and {what} embeddings ({_label(model)}) come from different models"
+        mixed = f"{first} ({_label(ref)}) and {what} ({_label(model)}) come from different models"
         if not allow_mixed_models:
             raise UserError(f"{mixed}; pass --allow-mixed-models to score them together anyway")
         notes.append(f"{mixed} (--allow-mixed-models)")

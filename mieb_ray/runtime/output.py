@@ -61,11 +61,11 @@ class Progress:
 
     def records(self) -> dict[str, dict]:
         """{unit name: record} of every progress record there."""
-        root = storage.join(self.out, storage.PROGRESS).rstrip("/") + "/"
-        found = [uri for uri in storage.list_files(root.rstrip("/")) if uri.endswith(".json")]
+        root = storage.join(self.out, storage.PROGRESS).rstrip("/")
+        found = [uri for uri in storage.list_files(root) if uri.endswith(".json")]
         with ThreadPoolExecutor(16) as pool:
             records = list(pool.map(lambda uri: json.loads(storage.read_text(uri)), found))
-        return {uri[len(root):-len(".json")]: r for uri, r in zip(found, records)}
+        return {uri[len(root) + 1:-len(".json")]: r for uri, r in zip(found, records)}
 
     def done(self, records: dict[str, dict], units: dict[str, object]) -> dict[str, dict]:
         """{name: result} of the wanted units ({name: unit}) among `records` an earlier run finished with these
