@@ -315,7 +315,7 @@ def parser() -> argparse.ArgumentParser:
                                         "scores"),
                    registry.SUITES)
     add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
-    add_eval_flags(command("eval-zeroshot", help="eval limited to the 22 MIEB zero-shot classification tasks, with "
+    add_eval_flags(command("eval-zeroshot", help="eval limited to the MIEB zero-shot classification tasks, with "
                                                  "mteb's prompts and with fixed ones"), (zeroshot,))
     a = command("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
     add_audit_flags(a)

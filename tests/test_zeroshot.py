@@ -23,17 +23,18 @@ from mieb_ray.io import embeddings
 pytestmark = pytest.mark.timeout(600)
 
 # a class with no test image (CIFAR100, 40 of 100 classes), exact ties (ImageNet's duplicate prompts; a zero
-# image in every cosine task), both binary tasks (one per scorer), a validation split, Caltech's background
+# image in every cosine task), both binary tasks (one per scorer), a validation split, Caltech's background,
+# SciMMIR's class codes (mteb's class_code) and fixed candidate list
 CHOSEN = ["Caltech101ZeroShot", "CIFAR100ZeroShot", "Food101ZeroShot", "Imagenet1kZeroShot", "PatchCamelyonZeroShot",
-          "RenderedSST2"]
+          "RenderedSST2", "SciMMIR"]
 EVAL_ROWS = 40
 
 
-def test_mteb_prompts_equal_get_candidate_labels_for_all_22():
+def test_mteb_prompts_equal_get_candidate_labels_for_all_23():
     import mteb
     from datasets import ClassLabel, Dataset, Features
 
-    assert len(TASKS) == 22
+    assert len(TASKS) == 23
     for task in TASKS:
         theirs = mteb.get_task(task.name)
         assert theirs.metadata.eval_splits == [task.split], task.name

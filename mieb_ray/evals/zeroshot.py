@@ -1,4 +1,4 @@
-"""The MIEB zero-shot suite as an EvalSuite: up to 22 tasks scored together from one set of embedding shards.
+"""The MIEB zero-shot suite as an EvalSuite: all its tasks, or some, scored together from one set of embedding shards.
 
 plan      driver: each task's eval split planned by the one reader (footers, first tar headers); the
           ClassLabel names give mteb's prompts and mieb-train's fixed prompts
@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import storage
+from mieb_ray.captions import ClassTable
 from mieb_ray.errors import UserError
 from mieb_ray.evals.protocol import EmbedInputs, task_result, text_vectors
 from mieb_ray.evals.zeroshot_report import render
@@ -37,6 +38,7 @@ from mieb_ray.evals.zeroshot_scoring import (
 from mieb_ray.evals.zeroshot_tasks import ZeroShotTask
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
+from mieb_ray.mieb_train import label_ids
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
 from mieb_ray.sources import by_slug
@@ -55,7 +57,7 @@ class Planned:
     task: ZeroShotTask
     units: list
     prompts: dict[str, list[str]]
-    class_names: list[str]
+    classes: ClassTable  # mieb-train's classes: names, captions (the fixed prompts), the source's names
     labels: list = field(default_factory=list)
 
 
@@ -63,12 +65,14 @@ class Planned:
 
 
 @tasks.remote(num_cpus=1)
-def _labels(unit: reader.Unit) -> tuple[np.ndarray, np.ndarray]:
-    """(index, label) of one read unit's rows; a missing label is -1."""
+def _labels(unit: reader.Unit, classes: ClassTable) -> tuple[np.ndarray, np.ndarray]:
+    """(index, label id) of one read unit's rows (SciMMIR's class codes looked up as mteb's class_code does); a
+    missing label is -1."""
+    source = by_slug(unit.source)
     index, label = [], []
-    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["label"]]):
+    for chunk in reader.read(unit, [reader.source_columns(source)["label"]]):
         index.append(chunk["index"].to_numpy())
-        label.append(pc.fill_null(pc.cast(chunk["label"], pa.int64()), -1).to_numpy())
+        label.append(pc.fill_null(label_ids(source, classes, chunk["label"]), -1).to_numpy())
     if not index:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate(index), np.concatenate(label)
@@ -167,7 +171,7 @@ class ZeroShotSuite:
                 classes, mteb = task.classes(hub_names), task.mteb_prompts(hub_names)
                 if len(mteb) != len(classes.text):
                     raise UserError(f"{task.name}: mteb has {len(mteb)} classes, the catalog {len(classes.text)}")
-                return Planned(task, units, {"mteb": mteb, "fixed": list(classes.text)}, list(classes.class_name))
+                return Planned(task, units, {"mteb": mteb, "fixed": list(classes.text)}, classes)
 
             with ThreadPoolExecutor(8) as pool:
                 self._planned = list(pool.map(one, self.tasks))
@@ -197,7 +201,7 @@ class ZeroShotSuite:
         start = time.time()
         planned = self.plan()
         for p in planned:
-            p.labels = [_labels.remote(u) for u in p.units]
+            p.labels = [_labels.remote(u, p.classes) for u in p.units]
         corpus, ranges = [], []
         for p in planned:
             spans = {}
@@ -351,14 +355,14 @@ class ZeroShotSuite:
         for p in chosen:
             if p.task.name not in refs:
                 continue
-            got, pr = tasks.get(refs[p.task.name]), self.predictions[p.task.name]
+            got, pr, names = tasks.get(refs[p.task.name]), self.predictions[p.task.name], p.classes.class_name
             for i in wanted[p.task.name]:
                 key = f"{p.task.key_prefix()}{i}"
                 if got.get(i):
                     images[key] = got[i]
-                top = [{"class": p.class_names[c], "prompt": p.prompts["mteb"][c], "score": float(v)}
+                top = [{"class": names[c], "prompt": p.prompts["mteb"][c], "score": float(v)}
                        for c, v in zip(pr["mteb_top"][i], pr["mteb_topv"][i]) if c >= 0]
                 fixed = int(pr["fixed_pred"][i])
-                gallery.append({"task": p.task.name, "key": key, "true": p.class_names[pr["label"][i]], "top": top,
-                                "fixed_pred": p.class_names[fixed], "fixed_correct": fixed == pr["label"][i]})
+                gallery.append({"task": p.task.name, "key": key, "true": names[pr["label"][i]], "top": top,
+                                "fixed_pred": names[fixed], "fixed_correct": fixed == pr["label"][i]})
         return gallery, images
