@@ -167,7 +167,7 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
                         "<slug>/<split>/<index> for the eval splits (what build --split eval writes) and, for the "
                         "linear probe, <slug>/<index> for its train rows (mieb-train's keys)")
     p.add_argument("--text-embeddings", type=flags.existing,
-                   help="embed output of the query texts and prompts, keyed by the text itself")
+                   help="embed output of the query texts, prompts and captions, keyed by the text itself")
     p.add_argument("--model", type=flags.model,
                    help="instead of the two embedding flags: embed what the tasks need with this model first "
                         "(complete embeddings of the same model and input are reused)")
@@ -311,8 +311,8 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(run=run_embed)
     biovita, zeroshot, *_ = registry.SUITES
     add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA, the zero-shot and the "
-                                        "linear-probe classification tasks, image clustering), equal to mteb's "
-                                        "scores"),
+                                        "linear-probe classification tasks, image clustering, SciMMIR "
+                                        "retrieval), equal to mteb's scores"),
                    registry.SUITES)
     add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
     add_eval_flags(command("eval-zeroshot", help="eval limited to the MIEB zero-shot classification tasks, with "

@@ -276,3 +276,41 @@ def _mteb_on_rows(task_name: str, repo: str, splits: dict[int, str], train: dict
         path = Path(tmp, f"{task_name}.json")
         result.task_results[0].to_disk(path)
         return json.loads(path.read_text())
+
+
+def mteb_retrieval(task_name: str, repo: str, images: np.ndarray, text_emb: dict[str, np.ndarray]) -> dict:
+    """The TaskResult JSON mteb 2.26.24 writes for a SciMMIR retrieval task whose data are read from a fixture
+    repo in the hub layout by the task's own `_load_data`; `images` = the test split's image embeddings in row
+    order, `text_emb` the captions' by text as mteb passes them (stripped as documents, as they are as queries)."""
+    import mteb
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+    from mteb.tasks.retrieval.eng.sci_mmir_i2t_retrieval import _load_data
+    from mteb.types import PromptType
+
+    class Encoder(AbsEncoder):  # queries and corpus each encoded in one call over the split, in row order
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["text", "image"], "embed_dim": images.shape[1], "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            query_side = "image" if task_metadata.category == "i2t" else "text"
+            side = query_side if prompt_type == PromptType.query else ({"image", "text"} - {query_side}).pop()
+            rows = []
+            for batch in inputs:
+                if side == "text":
+                    rows += [text_emb[t] for t in batch["text"]]
+                else:
+                    rows += list(images[len(rows):len(rows) + len(batch["image"])])
+            return np.stack(rows).astype(np.float32)
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+        task = mteb.get_task(task_name)
+        task.corpus, task.queries, task.relevant_docs = _load_data(repo, task.metadata.eval_splits)
+        task.data_loaded = True
+        result = mteb.evaluate(Encoder(), task, cache=None, show_progress_bar=False)
+        path = Path(tmp, f"{task_name}.json")
+        result.task_results[0].to_disk(path)
+        return json.loads(path.read_text())

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo, run_report
+from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo, retrieval, run_report
 from mieb_ray.evals.biovita import BioVITASuite
 from mieb_ray.evals.linear_probe import LinearProbeSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
@@ -50,6 +50,8 @@ SUITES = (
           lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources, exclude=o.exclude)),
     Suite("clustering", tuple(t.name for t in clustering.TASKS),
           lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources, exclude=o.exclude)),
+    Suite("retrieval", tuple(t.name for t in retrieval.TASKS),
+          lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
 )
 
 

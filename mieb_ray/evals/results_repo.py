@@ -14,7 +14,7 @@ import json
 import os
 
 from mieb_ray import storage
-from mieb_ray.evals import clustering, probe_tasks
+from mieb_ray.evals import clustering, probe_tasks, retrieval
 from mieb_ray.evals.zeroshot_tasks import TASKS as ZEROSHOT_TASKS
 from mieb_ray.io import embeddings
 from mieb_ray.sources import SOURCES
@@ -23,7 +23,8 @@ NO_REVISION = "no_revision_available"  # what mteb names a model folder without 
 
 # The MIEB tasks whose data come from mieb-train's sources (their train splits are mieb-train's rows)
 MIEB_TRAIN_TASKS = tuple(sorted({t.name for t in ZEROSHOT_TASKS} | {t.name for t in probe_tasks.TASKS}
-                                | {t.name for t in clustering.TASKS} | {s.mteb_task for s in SOURCES if s.mteb_task}))
+                                | {t.name for t in clustering.TASKS} | {t.name for t in retrieval.TASKS}
+                                | {s.mteb_task for s in SOURCES if s.mteb_task}))
 
 
 def model_folder(model: dict) -> tuple[str, str]:

@@ -9,7 +9,8 @@ import html
 from mieb_ray.page import CSS, num
 
 TITLES = {"biovita": "BioVITA text-to-image retrieval", "zeroshot": "Zero-shot classification",
-          "linear_probe": "Linear probe", "clustering": "Image clustering"}
+          "linear_probe": "Linear probe", "clustering": "Image clustering",
+          "retrieval": "SciMMIR retrieval"}
 
 
 def _fmt(v) -> str:

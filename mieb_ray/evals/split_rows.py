@@ -2,7 +2,7 @@
 from the source splits, and image embeddings gathered by key from embed outputs, each shard read once.
 
 labels    a task per read unit of a split: the (index, label) of its rows, labels as the source holds them
-          (mteb's label column: class ids, or names); `in_order` lays them out by row index
+          (mteb's label column: class ids, or names), or their captions; `in_order` lays them out by row index
 vectors   a task per batch of image-embedding shards: the rows keyed as a wanted train row (`<slug>/<index>`, as
           mieb-train keys it) or as an eval row (`<slug>/<split>/<index>`) of a chosen task; every other key is
           ignored
@@ -24,13 +24,16 @@ from mieb_ray.sources import by_slug
 
 
 @tasks.remote(num_cpus=1)
-def labels(unit: reader.Unit) -> tuple[np.ndarray, list]:
-    """(index, label) of one read unit's rows: labels as the source holds them (ints, or names)."""
-    index, labels = [], []
-    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))["label"]]):
+def labels(unit: reader.Unit, column: str = "label") -> tuple[np.ndarray, list]:
+    """(index, value) of one read unit's rows: labels as the source holds them (ints, or names); or, for column
+    "caption", each row's caption text (a null one is "")."""
+    index, values = [], []
+    for chunk in reader.read(unit, [reader.source_columns(by_slug(unit.source))[column]]):
         index.append(chunk["index"].to_numpy())
-        labels += chunk["label"].to_pylist()
-    return (np.concatenate(index) if index else np.zeros(0, np.int64)), labels
+        values += chunk[column].to_pylist()
+    if column == "caption":
+        values = ["" if v is None else v for v in values]
+    return (np.concatenate(index) if index else np.zeros(0, np.int64)), values
 
 
 @tasks.remote(num_cpus=1, num_returns=2)
