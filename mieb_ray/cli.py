@@ -14,6 +14,7 @@ from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
+from mieb_ray.io.contamination import BUILD_DETECTORS
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
@@ -53,6 +54,9 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude", default=None, type=flags.existing_folder,
                    help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
                         "rows keep their keys")
+    p.add_argument("--exclude-detectors", default=BUILD_DETECTORS, type=flags.detectors,
+                   help="with --exclude: the detectors whose pairs leave a train row out, comma-separated (default: "
+                        f"{','.join(BUILD_DETECTORS)}; add near to trust the CLIP threshold too)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an unfinished run: skip the units it built with the same settings (an unfinished "
@@ -79,6 +83,7 @@ def run_build(args: argparse.Namespace) -> None:
                          rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
                          check_counts=args.check_counts, max_error_rate=args.max_error_rate, workers=args.workers,
                          cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude,
+                         exclude_detectors=args.exclude_detectors,
                          executor=args.executor)
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts

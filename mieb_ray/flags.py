@@ -11,6 +11,9 @@ import argparse
 import os
 import re
 
+from mieb_ray.errors import UserError
+from mieb_ray.io import contamination
+
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
@@ -126,3 +129,11 @@ def model(text: str) -> str:
     if _scheme(text) is None and (text.startswith((".", "/", "~")) or text.count("/") > 1 or os.path.exists(text)):
         existing_folder(os.path.expanduser(text))
     return text
+
+
+def detectors(text: str) -> tuple[str, ...]:
+    """Audit detectors, comma-separated (io/contamination.py)."""
+    try:
+        return contamination.detectors(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -21,7 +21,7 @@ from mieb_ray.audit import fingerprints
 from mieb_ray.audit.job import NEAR_K, AuditConfig, audit
 from mieb_ray.cli import main
 from mieb_ray.fixtures.biovita import make_biovita_mirror
-from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.fixtures.mirror import make_mirror, picture
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.build import BuildConfig, build
 
@@ -38,22 +38,78 @@ def _pairs(out: str) -> set[tuple]:
     return {(r["train_key"], r["eval_task"], r["eval_key"], r["method"]) for r in rows}
 
 
+def _pix(data: bytes) -> bytes:
+    return fingerprints.fingerprint(data).pix
+
+
 def test_pixel_hash_sees_through_containers_and_exif_not_through_lossy_changes():
     tile = tiles()[0]
     jpeg = encode(tile)
     decoded = Image.open(io.BytesIO(jpeg)).convert("RGB")
-    assert fingerprints.pixel_hash(encode(decoded, "PNG")) == fingerprints.pixel_hash(jpeg)
-    assert fingerprints.pixel_hash(encode(decoded, quality=50)) != fingerprints.pixel_hash(jpeg)
+    assert _pix(encode(decoded, "PNG")) == _pix(jpeg)
+    assert _pix(encode(decoded, quality=50)) != _pix(jpeg)
     # stored rotated with an EXIF orientation that turns it back: the same upright pixels
     png = encode(decoded, "PNG")
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 CW to view
     buf = io.BytesIO()
     decoded.transpose(Image.Transpose.ROTATE_90).save(buf, "PNG", exif=exif.tobytes())
-    assert fingerprints.pixel_hash(buf.getvalue()) == fingerprints.pixel_hash(png)
-    sha, pix, error = fingerprints.fingerprint(b"not an image")
-    assert sha == hashlib.sha256(b"not an image").digest() and pix is None and error.startswith("undecodable image")
-    assert fingerprints.fingerprint(None)[2] == "no image"
+    assert _pix(buf.getvalue()) == _pix(png)
+    bad = fingerprints.fingerprint(b"not an image")
+    assert bad.sha == hashlib.sha256(b"not an image").digest() and bad.pix is None and bad.pdq is None
+    assert bad.error.startswith("undecodable image")
+    assert fingerprints.fingerprint(None).error == "no image"
+
+
+def test_pdq_is_pdqhash_of_the_same_pixels():
+    """The pdq column is pdqhash's own hash of the decoded pixels (box-downscaled to PDQ_SIDE), and of their
+    mirror PDQ's dihedral hash, bit for bit."""
+    import pdqhash
+
+    for name in ("astronaut.jpg", "text.png"):
+        for image in (picture(name), picture(name).resize((1300, 700))):
+            got = fingerprints.fingerprint(encode(image, "PNG"))
+            pixels = np.asarray(image.reduce(-(-max(image.size) // fingerprints.PDQ_SIDE)))
+            assert max(pixels.shape[:2]) <= fingerprints.PDQ_SIDE
+            bits, quality = pdqhash.compute(pixels)
+            dihedral, _ = pdqhash.compute_dihedral(pixels)
+            assert got.pdq == np.packbits(bits.astype(np.uint8)).tobytes() and got.pdq_quality == quality
+            assert got.pdq_mirror == np.packbits(dihedral[fingerprints.MIRROR].astype(np.uint8)).tobytes()
+            mirrored, _ = pdqhash.compute(np.ascontiguousarray(pixels[:, ::-1]))
+            assert (mirrored != dihedral[fingerprints.MIRROR]).sum() <= 16  # the mirror's hash, near enough
+
+
+def test_pdq_pairs_equal_a_brute_force_search():
+    """Every (train, eval) pair within the threshold of the eval hash or its mirror, and no other: against a
+    search of all pairs on unpacked bits; flat images (low quality) take no part."""
+    import pyarrow as pa
+
+    from mieb_ray.audit import matches
+
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2, (40, 256), dtype=np.uint8)
+    train = np.concatenate([base, base[:20] ^ (rng.random((20, 256)) < 0.1)])  # near copies
+    evals = np.concatenate([base[::2] ^ (rng.random((20, 256)) < 0.08), rng.integers(0, 2, (30, 256), dtype=np.uint8)])
+    mirror = rng.integers(0, 2, evals.shape, dtype=np.uint8)
+    mirror[-5:] = train[-5:] ^ (rng.random((5, 256)) < 0.05)  # found only through the mirror
+    quality = np.full(len(train), 100)
+    quality[7] = 10
+
+    def table(bits, prefix, mirrored=None, q=None):
+        packed = lambda b: pa.array([np.packbits(r).tobytes() for r in b], pa.binary(32))  # noqa: E731
+        return pa.table({"key": [f"{prefix}{i}" for i in range(len(bits))], "eval_task": ["T"] * len(bits),
+                         "pdq": packed(bits), "pdq_mirror": packed(bits if mirrored is None else mirrored),
+                         "pdq_quality": pa.array(q if q is not None else [100] * len(bits), pa.int16())})
+
+    got = matches.pdq_pairs(table(train, "t", q=quality), table(evals, "e", mirror), threshold=40)
+    want = {}
+    for i in range(len(train)):
+        for j in range(len(evals)):
+            d = min(int((train[i] != evals[j]).sum()), int((train[i] != mirror[j]).sum()))
+            if d <= 40 and quality[i] >= matches.MIN_QUALITY:
+                want[f"t{i}", f"e{j}"] = 1 - d / 256
+    assert dict(zip(zip(got["train_key"].to_pylist(), got["eval_key"].to_pylist()), got["score"].to_pylist())) == want
+    assert len(want) > 25 and not any(k[0] == "t7" for k in want) and ("t55", "e45") in want
 
 
 def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted, tmp_path, capsys):
@@ -63,8 +119,9 @@ def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted,
     want = {(t, task, e, m) for t, task, e, kind in planted["planted"] for m in PLANTS[kind] if m != "near"}
     assert _pairs(out) == want  # distinct images are never flagged by a hash
     printed, err = capsys.readouterr()
-    count = {m: sum(p[3] == m for p in want) for m in ("exact", "pixels")}
-    assert f"[audit] pairs: {count['exact']} exact, {count['pixels']} pixels, near not run" in printed.splitlines()
+    count = {m: sum(p[3] == m for p in want) for m in ("exact", "pixels", "pdq")}
+    assert (f"[audit] pairs: {count['exact']} exact, {count['pixels']} pixels, {count['pdq']} pdq, near not run"
+            in printed.splitlines())
     ours = [line for line in printed.splitlines() if line.startswith("[audit]")]
     assert not [line for line in ours if "{" in line] and "Traceback" not in err  # readable, not a Python dict
     errors = pq.read_table(os.path.join(out, "errors.parquet")).to_pylist()
@@ -76,8 +133,9 @@ def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted,
     eval_rows = pq.read_metadata(os.path.join(planted["against"][0], "000000.parquet")).num_rows
     assert first["eval_rows"] == eval_rows
     assert first["exact"]["eval_images"] == 1 and first["pixels"]["eval_images"] == 2
-    assert first["any"]["percent"] == pytest.approx(100 * 2 / eval_rows, abs=1e-4)
-    assert summary["totals"]["train_rows_flagged"] == 3 and summary["threshold"] is None
+    assert first["pdq"]["eval_images"] == 5
+    assert first["any"]["percent"] == pytest.approx(100 * 5 / eval_rows, abs=1e-4)
+    assert summary["totals"]["train_rows_flagged"] == 6 and summary["threshold"] is None
     assert set(summary["train_datasets"]) == {"cifar100", "food101"}
     page = open(os.path.join(out, "report.html")).read()
     assert "data:image/jpeg;base64," in page and "cifar100/test/0" in page and "a threshold, not a proof" in page
@@ -100,9 +158,10 @@ def test_near_pairs_equal_a_brute_force_search_of_the_same_embeddings(ray_local,
     out, threshold, printed = str(tmp_path / "audit"), 0.97, []
     manifest = audit(AuditConfig(planted["train"], tuple(planted["against"]), out, model=tiny_clip,
                                  threshold=threshold, workers=1), log=printed.append)
-    assert manifest["config"]["detectors"] == ["exact", "pixels", "near"]
-    count = {m: sum(p[3] == m for p in _pairs(out)) for m in ("exact", "pixels", "near")}
-    assert f"[audit] pairs: {count['exact']} exact, {count['pixels']} pixels, {count['near']} near" in printed
+    assert manifest["config"]["detectors"] == ["exact", "pixels", "pdq", "near"]
+    count = {m: sum(p[3] == m for p in _pairs(out)) for m in ("exact", "pixels", "pdq", "near")}
+    assert (f"[audit] pairs: {count['exact']} exact, {count['pixels']} pixels, {count['pdq']} pdq, {count['near']} "
+            "near") in printed
     assert "\u2014" not in open(os.path.join(out, "report.html")).read()  # every detector ran
     keys, train = embeddings.read_all(os.path.join(out, "embeddings", "train"))
     rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
@@ -204,3 +263,21 @@ def test_bad_input_is_one_line(ray_local, planted, tmp_path, capsys):
         err = capsys.readouterr().err  # Ray's own log lines of earlier tests may come before ours
         ours = [line for line in err.strip().splitlines() if line.startswith("mieb-ray:")]
         assert len(ours) == 1 and message in ours[0] and "Traceback" not in err, (argv, err)
+
+
+def test_build_exclude_takes_the_chosen_detectors(tmp_path, capsys):
+    """build --exclude leaves out the rows of exact, pixel and pdq pairs by default; near only when asked."""
+    from test_linear_probe import audit_output
+
+    from mieb_ray.pipelines.build import excluded_keys
+
+    out = audit_output(tmp_path / "audit", [("a/1", "a/test/1", "exact"), ("a/2", "a/test/2", "pixels"),
+                                            ("a/3", "a/test/3", "pdq"), ("a/4", "a/test/4", "near"),
+                                            ("a/3", "a/test/5", "near")])
+    assert sorted(excluded_keys(out).to_pylist()) == ["a/1", "a/2", "a/3"]
+    assert sorted(excluded_keys(out, ("near",)).to_pylist()) == ["a/3", "a/4"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", "--sources", str(tmp_path), "--out", str(tmp_path / "b"), "--exclude", out,
+              "--exclude-detectors", "exact,neer"])
+    assert exit_.value.code == 2
+    assert "unknown detector 'neer'; valid: exact, pixels, pdq, near" in capsys.readouterr().err

@@ -5,6 +5,9 @@ plan     driver: the train table and the eval tables (`mieb`: the MIEB eval spli
 hash     the job's one stage, per unit: each image's sha256 and pixel hash, committed as a Parquet file sorted
          by join partition (one row group each), then its progress record   (audit/fingerprints.py, runtime/)
 join     a CPU task per partition: its row group of every hash file, joined on each hash (audit/matches.py)
+pdq      every train x eval pair within PDQ_THRESHOLD bits, exactly: the eval side's PDQ hashes read once into the
+         object store (about 100 bytes a row), then a CPU task per batch of train hash files, each file read
+         once, brute-force popcount over blocks (matches.hamming_within: 64 MiB of distances at a time)
 near     with embeddings: the top-k engine, the train embeddings as the corpus (every row its own group) and
          each eval embedding shard as a query block, reduced to each eval image's nearest train rows; pairs
          at cosine >= threshold
@@ -93,7 +96,7 @@ class AuditConfig:
 
 def task_names() -> dict[str, str]:
     """Source slug -> the MIEB task(s) its eval split serves."""
-    return {t.slug: t.name for t in TASKS} | {"scimmir": "SciMMIRI2TRetrieval/SciMMIRT2IRetrieval"}
+    return {t.slug: t.name for t in TASKS} | {"scimmir": "SciMMIR/SciMMIRI2TRetrieval/SciMMIRT2IRetrieval"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ def audit(config: AuditConfig, log=print) -> dict:
             f"{partitions} join partitions; {len(done)} units already hashed")
         results = _hash(config, work, partitions, job, done, where.mode)
         pairs, errors = _join(config, results, partitions, log)
+        pairs = pa.concat_tables([pairs, _pdq(config, results, log)])
         near_info = {}
         if config.near:
             near, near_info = _near(config, train, against, results, log)
@@ -278,6 +282,49 @@ def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
     return pairs, errors
 
 
+# ---------------------------------------------------------------------------------------------- pdq
+
+PDQ_COLUMNS = ["key", "eval_task", "pdq", "pdq_mirror", "pdq_quality"]
+PDQ_BATCH_ROWS = 100_000  # train hash rows one pdq task reads
+
+
+def _read_pdq(uris: list[str]) -> pa.Table:
+    """The PDQ columns of some hash files, each read once."""
+    tables = []
+    for uri in uris:
+        with storage.open_input(uri) as f:
+            tables.append(pq.read_table(f, columns=PDQ_COLUMNS))
+    return pa.concat_tables(tables) if tables else matches.HASH_SCHEMA.empty_table().select(PDQ_COLUMNS)
+
+
+@tasks.remote(num_cpus=1)
+def _pdq_against(uris: list[str]) -> pa.Table:
+    return _read_pdq(uris)
+
+
+@tasks.remote(num_cpus=1)
+def _pdq_batch(uris: list[str], against: pa.Table) -> pa.Table:
+    return matches.pdq_pairs(_read_pdq(uris), against)
+
+
+def _pdq(config, results, log) -> pa.Table:
+    t0 = time.time()
+    against = _pdq_against.remote([storage.join(config.out, r["path"]) for r in results["against"]])
+    batches, batch, rows = [], [], 0
+    for r in results["train"]:
+        batch.append(storage.join(config.out, r["path"]))
+        rows += r["rows"]
+        if rows >= PDQ_BATCH_ROWS:
+            batches.append(batch)
+            batch, rows = [], 0
+    batches += [batch] if batch else []
+    pairs = pa.concat_tables(tasks.get([_pdq_batch.remote(b, against) for b in batches]) or
+                             [matches.PAIR_SCHEMA.empty_table()])
+    log(f"[audit] pdq (Hamming distance <= {matches.PDQ_THRESHOLD} of 256 bits): {pairs.num_rows} pairs from "
+        f"{len(batches)} train batches in {time.time() - t0:.1f}s")
+    return pairs
+
+
 # ---------------------------------------------------------------------------------------------- near
 
 
@@ -391,7 +438,8 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
     files = {"contamination.parquet": pairs, "errors.parquet": errors}
     for name, table in files.items():
         storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
-    summary = {**summary, "threshold": config.threshold if config.near else None, "near": near_info or None}
+    summary = {**summary, "pdq_threshold": matches.PDQ_THRESHOLD,
+               "threshold": config.threshold if config.near else None, "near": near_info or None}
     storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
     page = report.render(summary, _gallery(config, pairs, results, planned, sides))
     storage.write_bytes(storage.join(config.out, "report.html"), page.encode())
@@ -400,7 +448,8 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
         "config": {"train": storage.display(config.train), "against": list(config.against),
                    "sources": storage.display(config.sources) if config.against == (MIEB,) else None,
                    "model": config.model, "threshold": config.threshold if config.near else None,
-                   "detectors": list(matches.METHODS if config.near else matches.METHODS[:2])},
+                   "pdq_threshold": matches.PDQ_THRESHOLD,
+                   "detectors": list(matches.METHODS if config.near else matches.METHODS[:-1])},
         "files": ["contamination.parquet", "errors.parquet", "summary.json", "report.html"],
         "counts": {"train_rows": sum(train_rows.values()), "eval_rows": sum(eval_rows.values()),
                    "pairs": summary["totals"]["pairs"], "train_rows_flagged": summary["totals"]["train_rows_flagged"],

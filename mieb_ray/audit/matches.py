@@ -1,7 +1,8 @@
 """The audit's rules, as pure functions on Arrow tables: fingerprint rows, join them, turn nearest neighbours
 into pairs, and count what was found. No Ray.
 
-A hash row: key, sha (sha256 of the bytes), pix (sha256 of the pixels; null when undecodable), part (the join
+A hash row: key, sha (sha256 of the bytes), pix (sha256 of the pixels; null when undecodable), pdq, pdq_mirror
+and pdq_quality (the perceptual hash of the pixels and of their mirror, and PDQ's quality), part (the join
 partition), unit and row (where the image is read again for the report), eval_task (the against side only)
 and error. Rows are partitioned by their pixel hash (their byte hash when undecodable): identical bytes
 decode to identical pixels, so rows that match either hash always share a partition, and each join task
@@ -16,8 +17,11 @@ import pyarrow.compute as pc
 
 from mieb_ray.audit.fingerprints import fingerprint
 
-METHODS = ("exact", "pixels", "near")
+METHODS = ("exact", "pixels", "pdq", "near")
+PDQ_THRESHOLD = 31  # Hamming distance of 256 bits (ThreatExchange's PDQ match distance): bench/audit_calibrate.py
+MIN_QUALITY = 50  # PDQ hashes of lower quality (flat images) take no part in the pdq detector
 HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", pa.binary(32)),
+                         ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)), ("pdq_quality", pa.int16()),
                          ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
                          ("eval_task", pa.string()), ("error", pa.string())])
 ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
@@ -36,13 +40,13 @@ def hash_rows(keys: list[str], images: list[bytes | None], unit: int, first_row:
     prints = [fingerprint(image) for image in images]
     return pa.table({
         "key": pa.array(keys, pa.string()),
-        "sha": pa.array([p[0] for p in prints], pa.binary(32)),
-        "pix": pa.array([p[1] for p in prints], pa.binary(32)),
-        "part": pa.array([partition(p[0], p[1], partitions) for p in prints], pa.int32()),
+        **{c: pa.array([getattr(p, c) for p in prints], HASH_SCHEMA.field(c).type)
+           for c in ("sha", "pix", "pdq", "pdq_mirror", "pdq_quality")},
+        "part": pa.array([partition(p.sha, p.pix, partitions) for p in prints], pa.int32()),
         "unit": pa.array([unit] * len(keys), pa.int32()),
         "row": pa.array(np.arange(first_row, first_row + len(keys)), pa.int64()),
         "eval_task": pa.array(eval_task, pa.string()),
-        "error": pa.array([p[2] for p in prints], pa.string()),
+        "error": pa.array([p.error for p in prints], pa.string()),
     }, schema=HASH_SCHEMA)
 
 
@@ -65,6 +69,51 @@ def hash_pairs(train: pa.Table, against: pa.Table) -> pa.Table:
                              "eval_key": joined["eval_key"], "method": pa.array([method] * n, pa.string()),
                              "score": pa.array(np.ones(n), pa.float64())}, schema=PAIR_SCHEMA))
     return pa.concat_tables(out)
+
+
+def pdq_words(hashes: pa.Array) -> np.ndarray:
+    """32-byte hashes as (n, 4) uint64 words."""
+    flat = np.frombuffer(hashes.buffers()[1], np.uint8)[hashes.offset * 32:(hashes.offset + len(hashes)) * 32]
+    return flat.view(">u8").astype(np.uint64).reshape(-1, 4) if len(hashes) else np.zeros((0, 4), np.uint64)
+
+
+def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, block_bytes: int = 64 << 20):
+    """Every (train row, eval row, distance) whose Hamming distance is at most `threshold`: all pairs, by
+    brute-force popcount over blocks of train rows (train, evals: (n, 4) uint64). Memory: block_bytes of
+    distances and one word's XOR."""
+    out = ([], [], [])
+    rows = max(1, block_bytes // (8 * max(len(evals), 1)))
+    for lo in range(0, len(train), rows):
+        block = train[lo:lo + rows]
+        distance = np.zeros((len(block), len(evals)), np.uint16)
+        for w in range(4):
+            distance += np.bitwise_count(block[:, w, None] ^ evals[None, :, w])
+        i, j = np.nonzero(distance <= threshold)
+        out[0].append(i + lo)
+        out[1].append(j)
+        out[2].append(distance[i, j])
+    return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in out)
+
+
+def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD) -> pa.Table:
+    """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image or of its
+    mirror (the smaller distance counts), both of PDQ quality MIN_QUALITY or more; score = 1 - distance / 256."""
+    def usable(t: pa.Table) -> pa.Table:
+        return t.filter(pc.fill_null(pc.greater_equal(t["pdq_quality"], MIN_QUALITY), False))
+
+    train, against = usable(train), usable(against)
+    left = pdq_words(train["pdq"].combine_chunks())
+    found = [hamming_within(left, pdq_words(against[c].combine_chunks()), threshold) for c in ("pdq", "pdq_mirror")]
+    i, j, d = (np.concatenate(x) for x in zip(*found))
+    best = {}
+    for a, b, dist in zip(i.tolist(), j.tolist(), d.tolist()):  # one pair per (train, eval), its smaller distance
+        best[a, b] = min(dist, best.get((a, b), dist))
+    i, j = (np.array([k[n] for k in best], np.int64) for n in (0, 1))
+    return pa.table({"train_key": train["key"].take(pa.array(i, pa.int64())),
+                     "eval_task": against["eval_task"].take(pa.array(j, pa.int64())),
+                     "eval_key": against["key"].take(pa.array(j, pa.int64())),
+                     "method": pa.array(["pdq"] * len(best), pa.string()),
+                     "score": pa.array([1 - v / 256 for v in best.values()], pa.float64())}, schema=PAIR_SCHEMA)
 
 
 def near_rows(scores: np.ndarray, docs: np.ndarray, eval_keys: pa.Array, threshold: float) -> pa.Table:

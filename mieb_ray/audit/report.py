@@ -23,6 +23,8 @@ CSS = BASE_CSS + """
 """
 WHAT = {"exact": "the same bytes (sha256)",
         "pixels": "the same decoded pixels after EXIF orientation (a re-encode that lost nothing, a new container)",
+        "pdq": "the same picture by its PDQ perceptual hash (a re-encode, resize, small crop, mirror, colour edit): "
+               "256 bits within the distance shown, score = 1 - distance / 256",
         "near": "nearest train images by embedding cosine at or above the threshold"}
 NOT_RUN = "\u2014"
 WHY_NOT = {"near": "not run: it needs --model, or --train-embeddings and --against-embeddings"}
@@ -43,10 +45,11 @@ def render(summary: dict, pairs: list[dict]) -> str:
             f"<span>eval images affected <b>{totals['eval_images_affected']:,}</b></span>"
             + "".join(f"<span>{m} pairs <b>{totals['pairs'].get(m, 0):,}</b></span>" if m in done else
                       f"<span>{m} pairs <b>{NOT_RUN}</b></span>" for m in METHODS)
+            + f"<span>pdq threshold <b>distance ≤ {summary.get('pdq_threshold')}</b></span>"
             + f"<span>near threshold <b>{'not run' if threshold is None else f'cosine ≥ {threshold}'}</b></span>"
             "</div>",
-            '<p class="note">Exact and pixel matches are proof of a duplicate. A near match is a threshold, not a '
-            "proof: look at the pairs below, lowest scores last, and choose the threshold where they stop being "
+            '<p class="note">Exact and pixel matches are proof of a duplicate. A pdq or near match is a threshold, '
+            "not a proof: look at the pairs below, lowest scores last, and choose the threshold where they stop being "
             "copies.</p>",
             _tasks(summary["eval_tasks"], done), _datasets(summary["train_datasets"], done)]
     for method in METHODS:

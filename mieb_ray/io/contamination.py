@@ -15,6 +15,8 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 
 FILE = "contamination.parquet"
+DETECTORS = ("exact", "pixels", "pdq", "near")
+BUILD_DETECTORS = ("exact", "pixels", "pdq")  # build --exclude's default: the near (CLIP) threshold is a placeholder
 
 
 def read(audit: str, columns: list[str]) -> pa.Table:
@@ -28,9 +30,21 @@ def read(audit: str, columns: list[str]) -> pa.Table:
         return pq.read_table(f, columns=columns)
 
 
-def flagged_train_keys(audit: str) -> pa.Array:
-    """The distinct train keys the audit flagged (any detector)."""
-    return pc.unique(read(audit, ["train_key"])["train_key"].combine_chunks())
+def detectors(text: str) -> tuple[str, ...]:
+    """A comma-separated list of detectors; one line naming the valid ones for an unknown name."""
+    chosen = tuple(d.strip() for d in text.split(",") if d.strip())
+    unknown = [d for d in chosen if d not in DETECTORS]
+    if unknown or not chosen:
+        raise UserError(f"unknown detector {unknown[0]!r}; valid: {', '.join(DETECTORS)}" if unknown
+                        else f"no detector given; valid: {', '.join(DETECTORS)}")
+    return chosen
+
+
+def flagged_train_keys(audit: str, by: tuple[str, ...] = DETECTORS) -> pa.Array:
+    """The distinct train keys the audit flagged by any of the detectors `by`."""
+    pairs = read(audit, ["train_key", "method"])
+    pairs = pairs.filter(pc.is_in(pairs["method"], value_set=pa.array(by, pa.string())))
+    return pc.unique(pairs["train_key"].combine_chunks())
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class BuildConfig:
     cpus_per_worker: float = 1.0
     split: str = "train"  # one of SPLITS
     exclude: str | None = None  # an audit output: its flagged train rows are left out
+    exclude_detectors: tuple[str, ...] = contamination.BUILD_DETECTORS  # the detectors whose pairs count
     executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
 
     def check(self) -> None:
@@ -77,9 +78,9 @@ class BuildConfig:
             raise UserError("--exclude applies to the train split only")
 
 
-def excluded_keys(audit: str) -> pa.Array:
-    """The distinct train keys an audit output flagged (any detector)."""
-    return contamination.flagged_train_keys(audit)
+def excluded_keys(audit: str, by: tuple[str, ...] = contamination.BUILD_DETECTORS) -> pa.Array:
+    """The distinct train keys an audit output flagged by any of the detectors `by`."""
+    return contamination.flagged_train_keys(audit, by)
 
 
 def source_split(source: Source, split: str) -> str:
@@ -106,7 +107,7 @@ def build(config: BuildConfig, log=print) -> dict:
     """Run the build on Ray or in this process; return the manifest."""
     config.check()
     selected = select(config.datasets)
-    exclude = excluded_keys(config.exclude) if config.exclude else None
+    exclude = excluded_keys(config.exclude, config.exclude_detectors) if config.exclude else None
     check_sources(selected, config.sources, config.split, log)
     slugs = "|".join(s.slug for s in selected)
     settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
@@ -128,7 +129,8 @@ def build(config: BuildConfig, log=print) -> dict:
     if config.resume:
         log(f"[build] resuming: {len(built)} of {len(units)} units already built")
     if exclude is not None:
-        log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)}")
+        log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)} "
+            f"({', '.join(config.exclude_detectors)})")
     todo = [i for i, u in enumerate(units) if u.name not in built]
     rows = sum((u.hi or u.lo + config.rows_per_shard) - u.lo for u in units)
     where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
@@ -171,7 +173,8 @@ def _exclusion(config: BuildConfig, exclude: pa.Array | None) -> dict | None:
     if exclude is None:
         return None
     digest = hashlib.sha256("\n".join(sorted(exclude.to_pylist())).encode()).hexdigest()
-    return {"audit": storage.display(config.exclude), "train_keys": len(exclude), "sha256": digest}
+    return {"audit": storage.display(config.exclude), "detectors": list(config.exclude_detectors),
+            "train_keys": len(exclude), "sha256": digest}
 
 
 def _plan(selected, sources: str, rows_per_shard: int, split: str):
