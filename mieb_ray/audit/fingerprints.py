@@ -4,11 +4,11 @@
   pixels   sha256 of the decoded, EXIF-oriented RGB pixels and their size: the pixel detector, which catches a
            lossless re-encode or a change of container (JPEG -> PNG, PNG -> WebP lossless, EXIF orientation
            applied to the pixels).
-  pdq      Meta's PDQ perceptual hash (256 bits, `pdqhash`) of the same pixels, box-downscaled first so that the
-           longer side is at most PDQ_SIDE (PDQ itself works on 64 x 64: the full size costs 25x the time and
-           changes no decision), with the hash of their left-right mirror (PDQ's dihedral hash, free) and PDQ's
-           quality (0-100: a flat image, a blank frame, has little of it): the pdq detector, which catches
-           re-encodes, resizes, small crops, mirrors, colour and brightness edits.
+  pdq      Meta's PDQ perceptual hash (256 bits, `pdqhash`) of the same pixels brought to one scale and cut of
+           letterbox bars (`pdq_pixels`), with the hashes of their left-right mirror and of their central 95% and
+           90% (a centred crop of 5% or 10% is then the same picture), and PDQ's quality (0-100: a flat image, a
+           blank frame, has little of it): the pdq detector, which catches re-encodes, resizes, centred crops of
+           up to 10%, mirrors, borders, colour and brightness edits (bench/audit_calibrate.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-PDQ_SIDE = 512
-MIRROR = 5  # pdqhash.compute_dihedral's order: the hash of the left-right mirrored image
+PDQ_SIDE = 256
+TRIM_SPAN = 12  # a bar's values: within 12 of each other, and of 0 or 255 (JPEG noise at the edge of a bar)
 
 
 class Fingerprint(NamedTuple):
@@ -29,6 +29,8 @@ class Fingerprint(NamedTuple):
     pix: bytes | None  # None: undecodable (or no image)
     pdq: bytes | None  # 32 bytes, PDQ's bit order packed big-endian
     pdq_mirror: bytes | None
+    pdq_c95: bytes | None  # of the central 95% (2.5% cut off each side)
+    pdq_c90: bytes | None
     pdq_quality: int | None
     error: str | None
 
@@ -53,19 +55,49 @@ def pixel_hash(rgb: Image.Image) -> bytes:
     return hashlib.sha256(b"%dx%d:" % rgb.size + rgb.tobytes()).digest()
 
 
+def trimmed(pixels: np.ndarray) -> np.ndarray:
+    """The pixels without letterbox bars: edge rows and columns that are uniform (values within TRIM_SPAN) and
+    black or white are cut off, unless that would leave under half of either side. Mirror-symmetric."""
+    def kept(axis: int) -> tuple[int, int]:
+        low, high = pixels.min(axis=(axis, 2)).astype(np.int16), pixels.max(axis=(axis, 2)).astype(np.int16)
+        bar = (high - low <= TRIM_SPAN) & ((high <= TRIM_SPAN) | (low >= 255 - TRIM_SPAN))
+        if bar.all():
+            return 0, len(bar)
+        lo, hi = int(np.argmin(bar)), len(bar) - int(np.argmin(bar[::-1]))
+        return (lo, hi) if (hi - lo) * 2 >= len(bar) else (0, len(bar))
+
+    (top, bottom), (left, right) = kept(1), kept(0)
+    return pixels[top:bottom, left:right]
+
+
 def pdq_pixels(rgb: Image.Image) -> np.ndarray:
-    """What PDQ hashes: the pixels box-downscaled (Pillow's reduce, whole factors) until the longer side is at most
-    PDQ_SIDE."""
-    factor = -(-max(rgb.size) // PDQ_SIDE)
-    return np.asarray(rgb.reduce(factor) if factor > 1 else rgb)
+    """What PDQ hashes: the pixels without letterbox bars (`trimmed`, on a copy box-downscaled by a whole factor to
+    at most twice PDQ_SIDE), then resized so that the longer side is PDQ_SIDE (box filter down, bilinear up): every
+    copy of a picture at one scale."""
+    factor = max(1, max(rgb.size) // (2 * PDQ_SIDE))
+    pixels = trimmed(np.asarray(rgb.reduce(factor) if factor > 1 else rgb))
+    h, w = pixels.shape[:2]
+    scale = PDQ_SIDE / max(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    image = Image.fromarray(np.ascontiguousarray(pixels))
+    return np.asarray(image.resize(size, Image.Resampling.BOX if scale < 1 else Image.Resampling.BILINEAR))
 
 
-def pdq(rgb: Image.Image) -> tuple[bytes, bytes, int]:
-    """(PDQ hash, the mirror's PDQ hash, quality) of upright RGB pixels."""
+def central(pixels: np.ndarray, keep: float) -> np.ndarray:
+    h, w = pixels.shape[:2]
+    dy, dx = round(h * (1 - keep) / 2), round(w * (1 - keep) / 2)
+    return np.ascontiguousarray(pixels[dy:h - dy, dx:w - dx])
+
+
+def pdq(rgb: Image.Image) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """(PDQ hash, the left-right mirror's, the central 95%'s, the central 90%'s, quality) of upright RGB pixels."""
     import pdqhash
 
-    hashes, quality = pdqhash.compute_dihedral(pdq_pixels(rgb))
-    return pack(hashes[0]), pack(hashes[MIRROR]), int(quality)
+    pixels = pdq_pixels(rgb)
+    bits, quality = pdqhash.compute(pixels)
+    others = [pdqhash.compute(p)[0] for p in (np.ascontiguousarray(pixels[:, ::-1]), central(pixels, 0.95),
+                                               central(pixels, 0.90))]
+    return pack(bits), *(pack(b) for b in others), int(quality)
 
 
 def pack(bits: np.ndarray) -> bytes:
@@ -77,10 +109,10 @@ def fingerprint(data: bytes | None) -> Fingerprint:
     """Every hash of one image, decoded once. A missing image is an error; an undecodable one keeps its sha256
     (the exact detector still applies) and has no other hash."""
     if not data:
-        return Fingerprint(None, None, None, None, None, "no image")
+        return Fingerprint(None, None, None, None, None, None, None, "no image")
     digest = sha256(data)
     try:
         rgb = decode(data)
     except ValueError as exc:
-        return Fingerprint(digest, None, None, None, None, str(exc))
+        return Fingerprint(digest, None, None, None, None, None, None, str(exc))
     return Fingerprint(digest, pixel_hash(rgb), *pdq(rgb), None)

@@ -284,7 +284,7 @@ def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
 
 # ---------------------------------------------------------------------------------------------- pdq
 
-PDQ_COLUMNS = ["key", "eval_task", "pdq", "pdq_mirror", "pdq_quality"]
+PDQ_COLUMNS = ["key", "eval_task", *matches.PDQ_HASHES, "pdq_quality"]
 PDQ_BATCH_ROWS = 100_000  # train hash rows one pdq task reads
 
 

@@ -18,10 +18,15 @@ import pyarrow.compute as pc
 from mieb_ray.audit.fingerprints import fingerprint
 
 METHODS = ("exact", "pixels", "pdq", "near")
+PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
+# (train hash, eval hash) compared: the pictures, one the mirror of the other, one a centred crop of the other
+PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
+                ("pdq", "pdq_c90"))
 PDQ_THRESHOLD = 31  # Hamming distance of 256 bits (ThreatExchange's PDQ match distance): bench/audit_calibrate.py
 MIN_QUALITY = 50  # PDQ hashes of lower quality (flat images) take no part in the pdq detector
 HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", pa.binary(32)),
-                         ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)), ("pdq_quality", pa.int16()),
+                         ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)), ("pdq_c95", pa.binary(32)),
+                         ("pdq_c90", pa.binary(32)), ("pdq_quality", pa.int16()),
                          ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
                          ("eval_task", pa.string()), ("error", pa.string())])
 ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
@@ -41,7 +46,7 @@ def hash_rows(keys: list[str], images: list[bytes | None], unit: int, first_row:
     return pa.table({
         "key": pa.array(keys, pa.string()),
         **{c: pa.array([getattr(p, c) for p in prints], HASH_SCHEMA.field(c).type)
-           for c in ("sha", "pix", "pdq", "pdq_mirror", "pdq_quality")},
+           for c in ("sha", "pix", *PDQ_HASHES, "pdq_quality")},
         "part": pa.array([partition(p.sha, p.pix, partitions) for p in prints], pa.int32()),
         "unit": pa.array([unit] * len(keys), pa.int32()),
         "row": pa.array(np.arange(first_row, first_row + len(keys)), pa.int64()),
@@ -96,14 +101,15 @@ def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, block_b
 
 
 def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD) -> pa.Table:
-    """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image or of its
-    mirror (the smaller distance counts), both of PDQ quality MIN_QUALITY or more; score = 1 - distance / 256."""
+    """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image by any of
+    PDQ_COMPARED (the smallest distance counts), both of PDQ quality MIN_QUALITY or more; score = 1 - distance /
+    256."""
     def usable(t: pa.Table) -> pa.Table:
         return t.filter(pc.fill_null(pc.greater_equal(t["pdq_quality"], MIN_QUALITY), False))
 
     train, against = usable(train), usable(against)
-    left = pdq_words(train["pdq"].combine_chunks())
-    found = [hamming_within(left, pdq_words(against[c].combine_chunks()), threshold) for c in ("pdq", "pdq_mirror")]
+    found = [hamming_within(pdq_words(train[a].combine_chunks()), pdq_words(against[b].combine_chunks()), threshold)
+             for a, b in PDQ_COMPARED]
     i, j, d = (np.concatenate(x) for x in zip(*found))
     best = {}
     for a, b, dist in zip(i.tolist(), j.tolist(), d.tolist()):  # one pair per (train, eval), its smaller distance

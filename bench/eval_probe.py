@@ -1,0 +1,228 @@
+"""The linear-probe eval against mteb's own `mteb.evaluate`, same precomputed embeddings, same scores: the whole
+call, process start to results JSON (issue 27).
+
+Data (not timed): a mirror of the tasks' sources in the hub's layout (tests' fixture mirror, make_mirror) with the
+real row counts of each task's train and eval splits (mteb's descriptive stats; --scale shrinks them), labels
+cycling through the classes as the fixture mirror lays them; every image a 1x1 PNG whose pixel spells its row
+index, so mteb's side can find each row's vector. Synthetic 512-d float32 embeddings, a class centre plus noise,
+in our shard format (tests/embedding_fixtures.py), as two embed outputs: the train rows mteb's undersampling draws
+(the union of the experiments' samples, keyed `<slug>/<index>` as mieb-train), and every eval row
+(`<slug>/<split>/<index>`, as build --split eval).
+
+Contenders, each a fresh process timed from spawn to exit, one after the other:
+  1. mteb 2.26.24   bench/mteb_probe_call.py: import mteb; read the embeddings into lookup tables; per task, load
+                    its train and eval splits with `datasets` (a warm cache, as a user's hub cache: one untimed
+                    warm-up run first), `mteb.evaluate` with an encoder that looks the embeddings up, write the
+                    TaskResult JSON.
+  2. mieb-ray       `python -m mieb_ray eval --tasks ... --sources MIRROR --image-embeddings TRAIN,EVAL --out ...`
+                    (--executor auto: it decides whether to start Ray; the manifest says which it took).
+
+Prints a table with the ratio, and checks that every metric mteb reports (the means and every experiment's
+scores) is identical in ours.
+
+Run from the repository root:
+    .venv/bin/python bench/eval_probe.py [--tasks A,B] [--scale 1.0] [--repeat 2] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import numpy as np
+from embedding_fixtures import write_embeddings
+
+from mieb_ray.evals.probe_tasks import TASKS, ProbeTask, samples, select_tasks, train_rows
+from mieb_ray.fixtures.mirror import _label_order, make_mirror
+
+DIM = 512
+SHARD_ROWS = 50_000  # embedding rows per shard
+NOISE = 5.0  # per-dimension noise around a class centre of unit-variance coordinates: accuracies 0.4-0.9
+
+
+def real_sizes(task: ProbeTask) -> tuple[int, int]:
+    """(train rows, eval rows) of the real task: mteb's descriptive stats of it."""
+    root = Path(importlib.util.find_spec("mteb").origin).parent  # not imported: the driver stays light
+    stats = json.loads((root / "descriptive_stats" / "Image" / "ImageClassification" / f"{task.name}.json")
+                       .read_text())
+    return stats["train"]["num_samples"], stats[task.split]["num_samples"]
+
+
+def sizes(task: ProbeTask, scale: float) -> tuple[int, int]:
+    """Real sizes times `scale`; the train split keeps samples_per_label rows per class (full draws), the eval
+    split one row per class."""
+    train, evaluated = real_sizes(task)
+    if scale >= 1:
+        return train, evaluated
+    classes = len(_label_order(task.slug))
+    return (min(train, max(round(train * scale), task.samples_per_label * classes)),
+            min(evaluated, max(round(evaluated * scale), classes)))
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+_PNG_HEAD = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+_PNG_TAIL = _chunk(b"IEND", b"")
+
+
+def index_png(source, index: int) -> bytes:
+    """A 1x1 RGB PNG whose pixel spells `index` (24 bits: UCF101's 1,786,096 rows fit)."""
+    return _PNG_HEAD + _chunk(b"IDAT", zlib.compress(b"\x00" + index.to_bytes(3, "big"))) + _PNG_TAIL
+
+
+def labels_of(task: ProbeTask, n: int) -> np.ndarray:
+    """The label ids of a split's first n rows, as the fixture mirror writes them (label_of)."""
+    order = np.asarray(_label_order(task.slug))
+    return order[np.arange(n) % len(order)]
+
+
+def make_embeddings(tasks, rows: dict[str, tuple[int, int]], train_out: str, eval_out: str) -> tuple[int, int]:
+    """The drawn train rows' and the eval rows' vectors: a centre per (task, class) plus noise."""
+    rng = np.random.default_rng(0)
+    parts = {"train": ([], []), "eval": ([], [])}
+    for task in tasks:
+        n_train, n_eval = rows[task.slug]
+        classes = len(_label_order(task.slug))
+        centres = rng.standard_normal((classes, DIM), dtype=np.float32)
+        train = labels_of(task, n_train)
+        kept = train_rows(task, n_train)  # as mteb: without the rows its dataset_transform drops
+        drawn = samples(train[kept].tolist(), task.samples_per_label, task.experiments)
+        union = kept[np.unique(np.concatenate([np.asarray(d, np.int64) for d in drawn]))]
+        evaluated = labels_of(task, n_eval)
+        for kind, index, label, key in (("train", union, train[union], task.train_key("")),
+                                        ("eval", np.arange(n_eval), evaluated, task.key_prefix())):
+            noise = rng.standard_normal((len(index), DIM), dtype=np.float32)
+            parts[kind][0].extend(f"{key}{i}" for i in index.tolist())
+            parts[kind][1].append(centres[label] + np.float32(NOISE) * noise)
+    for kind, out in (("train", train_out), ("eval", eval_out)):
+        keys, matrix = parts[kind][0], np.concatenate(parts[kind][1])
+        write_embeddings(out, keys, matrix, "image", "float32", max(1, math.ceil(len(keys) / SHARD_ROWS)),
+                         {"fixture": "bench/eval_probe.py", "noise": NOISE})
+    return len(parts["train"][0]), len(parts["eval"][0])
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN in both
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def same_scores(ours: Path, theirs: Path, tasks) -> bool:
+    """Every metric of mteb's scores[split][0] (means and scores_per_experiment) equal in ours."""
+    same = True
+    for task in tasks:
+        mine = json.loads((ours / f"{task.name}.json").read_text())["scores"][task.split][0]
+        want = json.loads((theirs / f"{task.name}.json").read_text())["scores"][task.split][0]
+        wrong = [k for k, v in want.items() if not _same(mine.get(k), v)]
+        if wrong:
+            same = False
+            for k in wrong:
+                print(f"  MISMATCH {task.name} {k}: mteb {want[k]} vs ours {mine.get(k)}")
+    return same
+
+
+def run(tasks, rows: dict[str, tuple[int, int]], work: Path, repeat: int) -> dict:
+    work.mkdir(parents=True)
+    root = str(work / "data")
+    t0 = time.perf_counter()
+    make_mirror(root, rows={t.slug: rows[t.slug][0] for t in tasks}, datasets=[t.slug for t in tasks],
+                files=1, tar_rows=10_000, eval_rows={t.slug: rows[t.slug][1] for t in tasks}, image_bytes=index_png)
+    t1 = time.perf_counter()
+    train_out, eval_out = str(work / "img-train"), str(work / "img-eval")
+    n_train, n_eval = make_embeddings(tasks, rows, train_out, eval_out)
+    print(f"mirror of {sum(r[0] for r in rows.values()):,} train + {sum(r[1] for r in rows.values()):,} eval rows "
+          f"in {t1 - t0:.0f}s; embeddings of {n_train:,} drawn train rows + {n_eval:,} eval rows in "
+          f"{time.perf_counter() - t1:.0f}s", flush=True)
+    env, names = b.fresh_process_env(), ",".join(t.name for t in tasks)
+    images = f"{train_out},{eval_out}"
+
+    def mteb_call(out: Path) -> float:
+        return b.run_process([sys.executable, str(b.BENCH / "mteb_probe_call.py"), "--tasks", names, "--data", root,
+                              "--image-embeddings", images, "--cache", str(work / "hf-cache"), "--out", str(out)], env)
+
+    def ours(out: Path) -> float:
+        return b.run_process([sys.executable, "-m", "mieb_ray", "eval", "--tasks", names, "--sources", root,
+                              "--image-embeddings", images, "--out", str(out)], env)
+
+    print(f"mteb warm-up (fills the datasets cache) {mteb_call(work / 'mteb-warm'):.1f}s", flush=True)
+    mteb_t, ours_t, load = [], [], os.getloadavg()[0]
+    for i in range(repeat):
+        mteb_t.append(mteb_call(work / f"mteb{i}"))
+        ours_t.append(ours(work / f"ours{i}"))
+        print(f"[{i + 1}] mteb {mteb_t[-1]:.2f}s, mieb-ray CLI {ours_t[-1]:.2f}s", flush=True)
+    last = repeat - 1
+    manifest = json.loads((work / f"ours{last}" / "_manifest.json").read_text())
+    return {"mteb": mteb_t, "ours": ours_t, "load": (load, os.getloadavg()[0]), "manifest": manifest,
+            "same": same_scores(work / f"ours{last}", work / f"mteb{last}", tasks), "drawn": n_train, "eval": n_eval,
+            "summary": json.loads((work / f"ours{last}" / "summary.json").read_text())}
+
+
+def report(title: str, r: dict, repeat: int) -> None:
+    t_mteb, t_ours = min(r["mteb"]), min(r["ours"])
+    print(f"\n### {title}\n")
+    rows = [["mteb 2.26.24: `python bench/mteb_probe_call.py` (import mteb, read the embeddings, load train and "
+             "eval splits from a warm `datasets` cache, `mteb.evaluate`, write JSON)", f"{t_mteb:.2f}", "1.00",
+             "1.0"],
+            ["mieb-ray: `python -m mieb_ray eval` (imports, labels of both splits, mteb's draws, gather the "
+             "embeddings, fit, write JSON, summary, report)", f"{t_ours:.2f}", f"{t_ours / t_mteb:.2f}",
+             f"{t_mteb / t_ours:.1f}"]]
+    print(b.markdown_table(["contender", f"seconds (fastest of {repeat})", "x mteb's time", "x faster than mteb"],
+                           rows))
+    accuracy = r["summary"]["tasks"]
+    m = r["manifest"]
+    print(f"\n**whole call: mieb-ray {t_ours:.2f}s vs mteb {t_mteb:.2f}s = {t_ours / t_mteb:.2f}x mteb's time "
+          f"({t_mteb / t_ours:.1f}x faster; target <= 0.5x: {'met' if t_ours <= 0.5 * t_mteb else 'NOT met'})**; "
+          f"executor taken (manifest): {m.get('executor')}; every metric identical to mteb's (means and each "
+          f"experiment's): {'yes' if r['same'] else 'NO'} ({len(accuracy)} tasks, mean accuracy "
+          f"{r['summary']['mean_accuracy']:.4f}; mieb-ray's own work from its manifest: {m.get('seconds', 0):.2f}s)\n")
+    b.footer(f"All runs: mteb {', '.join(f'{t:.2f}' for t in r['mteb'])} s; mieb-ray "
+             f"{', '.join(f'{t:.2f}' for t in r['ours'])} s",
+             f"Embeddings: {r['drawn']:,} drawn train rows + {r['eval']:,} eval rows, {DIM}-d float32, "
+             f"{SHARD_ROWS:,} rows a shard, two embed outputs (train, eval).",
+             "Each a fresh process timed from spawn to exit, one after the other; mteb's splits from a warm "
+             "`datasets` cache (one untimed warm-up run filled it).",
+             f"Load average (1 min) before / after: {r['load'][0]:.2f} / {r['load'][1]:.2f}.")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default=None, help="comma-separated linear-probe tasks (default: all 19)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="fraction of each split's real rows (default 1: real sizes); train keeps at least "
+                         "samples_per_label rows per class, eval at least one per class")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_probe"))
+    args = ap.parse_args()
+    tasks = select_tasks(args.tasks.split(",") if args.tasks else None)
+    rows = {t.slug: sizes(t, args.scale) for t in tasks}
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    r = run(tasks, rows, work, args.repeat)
+    print("\n" + "=" * 100)
+    size = "real sizes" if args.scale >= 1 else f"scaled to {args.scale:g} of the real rows"
+    title = (f"{'All 19' if len(tasks) == len(TASKS) else len(tasks)} linear-probe tasks at {size}: "
+             f"{sum(v[0] for v in rows.values()):,} train + {sum(v[1] for v in rows.values()):,} eval rows, "
+             f"{DIM}-d embeddings")
+    report(title, r, args.repeat)
+    print("Rows per task (train / eval): " + "; ".join(f"{t.name} {rows[t.slug][0]:,} / {rows[t.slug][1]:,}"
+                                                       for t in tasks))
+
+
+if __name__ == "__main__":
+    main()

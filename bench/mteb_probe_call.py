@@ -1,0 +1,116 @@
+"""mteb's whole linear-probe call on precomputed embeddings, as one process: the baseline of bench/eval_probe.py.
+
+import mteb; read the precomputed embeddings into lookup tables; per task, load its train and eval splits from
+the mirror with `datasets` (through a persistent cache, as a user's warm hub cache), run the task's own
+`dataset_transform`, `mteb.evaluate` with an encoder that looks the embeddings up, write the TaskResult JSON mteb
+writes (`TaskResult.to_disk`, as tests/mteb_reference.py).
+
+The mirror's images spell their row index in their one pixel (bench/eval_probe.py writes them), so the encoder
+knows each image mteb hands it (the undersampled train rows come in mteb's own order) and returns its vector:
+train rows by `<slug>/<index>`, eval rows by `<slug>/<split>/<index>`, the keys of the embed outputs.
+
+    .venv/bin/python bench/mteb_probe_call.py --tasks A,B --data ROOT --image-embeddings OUT1,OUT2 \
+        --cache DIR --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import mteb  # noqa: E402  imported up front: part of the call's cost
+import numpy as np  # noqa: E402
+from mteb_reference import _quiet_env  # noqa: E402
+
+from mieb_ray.evals.probe_tasks import BY_NAME  # noqa: E402
+from mieb_ray.io import embeddings  # noqa: E402
+
+
+def lookup_tables(outputs: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{key prefix (`<slug>/` or `<slug>/<split>/`): (row of each index, or -1; the vectors)} of the outputs."""
+    tables = {}
+    for root in outputs.split(","):
+        keys, matrix = embeddings.read_all(root)
+        by_prefix: dict[str, tuple[list[int], list[int]]] = {}
+        for row, key in enumerate(keys):
+            prefix, _, index = key.rpartition("/")
+            rows, indices = by_prefix.setdefault(prefix + "/", ([], []))
+            rows.append(row)
+            indices.append(int(index))
+        for prefix, (rows, indices) in by_prefix.items():
+            where = np.full(max(indices) + 1, -1, np.int64)
+            where[indices] = np.arange(len(rows))
+            tables[prefix] = (where, matrix[rows])
+    return tables
+
+
+def encoder(tables: dict[str, tuple[np.ndarray, np.ndarray]], dim: int):
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class LookupEncoder(AbsEncoder):
+        """Each image's precomputed vector: its task's slug, the split mteb names, the index its pixel spells."""
+
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["image"], "embed_dim": dim, "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            task = BY_NAME[task_metadata.name]
+            where, vectors = tables[task.train_key("") if hf_split == "train" else task.key_prefix()]
+            index = []
+            for batch in inputs:
+                for image in batch["image"]:
+                    r, g, b = image.getpixel((0, 0))[:3]
+                    index.append((r << 16) | (g << 8) | b)
+            rows = where[np.asarray(index, np.int64)]
+            if (rows < 0).any():
+                raise KeyError(f"{task.name} {hf_split}: no embedding for some rows")
+            return vectors[rows].astype(np.float32)
+
+    return LookupEncoder()
+
+
+def split_files(repo: str, split: str) -> tuple[str, list[str]]:
+    parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
+    if parquet:
+        return "parquet", parquet
+    return "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag in ("--tasks", "--data", "--image-embeddings", "--cache", "--out"):
+        ap.add_argument(flag, required=True)
+    args = ap.parse_args()
+    import datasets
+
+    tables = lookup_tables(args.image_embeddings)
+    model = encoder(tables, next(iter(tables.values()))[1].shape[1])
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.tasks.split(","):
+        probe = BY_NAME[name]
+        repo = os.path.join(args.data, probe.source.repo)
+        with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+            files = {s: split_files(repo, s) for s in ("train", probe.split)}
+            builder = files["train"][0]
+            data = datasets.load_dataset(builder, data_files={s: f for s, (_, f) in files.items()},
+                                         cache_dir=args.cache)
+            task = mteb.get_task(name)
+            task.dataset = data
+            task.data_loaded = True
+            task.dataset_transform()
+            result = mteb.evaluate(model, task, cache=None, show_progress_bar=False)
+            result.task_results[0].to_disk(Path(args.out, f"{name}.json"))
+
+
+if __name__ == "__main__":
+    main()
