@@ -129,7 +129,7 @@ def test_edited_copies_of_real_pictures_are_found_and_distinct_tiles_are_not():
                                                                 (j + 1) * h // 2))))
     train = matches.hash_rows(train_keys, train_images, 0, 0, 1, [None] * len(train_keys))
     against = matches.hash_rows(eval_keys, eval_images, 0, 0, 1, ["T"] * len(eval_keys))
-    found = {(p["train_key"], p["eval_key"]) for p in matches.pdq_pairs(train, against).to_pylist()}
+    found = {(p["train_key"], p["eval_key"]) for p in matches.pdq_pairs(train, against)[0].to_pylist()}
     want = {(name, f"{name} | {edit}") for name in names for edit in edits}
     missed = want - found
     assert found <= want and len(missed) <= 1 and all("crop" in e for _, e in missed), (missed, found - want)
@@ -170,7 +170,8 @@ def test_pdq_pairs_equal_a_brute_force_search():
                          **{c: packed(hashes[c]) for c in matches.PDQ_HASHES},
                          "pdq_quality": pa.array(q, pa.int16())})
 
-    got = matches.pdq_pairs(table(train, "t", quality), table(evals, "e", [100] * 50), threshold=40)
+    got, groups = matches.pdq_pairs(table(train, "t", quality), table(evals, "e", [100] * 50), threshold=40)
+    assert groups == [] and got["group"].null_count == got.num_rows
     want = {}
     for i in range(60):
         for j in range(50):
@@ -351,3 +352,47 @@ def test_build_exclude_takes_the_chosen_detectors(tmp_path, capsys):
               "--exclude-detectors", "exact,neer"])
     assert exit_.value.code == 2
     assert "unknown detector 'neer'; valid: exact, pixels, pdq, near" in capsys.readouterr().err
+
+
+def test_thousands_of_copies_on_both_sides_make_one_group_not_a_million_pairs(tmp_path):
+    """A placeholder image 3,000 times in train and 500 times in eval (1.5M pairs per detector) and a blank frame
+    1,000 times on each side: each is one group, its rows listed once each, every member flagged by --exclude."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mieb_ray.audit import matches
+    from mieb_ray.io.contamination import Flags, flagged_train_keys
+
+    placeholder, blank = encode(picture("coffee.jpg").resize((64, 48))), encode(Image.new("RGB", (32, 32)), "PNG")
+    copy = encode(picture("rocket.jpg"))
+    rows = {"train": ([placeholder] * 3000 + [blank] * 1000 + [copy]), "eval": ([placeholder] * 500 + [blank] * 1000
+                                                                                 + [copy])}
+    train, against = (matches.hash_rows([f"{side}/{i}" for i in range(len(images))], images, 0, 0, 1,
+                                        [None if side == "train" else "T"] * len(images))
+                      for side, images in rows.items())
+    exact, groups = matches.hash_pairs(train, against)
+    similar, more = matches.pdq_pairs(train, against)
+    pairs = pa.concat_tables([exact, similar])
+    assert pairs.num_rows < 20_000  # not 2 x 1.5M + 2 x 1M pairs, nor the 1.5M pdq ones
+    by_method = {(g["method"], g["eval_images"]): g for g in groups + more}
+    assert by_method["exact", 500]["train_rows"] == 3000 and by_method["exact", 500]["pairs"] == 1_500_000
+    assert by_method["pixels", 1000]["train_rows"] == 1000  # the blank frame: exact and pixels, not pdq (flat)
+    assert ("pdq", 1000) not in by_method and by_method["pdq", 500]["train_rows"] == 3000
+    assert len(by_method["exact", 500]["train_sample"]) == matches.GROUP_SAMPLE
+    single = pairs.filter(pa.compute.is_null(pairs["group"])).to_pylist()
+    assert {(p["train_key"], p["eval_key"], p["method"]) for p in single} == {
+        ("train/4000", "eval/1500", m) for m in ("exact", "pixels", "pdq")}  # the one copy: a pair, as ever
+    grouped = pairs.filter(pa.compute.is_valid(pairs["group"]))
+    assert grouped.filter(pa.compute.equal(grouped["method"], "exact")).num_rows == 3000 + 500 + 1000 + 1000
+
+    os.makedirs(tmp_path / "audit")  # every member flagged: build --exclude and eval --exclude read them
+    pq.write_table(pairs, tmp_path / "audit" / "contamination.parquet")
+    storage.write_manifest(str(tmp_path / "audit"), {"format": "mieb-audit"})
+    assert len(flagged_train_keys(str(tmp_path / "audit"))) == 4001
+    flags = Flags.load(str(tmp_path / "audit"))
+    assert len(flags.eval) == 1501 and None not in flags.eval and flags.train["train/0"] == {"exact", "pixels", "pdq"}
+    summary = matches.summary(pairs, {"T": 1501}, {"train": 4001}, groups + more)
+    assert summary["totals"]["pairs"] == {"exact": 1, "pixels": 1, "pdq": 1, "near": 0}
+    assert summary["totals"]["groups"] == {"exact": 2, "pixels": 2, "pdq": 1, "near": 0}
+    assert summary["eval_tasks"]["T"]["any"]["eval_images"] == 1501
+    assert summary["totals"]["train_rows_flagged"] == 4001

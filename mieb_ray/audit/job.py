@@ -154,14 +154,15 @@ def audit(config: AuditConfig, log=print) -> dict:
         log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
             f"{partitions} join partitions; {len(done)} units already hashed")
         results = _hash(config, work, partitions, job, done, where.mode)
-        pairs, errors = _join(config, results, partitions, log)
-        pairs = pa.concat_tables([pairs, _pdq(config, results, log)])
+        pairs, errors, groups = _join(config, results, partitions, log)
+        similar, more = _pdq(config, results, log)
+        pairs, groups = pa.concat_tables([pairs, similar]), groups + more
         near_info = {}
         if config.near:
             near, near_info = _near(config, train, against, results, log)
             pairs = pa.concat_tables([pairs, near])
         pairs = matches.sort_pairs(pairs)
-        return _write(config, pairs, errors, results, planned, {"train": train, "against": against}, near_info,
+        return _write(config, pairs, groups, errors, results, planned, {"train": train, "against": against}, near_info,
                       job, log)
 
 
@@ -266,20 +267,24 @@ def _read_part(uris: list[str], part: int) -> pa.Table:
 
 
 @tasks.remote(num_cpus=1)
-def _join_part(train: list[str], against: list[str], part: int) -> tuple[pa.Table, pa.Table]:
+def _join_part(train: list[str], against: list[str], part: int) -> tuple[pa.Table, list[dict], pa.Table]:
     left, right = _read_part(train, part), _read_part(against, part)
-    return matches.hash_pairs(left, right), pa.concat_tables([matches.error_rows("train", left),
-                                                               matches.error_rows("against", right)])
+    return (*matches.hash_pairs(left, right), pa.concat_tables([matches.error_rows("train", left),
+                                                                matches.error_rows("against", right)]))
 
 
-def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table]:
+def _join(config, results, partitions, log) -> tuple[pa.Table, pa.Table, list[dict]]:
     uris = {side: [storage.join(config.out, r["path"]) for r in rs] for side, rs in results.items()}
     joined = tasks.get([_join_part.remote(uris["train"], uris["against"], p) for p in range(partitions)])
     pairs = pa.concat_tables([j[0] for j in joined])
-    errors = pa.concat_tables([j[1] for j in joined])
-    log(f"[audit] exact: {pc.sum(pc.equal(pairs['method'], 'exact')).as_py() or 0} pairs, pixels: "
-        f"{pc.sum(pc.equal(pairs['method'], 'pixels')).as_py() or 0} pairs; {errors.num_rows} undecodable images")
-    return pairs, errors
+    groups = [g for j in joined for g in j[1]]  # a hash value's rows are all in one partition
+    errors = pa.concat_tables([j[2] for j in joined])
+    single = pairs.filter(pc.is_null(pairs["group"]))
+    counts = {m: pc.sum(pc.equal(single["method"], m)).as_py() or 0 for m in ("exact", "pixels")}
+    log(f"[audit] exact: {counts['exact']} pairs, pixels: {counts['pixels']} pairs"
+        + (f", {len(groups)} groups of more than {matches.GROUP_CAP:,} pairs each" if groups else "")
+        + f"; {errors.num_rows} undecodable images")
+    return pairs, errors, groups
 
 
 # ---------------------------------------------------------------------------------------------- pdq
@@ -303,11 +308,11 @@ def _pdq_against(uris: list[str]) -> pa.Table:
 
 
 @tasks.remote(num_cpus=1)
-def _pdq_batch(uris: list[str], against: pa.Table) -> pa.Table:
+def _pdq_batch(uris: list[str], against: pa.Table) -> tuple[pa.Table, list[dict]]:
     return matches.pdq_pairs(_read_pdq(uris), against)
 
 
-def _pdq(config, results, log) -> pa.Table:
+def _pdq(config, results, log) -> tuple[pa.Table, list[dict]]:
     t0 = time.time()
     against = _pdq_against.remote([storage.join(config.out, r["path"]) for r in results["against"]])
     batches, batch, rows = [], [], 0
@@ -318,11 +323,28 @@ def _pdq(config, results, log) -> pa.Table:
             batches.append(batch)
             batch, rows = [], 0
     batches += [batch] if batch else []
-    pairs = pa.concat_tables(tasks.get([_pdq_batch.remote(b, against) for b in batches]) or
-                             [matches.PAIR_SCHEMA.empty_table()])
-    log(f"[audit] pdq (Hamming distance <= {matches.PDQ_THRESHOLD} of 256 bits): {pairs.num_rows} pairs from "
-        f"{len(batches)} train batches in {time.time() - t0:.1f}s")
-    return pairs
+    found = tasks.get([_pdq_batch.remote(b, against) for b in batches])
+    pairs = pa.concat_tables([f[0] for f in found] or [matches.PAIR_SCHEMA.empty_table()])
+    groups = _merged([g for f in found for g in f[1]])
+    single = pc.sum(pc.is_null(pairs["group"])).as_py() or 0
+    log(f"[audit] pdq (Hamming distance <= {matches.PDQ_THRESHOLD} of 256 bits): {single} pairs"
+        + (f" and {len(groups)} groups" if groups else "") + f" from {len(batches)} train batches in "
+        f"{time.time() - t0:.1f}s")
+    return pairs, groups
+
+
+def _merged(groups: list[dict]) -> list[dict]:
+    """One entry per group id: a group found by several train batches (its rows in each) counted once."""
+    out: dict[int, dict] = {}
+    for g in groups:
+        if g["group"] in out:
+            seen = out[g["group"]]
+            seen["train_rows"] += g["train_rows"]
+            seen["pairs"] = seen["train_rows"] * seen["eval_images"]
+            seen["train_sample"] = (seen["train_sample"] + g["train_sample"])[:matches.GROUP_SAMPLE]
+        else:
+            out[g["group"]] = dict(g)
+    return list(out.values())
 
 
 # ---------------------------------------------------------------------------------------------- near
@@ -411,7 +433,7 @@ def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tupl
     pairs = pa.table({"train_key": rows["train_key"],
                       "eval_task": pa.array([task_of.get(k) for k in rows["eval_key"].to_pylist()], pa.string()),
                       "eval_key": rows["eval_key"], "method": pa.array(["near"] * n, pa.string()),
-                      "score": rows["score"]}, schema=matches.PAIR_SCHEMA)
+                      "score": rows["score"], "group": pa.nulls(n, pa.int64())}, schema=matches.PAIR_SCHEMA)
     info = {"train_embeddings": storage.display(train_uri),
             "against_embeddings": [storage.display(u) for u in against_uris], "threshold": config.threshold,
             **info, "seconds": round(time.time() - t0, 3)}
@@ -426,7 +448,7 @@ def _near(config: AuditConfig, train: Side, against: Side, results, log) -> tupl
 # ---------------------------------------------------------------------------------------------- write
 
 
-def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, log) -> dict:
+def _write(config, pairs, groups, errors, results, planned, sides, near_info, job: Job, log) -> dict:
     eval_rows, train_rows = {}, {}
     for r in results["against"]:
         for task, n in r["tasks"].items():
@@ -434,7 +456,7 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
     for r in results["train"]:
         for dataset, n in r["datasets"].items():
             train_rows[dataset] = train_rows.get(dataset, 0) + n
-    summary = matches.summary(pairs, eval_rows, train_rows)
+    summary = matches.summary(pairs, eval_rows, train_rows, groups)
     files = {"contamination.parquet": pairs, "errors.parquet": errors}
     for name, table in files.items():
         storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
@@ -452,13 +474,16 @@ def _write(config, pairs, errors, results, planned, sides, near_info, job: Job, 
                    "detectors": list(matches.METHODS if config.near else matches.METHODS[:-1])},
         "files": ["contamination.parquet", "errors.parquet", "summary.json", "report.html"],
         "counts": {"train_rows": sum(train_rows.values()), "eval_rows": sum(eval_rows.values()),
-                   "pairs": summary["totals"]["pairs"], "train_rows_flagged": summary["totals"]["train_rows_flagged"],
+                   "pairs": summary["totals"]["pairs"], "groups": summary["totals"]["groups"],
+                   "train_rows_flagged": summary["totals"]["train_rows_flagged"],
                    "errors": errors.num_rows},
         "seconds": round(time.time() - job.t0, 3)}, {r["path"] for rs in results.values() for r in rs})
     storage.delete_tree(storage.join(config.out, _HASHES))  # after the manifest: a resume may still need them
     totals = summary["totals"]
     counts = [f"{totals['pairs'][m]:,} {m}" if m in report.ran(summary) else f"{m} not run" for m in matches.METHODS]
-    log(f"[audit] pairs: {', '.join(counts)}")
+    groups = sum(totals["groups"].values())
+    log(f"[audit] pairs: {', '.join(counts)}" + (f"; {groups} groups of more than {matches.GROUP_CAP:,} pairs, listed "
+                                                  "once each (summary.json)" if groups else ""))
     log(f"[audit] done: {totals['train_rows_flagged']:,} train rows flagged of {sum(train_rows.values()):,}, "
         f"{totals['eval_images_affected']:,} eval images affected; {time.time() - job.t0:.1f}s -> "
         f"{storage.display(config.out)}")
@@ -478,7 +503,8 @@ def _thumbnails(unit: reader.Unit, columns: reader.TableColumns, rows: list[int]
 
 def _gallery(config, pairs: pa.Table, results, planned, sides: dict[str, Side]) -> list[dict]:
     """The first REPORT_PAIRS pairs of each detector, with both images as thumbnails."""
-    shown = [r for m in matches.METHODS for r in pairs.filter(pc.equal(pairs["method"], m)).slice(0, REPORT_PAIRS)
+    single = pairs.filter(pc.is_null(pairs["group"]))
+    shown = [r for m in matches.METHODS for r in single.filter(pc.equal(single["method"], m)).slice(0, REPORT_PAIRS)
              .to_pylist()]
     if not shown:
         return []

@@ -11,6 +11,8 @@ reads its partition of every hash file and nothing else.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +33,9 @@ HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", p
                          ("eval_task", pa.string()), ("error", pa.string())])
 ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
 PAIR_SCHEMA = pa.schema([("train_key", pa.string()), ("eval_task", pa.string()), ("eval_key", pa.string()),
-                         ("method", pa.string()), ("score", pa.float64())])
+                         ("method", pa.string()), ("score", pa.float64()), ("group", pa.int64())])
+GROUP_CAP = 10_000  # pairs one eval picture may make with its copies before they are reported as a group
+GROUP_SAMPLE = 5  # keys of each side a group's summary shows
 
 
 def partition(sha: bytes | None, pix: bytes | None, partitions: int) -> int:
@@ -60,20 +64,80 @@ def by_partition(table: pa.Table) -> pa.Table:
     return table.sort_by([("part", "ascending"), ("unit", "ascending"), ("row", "ascending")])
 
 
-def hash_pairs(train: pa.Table, against: pa.Table) -> pa.Table:
+def _distinct(values: list) -> tuple[list, list[np.ndarray]]:
+    """The distinct non-null values, in order of first appearance, and the rows holding each."""
+    rows: dict = {}
+    for n, v in enumerate(values):
+        if v is not None:
+            rows.setdefault(v, []).append(n)
+    return list(rows), [np.array(r, np.int64) for r in rows.values()]
+
+
+def linked_rows(method: str, train: pa.Table, against: pa.Table, train_rows: list[np.ndarray],
+                eval_values: list[bytes], eval_rows: list[np.ndarray], links) -> tuple[pa.Table, list[dict]]:
+    """Pair rows of the links between distinct hash values ((train value, eval value, score) by their positions in
+    train_rows and eval_rows), and the groups: an eval value whose rows and linked train rows would make more than
+    GROUP_CAP pairs (thousands of copies of one blank frame or placeholder on both sides) is listed as its rows
+    once each, the other side's key null, under one group id (from the method and the eval value), instead of
+    their product. Every member is still flagged: train_key and eval_key are each row's key."""
+    by_eval: dict[int, list] = {}
+    for t, e, score in links:
+        by_eval.setdefault(e, []).append((t, score))
+    pairs: tuple[list, list, list] = ([], [], [])  # train row, eval row, score
+    members: tuple[list, list, list] = ([], [], [])  # train row (-1: none), eval row (-1: none), group
+    groups = []
+    for e, linked in by_eval.items():
+        width = sum(len(train_rows[t]) for t, _ in linked)
+        if width * len(eval_rows[e]) <= GROUP_CAP:
+            for t, score in linked:
+                a, b = np.meshgrid(train_rows[t], eval_rows[e], indexing="ij")
+                pairs[0].append(a.ravel())
+                pairs[1].append(b.ravel())
+                pairs[2].append(np.full(a.size, score))
+            continue
+        group = int.from_bytes(hashlib.sha256(method.encode() + eval_values[e]).digest()[:8], "big", signed=True)
+        mine = np.unique(np.concatenate([train_rows[t] for t, _ in linked]))
+        members[0].append(np.r_[mine, np.full(len(eval_rows[e]), -1)])
+        members[1].append(np.r_[np.full(len(mine), -1), eval_rows[e]])
+        members[2].append(np.full(len(mine) + len(eval_rows[e]), group))
+        groups.append({"method": method, "group": group, "train_rows": int(len(mine)),
+                       "eval_images": int(len(eval_rows[e])), "pairs": int(len(mine) * len(eval_rows[e])),
+                       "train_sample": train["key"].take(pa.array(mine[:GROUP_SAMPLE])).to_pylist(),
+                       "eval_sample": against["key"].take(pa.array(eval_rows[e][:GROUP_SAMPLE])).to_pylist()})
+    cat = lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype)  # noqa: E731
+    i, j, score = cat(pairs[0], np.int64), cat(pairs[1], np.int64), cat(pairs[2], np.float64)
+    mt, me, mg = cat(members[0], np.int64), cat(members[1], np.int64), cat(members[2], np.int64)
+
+    def keys(table: pa.Table, column: str, rows: np.ndarray) -> pa.Array:
+        return table[column].take(pa.array(rows, pa.int64(), mask=rows < 0))
+
+    n, m = len(i), len(mt)
+    table = pa.table({"train_key": pa.concat_arrays([keys(train, "key", i).combine_chunks(),
+                                                     keys(train, "key", mt).combine_chunks()]),
+                      "eval_task": pa.concat_arrays([keys(against, "eval_task", j).combine_chunks(),
+                                                     keys(against, "eval_task", me).combine_chunks()]),
+                      "eval_key": pa.concat_arrays([keys(against, "key", j).combine_chunks(),
+                                                    keys(against, "key", me).combine_chunks()]),
+                      "method": pa.array([method] * (n + m), pa.string()),
+                      "score": pa.array(np.r_[score, np.ones(m)], pa.float64()),
+                      "group": pa.array(np.r_[np.zeros(n, np.int64), mg], pa.int64(),
+                                        mask=np.r_[np.ones(n, bool), np.zeros(m, bool)])}, schema=PAIR_SCHEMA)
+    return table, groups
+
+
+def hash_pairs(train: pa.Table, against: pa.Table) -> tuple[pa.Table, list[dict]]:
     """The exact (same sha) and pixels (same pixel hash) pairs of two sets of hash rows, one row per pair and
-    detector, score 1.0."""
-    out = []
+    detector, score 1.0; and the groups of more than GROUP_CAP pairs (linked_rows)."""
+    out, groups = [], []
     for method, column in (("exact", "sha"), ("pixels", "pix")):
-        left = train.select(["key", column]).filter(pc.is_valid(train[column])).rename_columns(["train_key", "h"])
-        right = against.select(["key", "eval_task", column]).filter(pc.is_valid(against[column])) \
-            .rename_columns(["eval_key", "eval_task", "h"])
-        joined = left.join(right, "h", join_type="inner")
-        n = joined.num_rows
-        out.append(pa.table({"train_key": joined["train_key"], "eval_task": joined["eval_task"],
-                             "eval_key": joined["eval_key"], "method": pa.array([method] * n, pa.string()),
-                             "score": pa.array(np.ones(n), pa.float64())}, schema=PAIR_SCHEMA))
-    return pa.concat_tables(out)
+        t_values, t_rows = _distinct(train[column].to_pylist())
+        e_values, e_rows = _distinct(against[column].to_pylist())
+        at = {v: n for n, v in enumerate(t_values)}
+        links = [(at[v], e, 1.0) for e, v in enumerate(e_values) if v in at]
+        table, found = linked_rows(method, train, against, t_rows, e_values, e_rows, links)
+        out.append(table)
+        groups += found
+    return pa.concat_tables(out), groups
 
 
 def pdq_words(hashes: pa.Array) -> np.ndarray:
@@ -82,44 +146,51 @@ def pdq_words(hashes: pa.Array) -> np.ndarray:
     return flat.view(">u8").astype(np.uint64).reshape(-1, 4) if len(hashes) else np.zeros((0, 4), np.uint64)
 
 
-def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, block_bytes: int = 64 << 20):
+def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, train_rows: int = 64,
+                   eval_rows: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (train row, eval row, distance) whose Hamming distance is at most `threshold`: all pairs, by
-    brute-force popcount over blocks of train rows (train, evals: (n, 4) uint64). Memory: block_bytes of
-    distances and one word's XOR."""
-    out = ([], [], [])
-    rows = max(1, block_bytes // (8 * max(len(evals), 1)))
-    for lo in range(0, len(train), rows):
-        block = train[lo:lo + rows]
-        distance = np.zeros((len(block), len(evals)), np.uint16)
-        for w in range(4):
-            distance += np.bitwise_count(block[:, w, None] ^ evals[None, :, w])
-        i, j = np.nonzero(distance <= threshold)
-        out[0].append(i + lo)
-        out[1].append(j)
-        out[2].append(distance[i, j])
-    return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in out)
+    brute-force popcount (train, evals: (n, 4) uint64 words). Blocks of train_rows x eval_rows pairs stay in the
+    CPU's cache; the first two words' distance rules out nearly every pair (random halves differ in about 64
+    bits), and only pairs within the threshold there pay for the other two."""
+    found: tuple[list, list, list] = ([], [], [])
+    columns = np.ascontiguousarray(evals.T)  # (4, m): one word of every eval hash, contiguous
+    for lo in range(0, len(train), train_rows):
+        block = train[lo:lo + train_rows]
+        for at in range(0, len(evals), eval_rows):
+            words = columns[:, at:at + eval_rows]
+            half = np.bitwise_count(block[:, 0, None] ^ words[0]) + np.bitwise_count(block[:, 1, None] ^ words[1])
+            i, j = np.nonzero(half <= threshold)
+            if not len(i):
+                continue
+            distance = (half[i, j].astype(np.uint16) + np.bitwise_count(block[i, 2] ^ words[2, j])
+                        + np.bitwise_count(block[i, 3] ^ words[3, j]))
+            keep = distance <= threshold
+            found[0].append(i[keep] + lo)
+            found[1].append(j[keep] + at)
+            found[2].append(distance[keep])
+    return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in found)
 
 
-def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD) -> pa.Table:
+def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD) -> tuple[pa.Table, list[dict]]:
     """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image by any of
     PDQ_COMPARED (the smallest distance counts), both of PDQ quality MIN_QUALITY or more; score = 1 - distance /
-    256."""
+    256. And the groups of more than GROUP_CAP pairs (linked_rows)."""
     def usable(t: pa.Table) -> pa.Table:
         return t.filter(pc.fill_null(pc.greater_equal(t["pdq_quality"], MIN_QUALITY), False))
 
     train, against = usable(train), usable(against)
-    found = [hamming_within(pdq_words(train[a].combine_chunks()), pdq_words(against[b].combine_chunks()), threshold)
-             for a, b in PDQ_COMPARED]
-    i, j, d = (np.concatenate(x) for x in zip(*found))
+    # identical pictures (one PDQ hash) are searched once: a thousand copies of one frame cost one search
+    t_values, t_rows = _distinct(train["pdq"].to_pylist())
+    e_values, e_rows = _distinct(against["pdq"].to_pylist())
+    t_first, e_first = [int(r[0]) for r in t_rows], [int(r[0]) for r in e_rows]
+    found = [hamming_within(pdq_words(train[a].take(t_first).combine_chunks()),
+                            pdq_words(against[b].take(e_first).combine_chunks()), threshold) for a, b in PDQ_COMPARED]
     best = {}
-    for a, b, dist in zip(i.tolist(), j.tolist(), d.tolist()):  # one pair per (train, eval), its smaller distance
-        best[a, b] = min(dist, best.get((a, b), dist))
-    i, j = (np.array([k[n] for k in best], np.int64) for n in (0, 1))
-    return pa.table({"train_key": train["key"].take(pa.array(i, pa.int64())),
-                     "eval_task": against["eval_task"].take(pa.array(j, pa.int64())),
-                     "eval_key": against["key"].take(pa.array(j, pa.int64())),
-                     "method": pa.array(["pdq"] * len(best), pa.string()),
-                     "score": pa.array([1 - v / 256 for v in best.values()], pa.float64())}, schema=PAIR_SCHEMA)
+    for i, j, d in found:  # one link per (train, eval) picture: its smallest distance
+        for a, b, dist in zip(i.tolist(), j.tolist(), d.tolist()):
+            best[a, b] = min(dist, best.get((a, b), dist))
+    return linked_rows("pdq", train, against, t_rows, e_values, e_rows,
+                       [(a, b, 1 - d / 256) for (a, b), d in best.items()])
 
 
 def near_rows(scores: np.ndarray, docs: np.ndarray, eval_keys: pa.Array, threshold: float) -> pa.Table:
@@ -152,9 +223,10 @@ def dataset_of(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else ""
 
 
-def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, int]) -> dict:
+def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, int], groups: list[dict]) -> dict:
     """Per eval task: its rows, and per detector (and any) the pairs and the eval images affected, with their
-    percentage of the task's rows. Per train dataset: its rows and the train rows flagged."""
+    percentage of the task's rows. Per train dataset: its rows and the train rows flagged. A group's rows
+    (linked_rows) count as flagged, not as pairs; the groups are listed with their counts and samples."""
     rows = pairs.to_pylist()
 
     def hits(method: str, keep) -> list[dict]:
@@ -164,17 +236,20 @@ def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, in
     for task, n in sorted(eval_rows.items()):
         tasks[task] = {"eval_rows": n}
         for method in (*METHODS, "any"):
-            found = hits(method, lambda r: r["eval_task"] == task)
+            found = hits(method, lambda r: r["eval_task"] == task and r["eval_key"] is not None)
             affected = len({r["eval_key"] for r in found})
-            tasks[task][method] = {**({"pairs": len(found)} if method != "any" else {}), "eval_images": affected,
-                                   "percent": round(100 * affected / n, 4) if n else 0.0}
+            tasks[task][method] = {**({"pairs": sum(r["group"] is None for r in found)} if method != "any" else {}),
+                                   "eval_images": affected, "percent": round(100 * affected / n, 4) if n else 0.0}
     datasets = {}
     for dataset, n in sorted(train_rows.items()):
         datasets[dataset] = {"train_rows": n}
         for method in (*METHODS, "any"):
-            found = hits(method, lambda r: dataset_of(r["train_key"]) == dataset)
+            found = hits(method, lambda r: r["train_key"] is not None and dataset_of(r["train_key"]) == dataset)
             datasets[dataset][method] = len({r["train_key"] for r in found})
     return {"eval_tasks": tasks, "train_datasets": datasets,
-            "totals": {"pairs": {m: sum(r["method"] == m for r in rows) for m in METHODS},
-                       "train_rows_flagged": len({r["train_key"] for r in rows}),
-                       "eval_images_affected": len({(r["eval_task"], r["eval_key"]) for r in rows})}}
+            "totals": {"pairs": {m: sum(r["method"] == m and r["group"] is None for r in rows) for m in METHODS},
+                       "groups": {m: sum(g["method"] == m for g in groups) for m in METHODS},
+                       "train_rows_flagged": len({r["train_key"] for r in rows} - {None}),
+                       "eval_images_affected": len({(r["eval_task"], r["eval_key"]) for r in rows
+                                                    if r["eval_key"] is not None})},
+            "groups": sorted(groups, key=lambda g: -g["pairs"])}

@@ -51,7 +51,7 @@ def render(summary: dict, pairs: list[dict]) -> str:
             '<p class="note">Exact and pixel matches are proof of a duplicate. A pdq or near match is a threshold, '
             "not a proof: look at the pairs below, lowest scores last, and choose the threshold where they stop being "
             "copies.</p>",
-            _tasks(summary["eval_tasks"], done), _datasets(summary["train_datasets"], done)]
+            _tasks(summary["eval_tasks"], done), _datasets(summary["train_datasets"], done), _groups(summary)]
     for method in METHODS:
         if method not in done:
             body.append(f"<h2>{method}: {escape(WHAT[method])} ({NOT_RUN})</h2><p>{escape(WHY_NOT[method])}</p>")
@@ -73,6 +73,21 @@ def _tasks(tasks: dict, done: tuple[str, ...]) -> str:
                    + "</tr>" for t, e in tasks.items())
     return (f'<h2>Eval images affected, per task</h2><div class="panel"><table><thead><tr><th>eval task</th>'
             f"<th>eval rows</th>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def _groups(summary: dict) -> str:
+    """The groups too large to list as pairs: one eval picture and its copies, thousands on both sides."""
+    groups = summary.get("groups") or []
+    if not groups:
+        return ""
+    rows = "".join(f"<tr><td>{escape(g['method'])}</td><td>{g['train_rows']:,}</td><td>{g['eval_images']:,}</td>"
+                   f"<td>{g['pairs']:,}</td><td>{escape(', '.join(g['train_sample']))}</td>"
+                   f"<td>{escape(', '.join(g['eval_sample']))}</td></tr>" for g in groups[:100])
+    return ("<h2>Groups: copies too many to list as pairs</h2><p class=\"note\">Each is one eval picture (a blank "
+            "frame, a placeholder) with its copies on both sides: its rows are listed once each in "
+            "contamination.parquet under one group id, and every one is flagged.</p><div class=\"panel\"><table>"
+            "<thead><tr><th>detector</th><th>train rows</th><th>eval images</th><th>pairs</th><th>train sample"
+            f"</th><th>eval sample</th></tr></thead><tbody>{rows}</tbody></table></div>")
 
 
 def _datasets(datasets: dict, done: tuple[str, ...]) -> str:

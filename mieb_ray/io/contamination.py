@@ -1,7 +1,7 @@
 """An audit's findings as the jobs that act on them read them: `contamination.parquet` of a complete audit output
-(`mieb-ray audit --out`), one row per (train row, eval image, detector) pair. `build --exclude` leaves the flagged
-train rows out; `eval --exclude` scores again without the flagged eval images (and, for the linear probe, without
-the flagged train rows)."""
+(`mieb-ray audit --out`), one row per (train row, eval image, detector) pair, or per member of a group too large to
+list as pairs (its other side's key null). `build --exclude` leaves the flagged train rows out; `eval --exclude`
+scores again without the flagged eval images (and, for the linear probe, without the flagged train rows)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def detectors(text: str) -> tuple[str, ...]:
 def flagged_train_keys(audit: str, by: tuple[str, ...] = DETECTORS) -> pa.Array:
     """The distinct train keys the audit flagged by any of the detectors `by`."""
     pairs = read(audit, ["train_key", "method"])
-    pairs = pairs.filter(pc.is_in(pairs["method"], value_set=pa.array(by, pa.string())))
+    pairs = pairs.filter(pc.and_(pc.is_in(pairs["method"], value_set=pa.array(by, pa.string())),
+                                 pc.is_valid(pairs["train_key"])))
     return pc.unique(pairs["train_key"].combine_chunks())
 
 
@@ -59,8 +60,9 @@ class Flags:
         pairs = read(audit, ["train_key", "eval_key", "method"]).to_pydict()
         found: dict[str, dict[str, set[str]]] = {"eval": {}, "train": {}}
         for train, evaluated, method in zip(pairs["train_key"], pairs["eval_key"], pairs["method"]):
-            found["eval"].setdefault(evaluated, set()).add(method)
-            found["train"].setdefault(train, set()).add(method)
+            for side, key in (("eval", evaluated), ("train", train)):  # a group's row names one side only
+                if key is not None:
+                    found[side].setdefault(key, set()).add(method)
         return Flags(*({k: frozenset(v) for k, v in found[side].items()} for side in ("eval", "train")))
 
     @staticmethod
