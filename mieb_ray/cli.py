@@ -243,8 +243,10 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", required=True, type=flags.existing,
                    help="a mieb-train output, or any Parquet/WebDataset table with key and image (local or s3://)")
     p.add_argument("--against", required=True, type=flags.tables,
-                   help="'mieb' for the MIEB eval splits of the sources (read from --sources), or comma-separated "
-                        "tables with key and image; a table's eval task is the last component of its path")
+                   help="'mieb' for the MIEB eval splits of the sources (read from --sources), 'self' for the "
+                        "groups of --train's rows that are copies of each other (duplicates.parquet), or "
+                        "comma-separated tables with key and image; a table's eval task is the last component of its "
+                        "path")
     add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
     p.add_argument("--out", required=True, type=flags.output,
                    help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")

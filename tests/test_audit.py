@@ -181,6 +181,8 @@ def test_pdq_pairs_equal_a_brute_force_search():
     assert dict(zip(zip(got["train_key"].to_pylist(), got["eval_key"].to_pylist()), got["score"].to_pylist())) == want
     assert len(want) > 35 and not any(k[0] == "t7" for k in want)
     assert {("t55", "e45"), ("t30", "e40"), ("t40", "e25")} <= set(want)
+    none = table({c: train[c][:0] for c in train}, "t", [])  # no usable row on one side (all flat, or none)
+    assert matches.pdq_pairs(none, table(evals, "e", [100] * 50))[0].num_rows == 0
 
 
 def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted, tmp_path, capsys):
@@ -396,3 +398,40 @@ def test_thousands_of_copies_on_both_sides_make_one_group_not_a_million_pairs(tm
     assert summary["totals"]["groups"] == {"exact": 2, "pixels": 2, "pdq": 1, "near": 0}
     assert summary["eval_tasks"]["T"]["any"]["eval_images"] == 1501
     assert summary["totals"]["train_rows_flagged"] == 4001
+
+
+def test_self_audit_groups_copies_and_build_keeps_one_of_each(ray_local, tmp_path, capsys):
+    """--against self: the rows of one table that are copies of each other, grouped by detector; build --exclude
+    of that audit leaves out all but the smallest key of each group (groups sharing a row merged)."""
+    from planted import _write
+
+    from mieb_ray.errors import UserError
+    from mieb_ray.io.contamination import Flags, flagged_train_keys
+
+    pieces = tiles()
+    jpeg = [encode(t) for t in pieces[:6]]
+    images = {"a/0": jpeg[0], "a/1": jpeg[0], "b/2": jpeg[0],  # the same bytes three times
+              "a/3": jpeg[1], "b/4": encode(Image.open(io.BytesIO(jpeg[1])).convert("RGB"), "PNG"),  # same pixels
+              "a/5": jpeg[2], "b/6": encode(Image.open(io.BytesIO(jpeg[2])).transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
+              **{f"c/{i}": jpeg[i] for i in (3, 4, 5)}}  # distinct
+    table = _write(str(tmp_path / "table"), list(images), list(images.values()))
+    out = str(tmp_path / "audit")
+    assert main(["audit", "--train", table, "--against", "self", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "[audit] done: build --exclude would leave out 4 of 10 rows" in printed
+    found = pq.read_table(os.path.join(out, "duplicates.parquet")).to_pylist()
+    groups = {}
+    for r in found:
+        groups.setdefault((r["method"], r["group"]), set()).add(r["key"])
+        assert r["keep"] == (r["key"] == r["group"])
+    assert groups == {("exact", "a/0"): {"a/0", "a/1", "b/2"}, ("pixels", "a/0"): {"a/0", "a/1", "b/2"},
+                      ("pixels", "a/3"): {"a/3", "b/4"}, ("pdq", "a/0"): {"a/0", "a/1", "b/2"},
+                      ("pdq", "a/3"): {"a/3", "b/4"}, ("pdq", "a/5"): {"a/5", "b/6"}}
+    assert sorted(flagged_train_keys(out, ("exact",)).to_pylist()) == ["a/1", "b/2"]
+    assert sorted(flagged_train_keys(out, ("exact", "pixels", "pdq")).to_pylist()) == ["a/1", "b/2", "b/4", "b/6"]
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["pdq"] == {"groups": 3, "rows_in_groups": 7, "left_out": 4} and summary["left_out_by_default"] == 4
+    with pytest.raises(UserError, match="an audit of a table against itself: it flags no eval image"):
+        Flags.load(out)
+    assert main(["audit", "--train", table, "--against", "self," + table, "--out", str(tmp_path / "x")]) == 1
+    assert "--against self cannot be combined with other tables" in capsys.readouterr().err

@@ -112,7 +112,8 @@ def test_open_clip_pipeline_yields_every_row_once_with_image_and_caption(wds_bui
 def fake_audit(path, keys: list[str]) -> str:
     """A complete audit output flagging `keys`: what --exclude reads."""
     os.makedirs(path)
-    pq.write_table(pa.table({"train_key": keys}), os.path.join(path, "contamination.parquet"))
+    pq.write_table(pa.table({"train_key": keys, "method": ["exact"] * len(keys)}),
+                   os.path.join(path, "contamination.parquet"))
     storage.write_manifest(str(path), {"format": "mieb-audit"})
     return str(path)
 

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import __version__, storage
-from mieb_ray.audit import matches, report
+from mieb_ray.audit import duplicates, matches, report
 from mieb_ray.audit.report import thumbnail
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
@@ -48,6 +48,7 @@ from mieb_ray.topk.kernels import TopRows
 
 FORMAT = "mieb-audit"
 MIEB = "mieb"  # --against mieb: the MIEB eval splits of the sources
+SELF = "self"  # --against self: the train table's rows that are copies of each other (audit/duplicates.py)
 BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
 UNIT_ROWS = 10_000  # rows one hash task reads
 PARTITION_ROWS = 2_000_000  # hash rows one join task holds (about 100 bytes each)
@@ -80,8 +81,11 @@ class AuditConfig:
     def check(self) -> None:
         if not self.against:
             raise UserError("--against needs at least one table URI, or 'mieb'")
-        if MIEB in self.against and len(self.against) > 1:
-            raise UserError("--against mieb cannot be combined with other tables")
+        for special in (MIEB, SELF):
+            if special in self.against and len(self.against) > 1:
+                raise UserError(f"--against {special} cannot be combined with other tables")
+        if self.against == (SELF,) and self.near:
+            raise UserError("--against self runs the hash detectors (exact, pixels, pdq); near needs an eval side")
         if self.model and (self.train_embeddings or self.against_embeddings):
             raise UserError("give --model or --train-embeddings/--against-embeddings, not both")
         if bool(self.train_embeddings) != bool(self.against_embeddings):
@@ -136,7 +140,8 @@ def audit(config: AuditConfig, log=print) -> dict:
     job = Job("audit", config.out, "a complete audit", re.compile(rf"^{_HASHES}/"), config.resume, config.overwrite,
               log)
     job.start()
-    against = _against(config, log)
+    alone = config.against == (SELF,)
+    against = Side("against", (), ()) if alone else _against(config, log)
     size = sum(_table_bytes(uri) for uri in (*train.uris, *against.uris))
     where = placement.choose(config.executor, f"{size / 2 ** 20:,.0f} MiB of tables, more than "
                              f"{LOCAL_BYTES >> 20} MiB" if size > LOCAL_BYTES else None,
@@ -154,6 +159,8 @@ def audit(config: AuditConfig, log=print) -> dict:
         log(f"[audit] {rows:,} rows: {len(planned['train'])} train units, {len(planned['against'])} eval units, "
             f"{partitions} join partitions; {len(done)} units already hashed")
         results = _hash(config, work, partitions, job, done, where.mode)
+        if alone:
+            return _write_self(config, *_self_links(config, results, partitions, log), results, job, log)
         pairs, errors, groups = _join(config, results, partitions, log)
         similar, more = _pdq(config, results, log)
         pairs, groups = pa.concat_tables([pairs, similar]), groups + more
@@ -312,9 +319,8 @@ def _pdq_batch(uris: list[str], against: pa.Table) -> tuple[pa.Table, list[dict]
     return matches.pdq_pairs(_read_pdq(uris), against)
 
 
-def _pdq(config, results, log) -> tuple[pa.Table, list[dict]]:
-    t0 = time.time()
-    against = _pdq_against.remote([storage.join(config.out, r["path"]) for r in results["against"]])
+def _train_batches(config, results) -> list[list[str]]:
+    """The train hash files in batches of about PDQ_BATCH_ROWS rows: one pdq task each."""
     batches, batch, rows = [], [], 0
     for r in results["train"]:
         batch.append(storage.join(config.out, r["path"]))
@@ -322,7 +328,13 @@ def _pdq(config, results, log) -> tuple[pa.Table, list[dict]]:
         if rows >= PDQ_BATCH_ROWS:
             batches.append(batch)
             batch, rows = [], 0
-    batches += [batch] if batch else []
+    return batches + ([batch] if batch else [])
+
+
+def _pdq(config, results, log) -> tuple[pa.Table, list[dict]]:
+    t0 = time.time()
+    against = _pdq_against.remote([storage.join(config.out, r["path"]) for r in results["against"]])
+    batches = _train_batches(config, results)
     found = tasks.get([_pdq_batch.remote(b, against) for b in batches])
     pairs = pa.concat_tables([f[0] for f in found] or [matches.PAIR_SCHEMA.empty_table()])
     groups = _merged([g for f in found for g in f[1]])
@@ -345,6 +357,56 @@ def _merged(groups: list[dict]) -> list[dict]:
         else:
             out[g["group"]] = dict(g)
     return list(out.values())
+
+
+# ---------------------------------------------------------------------------------------------- self
+
+
+@tasks.remote(num_cpus=1)
+def _self_part(train: list[str], part: int) -> tuple[list, pa.Table]:
+    rows = _read_part(train, part)
+    return duplicates.hash_links(rows), matches.error_rows("train", rows)
+
+
+@tasks.remote(num_cpus=1)
+def _self_pdq(uris: list[str], every: pa.Table) -> list:
+    return duplicates.pdq_links(matches.pdq_pairs(_read_pdq(uris), every)[0])
+
+
+def _self_links(config, results, partitions, log) -> tuple[list, pa.Table]:
+    """Links between train rows by each detector: the hash partitions, then pdq of every batch against all."""
+    t0 = time.time()
+    uris = [storage.join(config.out, r["path"]) for r in results["train"]]
+    joined = tasks.get([_self_part.remote(uris, p) for p in range(partitions)])
+    every = _pdq_against.remote(uris)
+    links = [link for j in joined for link in j[0]]
+    links += [link for found in tasks.get([_self_pdq.remote(b, every) for b in _train_batches(config, results)])
+              for link in found]
+    log(f"[audit] {len(links):,} links between copies in {time.time() - t0:.1f}s")
+    return links, pa.concat_tables([j[1] for j in joined])
+
+
+def _write_self(config, links: list, errors: pa.Table, results, job: Job, log) -> dict:
+    found = duplicates.table(links)
+    rows = sum(r["rows"] for r in results["train"])
+    for name, table in ((duplicates.FILE, found), ("errors.parquet", errors)):
+        storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
+    summary = duplicates.summary(found, rows)
+    storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+    manifest = job.finish({
+        "format": FORMAT, "format_version": 1, "version": __version__,
+        "config": {"train": storage.display(config.train), "against": [SELF], "pdq_threshold": matches.PDQ_THRESHOLD,
+                   "detectors": list(matches.METHODS[:-1])},
+        "files": [duplicates.FILE, "errors.parquet", "summary.json"],
+        "counts": {"train_rows": rows, "errors": errors.num_rows,
+                   **{m: summary[m] for m in matches.METHODS[:-1]}},
+        "seconds": round(time.time() - job.t0, 3)}, {r["path"] for r in results["train"]})
+    storage.delete_tree(storage.join(config.out, _HASHES))
+    log("[audit] groups of copies: " + ", ".join(f"{summary[m]['groups']:,} {m} ({summary[m]['rows_in_groups']:,} "
+                                                  f"rows)" for m in matches.METHODS[:-1]))
+    log(f"[audit] done: build --exclude would leave out {summary['left_out_by_default']:,} of {rows:,} rows, one "
+        f"kept per group; {time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
+    return manifest
 
 
 # ---------------------------------------------------------------------------------------------- near

@@ -183,6 +183,7 @@ def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD
     t_values, t_rows = _distinct(train["pdq"].to_pylist())
     e_values, e_rows = _distinct(against["pdq"].to_pylist())
     t_first, e_first = [int(r[0]) for r in t_rows], [int(r[0]) for r in e_rows]
+    t_first, e_first = pa.array(t_first, pa.int64()), pa.array(e_first, pa.int64())
     found = [hamming_within(pdq_words(train[a].take(t_first).combine_chunks()),
                             pdq_words(against[b].take(e_first).combine_chunks()), threshold) for a, b in PDQ_COMPARED]
     best = {}

@@ -15,18 +15,32 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 
 FILE = "contamination.parquet"
+DUPLICATES = "duplicates.parquet"  # of a self audit: key, method, group, keep
 DETECTORS = ("exact", "pixels", "pdq", "near")
 BUILD_DETECTORS = ("exact", "pixels", "pdq")  # build --exclude's default: the near (CLIP) threshold is a placeholder
 
 
-def read(audit: str, columns: list[str]) -> pa.Table:
-    """Columns of an audit output's pairs (train_key, eval_task, eval_key, method, score); one line when `audit`
-    is not a complete audit output."""
+def _manifest(audit: str) -> dict:
     manifest = storage.read_manifest(audit)
     if manifest is None or manifest.get("format") != "mieb-audit":
         raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
                         "of mieb-ray audit)")
-    with storage.open_input(storage.join(audit, FILE)) as f:
+    return manifest
+
+
+def is_self(manifest: dict) -> bool:
+    """An audit of a table against itself (`audit --against self`): duplicates.parquet, not pairs."""
+    return (manifest.get("config") or {}).get("against") == ["self"]
+
+
+def read(audit: str, columns: list[str], file: str = FILE) -> pa.Table:
+    """Columns of an audit output's pairs (train_key, eval_task, eval_key, method, score, group), or of its
+    DUPLICATES; one line when `audit` is not a complete audit output, or not of the kind the job needs."""
+    manifest = _manifest(audit)
+    if is_self(manifest) != (file == DUPLICATES):
+        raise UserError(f"--exclude {storage.display(audit)} is an audit of a table against "
+                        + ("itself: it flags no eval image" if is_self(manifest) else "eval images, not itself"))
+    with storage.open_input(storage.join(audit, file)) as f:
         return pq.read_table(f, columns=columns)
 
 
@@ -41,7 +55,10 @@ def detectors(text: str) -> tuple[str, ...]:
 
 
 def flagged_train_keys(audit: str, by: tuple[str, ...] = DETECTORS) -> pa.Array:
-    """The distinct train keys the audit flagged by any of the detectors `by`."""
+    """The distinct train keys the audit flagged by any of the detectors `by`; of a self audit, every row of
+    its groups but the one each keeps (`left_out`)."""
+    if is_self(_manifest(audit)):
+        return pa.array(left_out(read(audit, ["key", "method", "group"], DUPLICATES), by), pa.string())
     pairs = read(audit, ["train_key", "method"])
     pairs = pairs.filter(pc.and_(pc.is_in(pairs["method"], value_set=pa.array(by, pa.string())),
                                  pc.is_valid(pairs["train_key"])))
@@ -74,3 +91,43 @@ class Flags:
                 counts[method] = counts.get(method, 0) + 1
             counts["any"] += key in flags
         return counts
+
+
+class Components:
+    """Union-find over keys; a group's root is its smallest key."""
+
+    def __init__(self):
+        self.parent: dict[str, str] = {}
+
+    def find(self, key: str) -> str:
+        root = self.parent.setdefault(key, key)
+        while root != self.parent[root]:
+            root = self.parent[root]
+        while key != root:  # path compression
+            self.parent[key], key = root, self.parent[key]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def groups(self) -> dict[str, list[str]]:
+        """root -> its keys, sorted, of every group of two or more."""
+        out: dict[str, list[str]] = {}
+        for key in self.parent:
+            out.setdefault(self.find(key), []).append(key)
+        return {root: sorted(keys) for root, keys in out.items() if len(keys) > 1}
+
+
+def left_out(duplicates: pa.Table, by: tuple[str, ...]) -> list[str]:
+    """Of a self audit's groups (key, method, group), the rows build --exclude leaves out: all but one of each
+    group of the detectors `by`, their groups merged where they share a row; the smallest key stays."""
+    found = Components()
+    chosen = duplicates.filter(pc.is_in(duplicates["method"], value_set=pa.array(by, pa.string())))
+    for key, method, group in zip(*(chosen[c].to_pylist() for c in ("key", "method", "group"))):
+        found.union(f"\0{method}\0{group}", key)  # a node per group: groups that share a row merge
+    out = []
+    for members in found.groups().values():
+        out += [k for k in members if not k.startswith("\0")][1:]  # sorted: the smallest key stays
+    return sorted(out)
