@@ -45,20 +45,24 @@ def _quiet_env(tmp: str):
                 os.environ[k] = v
 
 
-def _encoder(text_emb: dict[str, np.ndarray], image_emb: dict[str, np.ndarray]):
+def _precomputed(dim: int, modalities: tuple[str, ...] = ("text", "image")):
+    """The base of the stand-in encoders: an mteb encoder of `dim`-d cosine embeddings; encode() is each one's."""
     from mteb.models.abs_encoder import AbsEncoder
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
-    dim = len(next(iter(image_emb.values())))
-
-    class FakeEncoder(AbsEncoder):
-        """Returns the precomputed embeddings: a query batch carries `text`, a corpus batch `id` (+ image=None)."""
-
+    class Precomputed(AbsEncoder):
         def __init__(self):
             self.model = None
             self.mteb_model_meta = ModelMeta.create_empty({
                 "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
-                "modalities": ["text", "image"], "embed_dim": dim, "framework": ["PyTorch"]})
+                "modalities": list(modalities), "embed_dim": dim, "framework": ["PyTorch"]})
+
+    return Precomputed
+
+
+def _encoder(text_emb: dict[str, np.ndarray], image_emb: dict[str, np.ndarray]):
+    class FakeEncoder(_precomputed(len(next(iter(image_emb.values()))))):
+        """Returns the precomputed embeddings: a query batch carries `text`, a corpus batch `id` (+ image=None)."""
 
         def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows = []
@@ -123,15 +127,7 @@ def mteb_scores(subsets: dict[str, Subset], text_emb: dict[str, np.ndarray], ima
 
 def _zeroshot_encoder(text_emb: dict[str, np.ndarray], images: np.ndarray):
     """Prompts by their text; the images of the split in order, one encode() call per pass over the split."""
-    from mteb.models.abs_encoder import AbsEncoder
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
-
-    class FakeEncoder(AbsEncoder):
-        def __init__(self):
-            self.model = None
-            self.mteb_model_meta = ModelMeta.create_empty({
-                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
-                "modalities": ["text", "image"], "embed_dim": images.shape[1], "framework": ["PyTorch"]})
+    class FakeEncoder(_precomputed(images.shape[1])):
 
         def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows, seen = [], 0
@@ -210,17 +206,7 @@ def _identity_png(split: int, index: int) -> bytes:
 
 def _probe_encoder(vectors: dict[tuple[int, int], np.ndarray]):
     """Each image's vector by the (split, index) its pixels spell (0: train, 1: eval)."""
-    from mteb.models.abs_encoder import AbsEncoder
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
-
-    dim = len(next(iter(vectors.values())))
-
-    class FakeEncoder(AbsEncoder):
-        def __init__(self):
-            self.model = None
-            self.mteb_model_meta = ModelMeta.create_empty({
-                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
-                "modalities": ["image"], "embed_dim": dim, "framework": ["PyTorch"]})
+    class FakeEncoder(_precomputed(len(next(iter(vectors.values()))), ("image",))):
 
         def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows = []
@@ -283,17 +269,10 @@ def mteb_retrieval(task_name: str, repo: str, images: np.ndarray, text_emb: dict
     repo in the hub layout by the task's own `_load_data`; `images` = the test split's image embeddings in row
     order, `text_emb` the captions' by text as mteb passes them (stripped as documents, as they are as queries)."""
     import mteb
-    from mteb.models.abs_encoder import AbsEncoder
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
     from mteb.tasks.retrieval.eng.sci_mmir_i2t_retrieval import _load_data
     from mteb.types import PromptType
 
-    class Encoder(AbsEncoder):  # queries and corpus each encoded in one call over the split, in row order
-        def __init__(self):
-            self.model = None
-            self.mteb_model_meta = ModelMeta.create_empty({
-                "name": "mieb-ray/precomputed", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
-                "modalities": ["text", "image"], "embed_dim": images.shape[1], "framework": ["PyTorch"]})
+    class Encoder(_precomputed(images.shape[1])):  # queries and corpus each encoded in one call, in row order
 
         def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             query_side = "image" if task_metadata.category == "i2t" else "text"

@@ -10,12 +10,15 @@ files, and `_manifest.json` last (dropped first, so a rerun replaces the outputs
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from mieb_ray import __version__, storage
 from mieb_ray.errors import UserError
@@ -85,6 +88,18 @@ def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray
     matrices = [embeddings.matrix(t, dim) for t in tables]
     rows = [matrices[where[k][0]][where[k][1]] for k in texts]
     return dim, np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+
+
+def text_table(out: str, name: str, texts: list[str]) -> str:
+    """Texts to embed (prompts, captions) as a table keyed by the text itself:
+    OUT/embeddings/_<name>/<name>-<digest>.parquet, named by its content so that a rerun with other texts embeds
+    them anew."""
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
+    uri = storage.join(out, "embeddings", f"_{name}", f"{name}-{digest}.parquet")
+    local = storage.staging_path(uri)
+    pq.write_table(pa.table({"key": texts, "text": texts}), local)
+    storage.commit(local, uri)
+    return uri
 
 
 def check_sides(images: str, texts: str) -> None:

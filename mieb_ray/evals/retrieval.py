@@ -27,13 +27,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import metrics, run_report, split_rows
-from mieb_ray.evals.protocol import EmbedInputs, task_result, text_vectors
+from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
 from mieb_ray.evals.source_task import SourceTask
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
@@ -204,11 +202,7 @@ class RetrievalSuite:
         """The test split built by the build job (reused when complete); its distinct captions, keyed by the text."""
         data = build_eval_splits(self.sources, out, log, sorted({t.slug for t in self.tasks}))
         texts = list(dict.fromkeys(c for t in self.tasks for c in self.texts(t)))
-        uri = storage.join(out, "embeddings", "_captions", "captions.parquet")
-        local = storage.staging_path(uri)
-        pq.write_table(pa.table({"key": texts, "text": texts}), local)
-        storage.commit(local, uri)
-        return EmbedInputs(data, "key", uri)
+        return EmbedInputs(data, "key", text_table(out, "captions", texts))
 
     def submit(self, images: str, texts: str, log) -> _Pending:
         start = time.time()

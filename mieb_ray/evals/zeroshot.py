@@ -13,7 +13,6 @@ collect   driver: per task the predictions by split index (every image exactly o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 from mieb_ray import storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.errors import UserError
-from mieb_ray.evals.protocol import EmbedInputs, task_result, text_vectors
+from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
 from mieb_ray.evals.zeroshot_report import render
 from mieb_ray.evals.zeroshot_scoring import (
     PROMPT_SETS,
@@ -187,13 +186,7 @@ class ZeroShotSuite:
         """The eval splits built into OUT/eval-data/<id> by the build job (reused when complete), the prompts
         into a table keyed by their text."""
         data_out = build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks])
-        prompts = self.prompts()
-        digest = hashlib.sha256("\0".join(prompts).encode()).hexdigest()[:12]
-        table_uri = storage.join(out, "embeddings", "_prompts", f"prompts-{digest}.parquet")
-        local = storage.staging_path(table_uri)
-        pq.write_table(pa.table({"key": prompts, "text": prompts}), local)
-        storage.commit(local, table_uri)
-        return EmbedInputs(data_out, "key", table_uri)
+        return EmbedInputs(data_out, "key", text_table(out, "prompts", self.prompts()))
 
     # -- how to score blocks
 
