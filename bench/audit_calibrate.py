@@ -19,7 +19,7 @@ random tiny CLIP (tests' model: its cosines mean nothing; stated so, until a tra
 
 Prints recall per edit and threshold, precision and false pairs per threshold, the recall on the edits a hash can
 see (all but crops over 10% and rotations), the distances of the pairs that are not copies, and the hash stage's
-images per second on one core at the sizes of mieb-train's mix.
+images per second on one core on mieb-train's mix (bench/preprocess.py's kinds, weighted by rows).
 
     .venv/bin/python bench/audit_calibrate.py [--clip] [--model PATH]
 """
@@ -144,19 +144,22 @@ def clip_vectors(model: str, images: list[bytes]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def hash_rate(photos: dict[str, Image.Image]) -> str:
-    """Images per second of `fingerprint` at the sizes of mieb-train's mix: CIFAR/MNIST-like 32 px PNGs, UCF101-like
-    320 x 240 JPEG frames, ImageNet/Food101-like 500 x 375 JPEGs."""
-    out = []
-    shapes = (("32 x 32 PNG", (32, 32), "PNG"), ("320 x 240 JPEG", (320, 240), "JPEG"),
-              ("500 x 375 JPEG", (500, 375), "JPEG"))
-    for label, size, fmt in shapes:
-        images = [encode(p.resize(size), fmt) for p in photos.values()] * 8
-        t0 = time.perf_counter()
+def hash_rate() -> str:
+    """CPU-seconds images per second of `fingerprint` (decode, sha256, pixel hash, four PDQ hashes) on mieb-train's
+    mix: bench/preprocess.py's kinds (crops of the fixture pictures at each kind's size and format), weighted by
+    their rows in mieb-train."""
+    from preprocess import KINDS, make_kind, mix_weights
+
+    weights, seconds, cells = mix_weights(), {}, []
+    for i, kind in enumerate(KINDS):
+        images = make_kind(kind, 64, seed=i)
+        t0 = time.process_time()
         for data in images:
             fingerprint(data)
-        out.append(f"{label} {len(images) / (time.perf_counter() - t0):,.0f}/s")
-    return ", ".join(out)
+        seconds[kind] = (time.process_time() - t0) / len(images)
+        cells.append(f"{kind} {1 / seconds[kind]:,.0f}/s")
+    mix = 1 / sum(weights[k] * seconds[k] for k in KINDS)
+    return f"mieb-train's mix (weighted by rows) {mix:,.0f}/s; " + ", ".join(cells)
 
 
 def main() -> None:
@@ -239,7 +242,7 @@ def main() -> None:
           f"{np.quantile(distinct, 0.001):.0f}, 1% {np.quantile(distinct, 0.01):.0f}, median {np.median(distinct):.0f}")
     false = [(train[i][0], evals[j][0], int(pdq_d[i, j])) for i, j in zip(*np.nonzero((pdq_d <= 31) & ~truth))]
     print(f"pdq false pairs at 31: {false}")
-    print(f"hash stage (decode, sha256, pixel hash, 4 PDQ hashes), one core: {hash_rate(photos)}")
+    print(f"hash stage (decode, sha256, pixel hash, 4 PDQ hashes), one core: {hash_rate()}")
     if clip_note:
         print(f"near: {clip_note}")
     print(f"CPU: {platform.processor() or platform.machine()}; Python {platform.python_version()}; "
