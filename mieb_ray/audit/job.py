@@ -6,8 +6,8 @@ hash     the job's one stage, per unit: each image's sha256 and pixel hash, comm
          by join partition (one row group each), then its progress record   (audit/fingerprints.py, runtime/)
 join     a CPU task per partition: its row group of every hash file, joined on each hash (audit/matches.py)
 pdq      every train x eval pair within PDQ_THRESHOLD bits, exactly: the eval side's PDQ hashes read once into the
-         object store (about 100 bytes a row), then a CPU task per batch of train hash files, each file read
-         once, brute-force popcount over blocks (matches.hamming_within: 64 MiB of distances at a time)
+         object store and made ready once (matches.pdq_side: about 200 bytes a row), then a CPU task per batch of
+         train hash files, each file read once, brute-force popcount in cache-sized blocks (matches.hamming_within)
 near     with embeddings: the top-k engine, the train embeddings as the corpus (every row its own group) and
          each eval embedding shard as a query block, reduced to each eval image's nearest train rows; pairs
          at cosine >= threshold
@@ -310,12 +310,13 @@ def _read_pdq(uris: list[str]) -> pa.Table:
 
 
 @tasks.remote(num_cpus=1)
-def _pdq_against(uris: list[str]) -> pa.Table:
-    return _read_pdq(uris)
+def _pdq_against(uris: list[str]) -> matches.PdqSide:
+    """The side every train batch is searched against, read and made ready once."""
+    return matches.pdq_side(_read_pdq(uris))
 
 
 @tasks.remote(num_cpus=1)
-def _pdq_batch(uris: list[str], against: pa.Table) -> tuple[pa.Table, list[dict]]:
+def _pdq_batch(uris: list[str], against: matches.PdqSide) -> tuple[pa.Table, list[dict]]:
     return matches.pdq_pairs(_read_pdq(uris), against)
 
 
@@ -369,7 +370,7 @@ def _self_part(train: list[str], part: int) -> tuple[list, pa.Table]:
 
 
 @tasks.remote(num_cpus=1)
-def _self_pdq(uris: list[str], every: pa.Table) -> list:
+def _self_pdq(uris: list[str], every: matches.PdqSide) -> list:
     return duplicates.pdq_links(matches.pdq_pairs(_read_pdq(uris), every)[0])
 
 

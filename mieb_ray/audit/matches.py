@@ -12,6 +12,7 @@ reads its partition of every hash file and nothing else.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -171,27 +172,39 @@ def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, train_r
     return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in found)
 
 
-def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD) -> tuple[pa.Table, list[dict]]:
-    """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image by any of
-    PDQ_COMPARED (the smallest distance counts), both of PDQ quality MIN_QUALITY or more; score = 1 - distance /
-    256. And the groups of more than GROUP_CAP pairs (linked_rows)."""
-    def usable(t: pa.Table) -> pa.Table:
-        return t.filter(pc.fill_null(pc.greater_equal(t["pdq_quality"], MIN_QUALITY), False))
+@dataclass(frozen=True)
+class PdqSide:
+    """One side's hash rows made ready for the pdq search once (the eval side serves every train batch): the
+    rows of PDQ quality MIN_QUALITY or more, their distinct pictures (one PDQ hash: identical pictures are
+    searched once, so a thousand copies of one frame cost one search) and each hash column of those pictures as
+    (n, 4) words."""
 
-    train, against = usable(train), usable(against)
-    # identical pictures (one PDQ hash) are searched once: a thousand copies of one frame cost one search
-    t_values, t_rows = _distinct(train["pdq"].to_pylist())
-    e_values, e_rows = _distinct(against["pdq"].to_pylist())
-    t_first, e_first = [int(r[0]) for r in t_rows], [int(r[0]) for r in e_rows]
-    t_first, e_first = pa.array(t_first, pa.int64()), pa.array(e_first, pa.int64())
-    found = [hamming_within(pdq_words(train[a].take(t_first).combine_chunks()),
-                            pdq_words(against[b].take(e_first).combine_chunks()), threshold) for a, b in PDQ_COMPARED]
+    table: pa.Table
+    values: list
+    rows: list[np.ndarray]
+    words: dict[str, np.ndarray]
+
+
+def pdq_side(table: pa.Table) -> PdqSide:
+    table = table.filter(pc.fill_null(pc.greater_equal(table["pdq_quality"], MIN_QUALITY), False))
+    values, rows = _distinct(table["pdq"].to_pylist())
+    first = pa.array([int(r[0]) for r in rows], pa.int64())
+    return PdqSide(table, values, rows, {c: pdq_words(table[c].take(first).combine_chunks()) for c in PDQ_HASHES})
+
+
+def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide,
+              threshold: int = PDQ_THRESHOLD) -> tuple[pa.Table, list[dict]]:
+    """The pdq pairs of two sets of hash rows (or of pdq_side's): a train image within `threshold` bits of an eval
+    image by any of PDQ_COMPARED (the smallest distance counts), both of PDQ quality MIN_QUALITY or more; score =
+    1 - distance / 256. And the groups of more than GROUP_CAP pairs (linked_rows)."""
+    train, against = (s if isinstance(s, PdqSide) else pdq_side(s) for s in (train, against))
     best = {}
-    for i, j, d in found:  # one link per (train, eval) picture: its smallest distance
-        for a, b, dist in zip(i.tolist(), j.tolist(), d.tolist()):
-            best[a, b] = min(dist, best.get((a, b), dist))
-    return linked_rows("pdq", train, against, t_rows, e_values, e_rows,
-                       [(a, b, 1 - d / 256) for (a, b), d in best.items()])
+    for a, b in PDQ_COMPARED:  # one link per (train, eval) picture: its smallest distance
+        i, j, d = hamming_within(train.words[a], against.words[b], threshold)
+        for x, y, dist in zip(i.tolist(), j.tolist(), d.tolist()):
+            best[x, y] = min(dist, best.get((x, y), dist))
+    return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
+                       [(x, y, 1 - d / 256) for (x, y), d in best.items()])
 
 
 def near_rows(scores: np.ndarray, docs: np.ndarray, eval_keys: pa.Array, threshold: float) -> pa.Table:
