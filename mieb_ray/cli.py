@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 import threading
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, nullcontext
 
 from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
@@ -369,31 +369,43 @@ def quiet():
     """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
     Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
     (the workers' too: hubfs.WORKER_ENV), and the lines of Ray core's C++ log and the raylets' warnings that its
-    driver writes straight to the stderr descriptor (among them an actor pool's 'restart will fail', an E line that
-    is no error of the job: a failure reaches the job as an exception). Everything else passes, in order."""
+    driver writes straight to the stdout and stderr descriptors (among them an actor pool's 'restart will fail', an
+    E line that is no error of the job: a failure reaches the job as an exception). Everything else passes, in
+    order."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules:  # it read the variable at import
         sys.modules["transformers"].utils.logging.disable_progress_bar()
-    sys.stderr.flush()
-    stderr, (read, write) = os.dup(2), os.pipe()
-    os.dup2(write, 2)
+    with _filtered(2, sys.stderr), _filtered(1, sys.stdout):
+        yield
+
+
+@contextmanager
+def _filtered(fd: int, stream):
+    """Descriptor `fd` through a pipe whose lines pass unless they are Ray's (_RAY_LINE)."""
+    stream.flush()
+    saved, (read, write) = os.dup(fd), os.pipe()
+    os.dup2(write, fd)
     os.close(write)
 
     def pump() -> None:
-        with open(read, "rb", buffering=0) as lines, suppress(OSError):  # OSError: stderr closed under it
-            for line in lines:
-                if not _RAY_LINE.match(line):
-                    os.write(stderr, line)
+        with open(read, "rb", buffering=0) as lines:
+            writable = True
+            for line in lines:  # drained to the end even when the reader went away (`| head`): no writer blocks
+                if writable and not _RAY_LINE.match(line):
+                    try:
+                        os.write(saved, line)
+                    except OSError:
+                        writable = False
 
-    thread = threading.Thread(target=pump, name="mieb-stderr", daemon=True)
+    thread = threading.Thread(target=pump, name=f"mieb-fd{fd}", daemon=True)
     thread.start()
     try:
         yield
     finally:
-        sys.stderr.flush()
-        os.dup2(stderr, 2)  # the pipe's last writer closes: the pump drains it and ends
+        stream.flush()
+        os.dup2(saved, fd)  # the pipe's last writer closes: the pump drains it and ends
         thread.join(timeout=5)
-        os.close(stderr)
+        os.close(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster.set_verbose(args.verbose)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with nullcontext() if args.verbose else quiet(), no_empty_folder_on_failure(getattr(args, "out", None)), \
-                surfaced():
+        with nullcontext() if args.verbose else quiet(), cluster.own_ray(), \
+                no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
     except KeyboardInterrupt:
         print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",

@@ -54,3 +54,26 @@ def test_a_hub_model_the_hub_cannot_give_is_one_line_within_seconds(tmp_path):
                                         "or cached here, and cannot reach the Hugging Face hub http://127.0.0.1:9: "
                                         "connection refused"]
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_raylet_notices_are_filtered_on_stdout_as_on_stderr(tmp_path):
+    """Ray's driver prints a raylet's warnings with print_to_stdstream to sys.stdout (is_err False), its C++ log to
+    the stderr descriptor: both are held back, the job's own lines on both pass, in order."""
+    script = """
+import sys
+from ray._private.worker import print_to_stdstream
+from mieb_ray.cli import quiet
+with quiet():
+    print("[embed] before")
+    print_to_stdstream({"lines": ["WARNING: 10 PYTHON worker processes have been started on node: x"],
+                        "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    sys.stderr.write("[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor restart will fail\\n")
+    print("mieb-ray: an error of the job", file=sys.stderr)
+    print("[embed] after")
+print("[embed] outside")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**env(), "RAY_COLOR_PREFIX": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[embed] before", "[embed] after", "[embed] outside"]
+    assert done.stderr.splitlines() == ["mieb-ray: an error of the job"]

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+from contextlib import contextmanager
 
 import yaml
 
@@ -92,6 +93,21 @@ def ray_up() -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray").setLevel(ray_log_level())
+
+
+@contextmanager
+def own_ray():
+    """A Ray that a job's command brought up (joined or started) is let go when the command ends, here and not at the
+    interpreter's exit: Ray's threads print its last notices while the command's output is still filtered. A caller
+    that had Ray up already (a test, a notebook) keeps it."""
+    ray = sys.modules.get("ray")
+    before = ray is not None and ray.is_initialized()
+    try:
+        yield
+    finally:
+        ray = sys.modules.get("ray")
+        if not before and ray is not None and ray.is_initialized():
+            ray.shutdown()
 
 
 def _reachable(address: str | None, timeout: float = 5.0) -> None:
