@@ -4,9 +4,9 @@
 a factory named by `MIEB_RAY_HUB_FS=package.module:factory` returns: the tests' fake hub). storage.py
 reads `hf://` through it. Every request to the inner filesystem (an info, a listing, one byte range):
 
-- holds one of `MIEB_RAY_HUB_CONCURRENCY` (default 8) slots of this process. A job makes at most that
-  many requests at once per process: the driver while it plans, and each shard builder
-  (so `--workers` x the bound, plus the driver's, for the whole job);
+- holds one of `MIEB_RAY_HUB_CONCURRENCY` (default 8) slots of the job's gate (hubgate.py): at most that many
+  requests at once in the whole job, every process on every node together; a 429 pauses every process of the
+  job for the wait the hub asked;
 - is retried, up to `MIEB_RAY_HUB_RETRIES` tries (default 6), on 408/429/5xx, timeouts, connection
   resets and truncated reads (fewer bytes than asked before the end of the file), waiting what the hub
   asks (`Retry-After`, the `RateLimit` header) or an exponential backoff from `MIEB_RAY_HUB_RETRY_WAIT`
@@ -27,7 +27,6 @@ every request; `worker_runtime_env()` gives it to the job's Ray workers without 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ import time
 import fsspec
 from fsspec.spec import AbstractBufferedFile
 
+from mieb_ray import hubgate
 from mieb_ray.errors import TransientStorageError, UserError, redact
 
 ENV_FS = "MIEB_RAY_HUB_FS"
@@ -68,12 +68,32 @@ def _env(name: str, default, kind=int):
     return max(1, value) if kind is int else max(0.0, value)
 
 
-@functools.lru_cache(maxsize=None)
-def _slots() -> threading.BoundedSemaphore:
-    return threading.BoundedSemaphore(_env(ENV_CONCURRENCY, DEFAULT_CONCURRENCY))
+def bound() -> int:
+    """The most hub requests at once for the whole job: MIEB_RAY_HUB_CONCURRENCY."""
+    return _env(ENV_CONCURRENCY, DEFAULT_CONCURRENCY)
 
 
 _answered = threading.Event()  # the hub has answered this process at least once
+_used = threading.Event()  # this process has made a hub filesystem
+
+
+def share_gate() -> None:
+    """Ray is up in a job's driver: if the job reads the hub, its workers share one gate (hubgate.share)."""
+    if _used.is_set():
+        hubgate.share(bound())
+
+
+def requests_so_far() -> dict:
+    """The hub requests of the job so far (hubgate.stats): for `summary` at the end."""
+    return hubgate.stats(bound())
+
+
+def summary(before: dict) -> str:
+    """The job's hub requests since `before` (requests_so_far), for its closing line."""
+    now = requests_so_far()
+    scope = "the whole job" if now["scope"] == "job" else "this process"
+    return (f"the hub: {now['requests'] - before['requests']:,} requests, at most {now['peak']} at once (bound "
+            f"{now['slots']}, {scope}), {now['throttled'] - before['throttled']:,} refused with 429 and waited out")
 
 
 def load_inner() -> fsspec.AbstractFileSystem:
@@ -146,10 +166,14 @@ def call(fn, what: str, on_retry=None):
     tries = _env(ENV_RETRIES, DEFAULT_TRIES)
     base = _env(ENV_RETRY_WAIT, 1.0, float)
     t0 = time.monotonic()
+    gate = hubgate.gate(bound())
     for attempt in range(1, tries + 1):
         try:
-            with _slots():
+            lease = gate.enter()
+            try:
                 result = fn()
+            finally:
+                gate.leave(lease)
             _answered.set()
             return result
         except Exception as exc:
@@ -163,7 +187,10 @@ def call(fn, what: str, on_retry=None):
                 raise TransientStorageError(
                     f"the hub kept failing on {what} ({tries} tries in {time.monotonic() - t0:.0f}s): "
                     f"{_describe(exc)}") from exc
-            time.sleep(min(MAX_RETRY_AFTER, asked) if asked is not None else _backoff(base, attempt))  # no slot held
+            wait = min(MAX_RETRY_AFTER, asked) if asked is not None else _backoff(base, attempt)
+            if getattr(getattr(exc, "response", None), "status_code", None) == 429:
+                gate.pause(wait)  # the whole job waits, not this request alone
+            time.sleep(wait)  # no slot held
             if on_retry is not None:
                 on_retry()
 
@@ -178,6 +205,7 @@ class HubFileSystem(fsspec.AbstractFileSystem):
     def __init__(self, inner: fsspec.AbstractFileSystem | None = None, **kwargs):
         super().__init__(**kwargs)
         self.inner = inner if inner is not None else load_inner()
+        _used.set()
 
     def _where(self, path: str) -> str:
         return "hf://" + self._strip_protocol(path)
@@ -257,6 +285,8 @@ class HubFile(AbstractBufferedFile):
             return data
 
         with self._lock:
+            if self._handle is None:  # opening is a request of its own (the hub client resolves the file)
+                call(self._inner, self.fs._where(self.path))
             return call(once, self.fs._where(self.path), on_retry=self._drop)
 
     def close(self):

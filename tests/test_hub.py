@@ -1,10 +1,12 @@
 """Hub access through a fake hub (tests/fakehub.py) plugged in where the real client is: faults injected
 into every process of a build change nothing in its output; permanent errors are one line and fast; the
-token reaches every worker and no log, message or manifest; requests are bounded per process."""
+token reaches every worker and no log, message or manifest; requests are bounded, and 429s waited out, by one gate
+for the whole job, across every process of a three-node cluster."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import time
 import fakehub
 import pytest
 
-from mieb_ray import hubfs, storage
+from mieb_ray import hubfs, hubgate, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import reader
 from mieb_ray.pipelines.build import BuildConfig, build
@@ -38,12 +40,14 @@ def hub(tmp_path_factory, monkeypatch):
         monkeypatch.setenv(fakehub.ENV_CONFIG, config)
         monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.01")
         storage._hf.cache_clear()
+        hubgate.reset(hubfs.bound())  # this test's bound, its counts from zero
         return log
 
     yield configure
     if os.path.exists(config):
         os.unlink(config)
     storage._hf.cache_clear()
+    hubgate.reset(hubfs.bound())
 
 
 def shards(manifest: dict) -> list[tuple]:
@@ -202,10 +206,10 @@ def test_the_token_reaches_every_worker_and_no_log(ray_local, mirror, hub, tmp_p
     assert time.monotonic() - t0 < 60
 
 
-def test_requests_are_bounded_per_process_and_rate_limits_honoured(mirror, monkeypatch):
+def test_requests_are_bounded_and_rate_limits_honoured(mirror, monkeypatch):
     root, _ = mirror
     monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "3")
-    hubfs._slots.cache_clear()
+    hubgate.reset(hubfs.bound())
     try:
         fake = fakehub.FakeHub(root, delay=0.05)
         fs = hubfs.HubFileSystem(fake)
@@ -224,7 +228,32 @@ def test_requests_are_bounded_per_process_and_rate_limits_honoured(mirror, monke
         fs.info(path)
         assert 1.0 <= time.monotonic() - t0 < 5 and fake.injected == ["429"]
     finally:
-        hubfs._slots.cache_clear()
+        hubgate.reset(hubfs.bound())
+
+
+def test_a_429_pauses_every_process_of_the_job(ray_local, mirror, hub):
+    """A worker is refused with Retry-After: 2; a request of the driver meanwhile waits out the rest of it too,
+    without being refused itself."""
+    root, _ = mirror
+    log = hub(root=root, throttle={"README.md": 1}, retry_after=2, calm_pid=os.getpid())
+    readme, other = (reader.repo_root(by_slug(s), "hf") + "/README.md" for s in ("cifar10", "imagenet1k"))
+    fs, _ = storage.filesystem(readme)
+    fs.get_file_info(other[len("hf://"):])  # the driver's first request: the job's gate is up
+
+    @ray_local.remote(num_cpus=0)
+    def read(uri: str) -> None:
+        storage.filesystem(uri)[0].get_file_info(uri[len("hf://"):])
+
+    refused = read.remote(readme)
+    deadline = time.monotonic() + 60
+    while hubgate.stats(hubfs.DEFAULT_CONCURRENCY)["throttled"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the worker was refused and told the job's gate
+    t0 = time.monotonic()
+    fs.get_file_info(other[len("hf://"):])
+    assert time.monotonic() - t0 >= 1.0  # without a shared gate: at once
+    ray_local.get(refused)
+    assert [line.split()[1] for line in open(log)] == ["throttle"]  # the driver was not refused
+    assert hubgate.stats(hubfs.DEFAULT_CONCURRENCY)["throttled"] == 1
 
 
 def test_what_is_retried(monkeypatch):
@@ -321,3 +350,29 @@ def test_a_hub_setting_that_is_not_a_number_is_one_line(monkeypatch):
         hubfs._env(hubfs.ENV_RETRIES, hubfs.DEFAULT_TRIES)
     monkeypatch.setenv(hubfs.ENV_RETRY_WAIT, "0.5")
     assert hubfs._env(hubfs.ENV_RETRY_WAIT, 1.0, float) == 0.5
+
+
+@pytest.mark.timeout(600)
+def test_one_bound_for_every_process_of_a_build_across_three_nodes(cluster, mirror, tmp_path):
+    """The fake hub refuses a second request at once from anyone; a build with the bound 1, its shard builders on
+    two worker nodes and its driver on the head, is never refused, and says so."""
+    root, written = mirror
+    log, out = tmp_path / "hub.log", tmp_path / "out"
+    config = fakehub.write_config(str(tmp_path / "hub.json"), root=root, limit=1, slots=str(tmp_path / "slots"),
+                                  delay=0.02, retry_after=0.5, log=str(log))
+    env = {**cluster.env, hubfs.ENV_FS: fakehub.FACTORY, fakehub.ENV_CONFIG: config, hubfs.ENV_CONCURRENCY: "1"}
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "--address", cluster.address, "build", "--sources", "hf",
+                           "--out", str(out), "--datasets", ",".join(DATASETS), "--rows-per-shard", "5",
+                           "--no-check-counts", "--executor", "ray"], env=env, capture_output=True, text=True,
+                          timeout=500)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    entries = [line.split() for line in open(log)]
+    slots = [int(e[2]) for e in entries if e[1] == "slot"]
+    assert [e for e in entries if e[1] == "busy"] == []  # refused: none
+    assert max(slots) == 0  # one at a time
+    assert len({pid for pid, *_ in entries}) >= 3  # the driver and shard builders on both nodes shared the bound
+    hub_line = next(line for line in done.stdout.splitlines() if line.startswith("[build] the hub: "))
+    assert hub_line == (f"[build] the hub: {len(slots):,} requests, at most 1 at once (bound 1, the whole job), "
+                        "0 refused with 429 and waited out")
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["counts"]["datasets"] == {s: written[s] for s in DATASETS}

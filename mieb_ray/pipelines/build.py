@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, hubfs, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import contamination, reader
@@ -107,6 +107,7 @@ def build(config: BuildConfig, log=print) -> dict:
     """Run the build on Ray or in this process; return the manifest."""
     config.check()
     selected = select(config.datasets)
+    hub = hubfs.requests_so_far() if config.sources == reader.HF else None
     exclude = excluded_keys(config.exclude, config.exclude_detectors) if config.exclude else None
     check_sources(selected, config.sources, config.split, log)
     slugs = "|".join(s.slug for s in selected)
@@ -144,7 +145,10 @@ def build(config: BuildConfig, log=print) -> dict:
         log(f"[build] {pool.why}")
         stage = dataclasses.replace(stage, num_cpus=pool.num_cpus, pool=pool)
     results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units)))
-    return _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
+    manifest = _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
+    if hub is not None:
+        log(f"[build] {hubfs.summary(hub)}")
+    return manifest
 
 
 def check_sources(selected: list[Source], sources: str, split: str, log=print) -> None:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import yaml
 
 from mieb_ray.errors import UserError
-from mieb_ray.hubfs import worker_runtime_env
+from mieb_ray.hubfs import share_gate, worker_runtime_env
 from mieb_ray.runtime.pools import Cluster, launcher_capacity
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
@@ -93,6 +93,7 @@ def ray_up() -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray").setLevel(ray_log_level())
+    share_gate()  # a job that read the hub before Ray was up: one bound for all its processes
 
 
 @contextmanager
