@@ -376,3 +376,26 @@ def test_one_bound_for_every_process_of_a_build_across_three_nodes(cluster, mirr
                         "0 refused with 429 and waited out")
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["counts"]["datasets"] == {s: written[s] for s in DATASETS}
+
+
+def test_the_gate_takes_back_a_slot_its_process_never_returned(monkeypatch):
+    """A shard builder killed mid-request never leaves the gate: its slot comes back after the lease, not never."""
+    import asyncio
+
+    monkeypatch.setattr(hubgate, "LEASE", 0.3)
+
+    async def scenario() -> tuple[float, float, dict]:
+        gate = hubgate.GateActor(1)
+        await gate.enter()  # its process dies holding it
+        t0 = time.monotonic()
+        second = await gate.enter()
+        waited = time.monotonic() - t0
+        await gate.leave(second)
+        gate.pause(0.2)
+        t0 = time.monotonic()
+        await gate.enter()
+        return waited, time.monotonic() - t0, gate.stats()
+
+    waited, paused, stats = asyncio.run(scenario())
+    assert 0.25 <= waited < 2 and 0.15 <= paused < 2
+    assert stats == {"requests": 3, "throttled": 1, "peak": 1, "slots": 1}
