@@ -17,6 +17,13 @@ batches of --batch images of one kind (as the embed job's blocks are: rows of on
                            the figure the target is measured on.
   decode floor             the decode alone, as mieb-ray decodes (simplejpeg at the draft scale, Pillow for PNG,
                            to RGB; preprocess._open): the floor; the table gives mieb-ray's time over it.
+  baseline load_images only  with --baseline FILE: load_images of another copy of preprocess.py (e.g. the last
+                           commit's: git show HEAD:mieb_ray/encode/preprocess.py > /tmp/base.py), uint8: before
+                           and after a change in the same run.
+  mieb-ray, Pillow resize  with --pillow-resize: load_images with every image through Pillow (decode, draft,
+                           Pillow's resize with the draft box, crop: preprocess._preprocess, the path of filters
+                           torch lacks), uint8. Run under pillow-simd (a venv where it replaces Pillow) it
+                           measures pillow-simd's resize against torch's.
   pyvips                   with --vips: libvips' `thumbnail_buffer` (decode, shrink on load, resize to fill,
                            centre crop, its own filter) + mieb-ray's normalize: a candidate, adopted only if it
                            wins and keeps the centred cosine >= 0.95.
@@ -225,6 +232,36 @@ def run_floor(spec, blobs: list[bytes], batch: int, keep=None):
         preprocess._open(b, spec, preprocess.MAX_PIXELS)
 
 
+def run_baseline(module, spec, blobs: list[bytes], batch: int, keep=None):
+    bspec = module.ImageSpec(**spec.to_dict())
+    for chunk in batches(blobs, batch):
+        pixels, errors = module.load_images(chunk, bspec)
+        assert not any(errors), errors
+        if keep is not None:
+            keep.append(pixels)
+
+
+def run_pillow_resize(spec, blobs: list[bytes], batch: int, keep=None):
+    from mieb_ray.encode import preprocess
+
+    saved, preprocess.TORCH_FILTERS = preprocess.TORCH_FILTERS, {}  # every filter through Pillow
+    try:
+        run_ours_uint8(spec, blobs, batch, keep)
+    finally:
+        preprocess.TORCH_FILTERS = saved
+
+
+def load_baseline(path: str):
+    """Another copy of mieb_ray/encode/preprocess.py, as a module of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preprocess_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_vips(spec, blobs: list[bytes], batch: int, keep=None):
     """pyvips (libvips): decode, shrink on load, resize to fill 224 x 224 and centre-crop in one call
     (`thumbnail_buffer`, its own filter), then mieb-ray's `normalize`."""
@@ -375,6 +412,8 @@ def main() -> None:
     ap.add_argument("--torchvision-python", help="an interpreter whose transformers has torchvision")
     ap.add_argument("--draft-factor", type=int, help="mieb-ray's preprocess.DRAFT_FACTOR for this run")
     ap.add_argument("--vips", action="store_true", help="also pyvips (pip install pyvips pyvips-binary)")
+    ap.add_argument("--baseline", help="another preprocess.py whose load_images to time beside this one's")
+    ap.add_argument("--pillow-resize", action="store_true", help="also load_images through Pillow's resize")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -408,6 +447,14 @@ def main() -> None:
         "mieb-ray load_images only": lambda b: run_ours_uint8(spec, b, args.batch),
         "decode floor": lambda b: run_floor(spec, b, args.batch),
     }
+    uint8 = ["mieb-ray load_images only"]  # contenders that stop at uint8, for the ratio to the floor
+    if args.baseline:
+        baseline = load_baseline(args.baseline)
+        contenders["baseline load_images only"] = lambda b: run_baseline(baseline, spec, b, args.batch)
+        uint8.append("baseline load_images only")
+    if args.pillow_resize:
+        contenders["mieb-ray, Pillow resize"] = lambda b: run_pillow_resize(spec, b, args.batch)
+        uint8.append("mieb-ray, Pillow resize")
     if args.vips:
         contenders["pyvips"] = lambda b: run_vips(spec, b, args.batch)
     tv, tmp = None, None
@@ -445,6 +492,13 @@ def main() -> None:
                 "mieb-ray, Pillow decode": collect(run_ours_pillow, spec, blobs[name], args.batch)}
         if args.vips:
             outs["pyvips"] = collect(run_vips, spec, blobs[name], args.batch)
+        if args.baseline:  # what changed between the two, in uint8 levels
+            pair = [[], []]
+            run_ours_uint8(spec, blobs[name], args.batch, pair[0])
+            run_baseline(baseline, spec, blobs[name], args.batch, pair[1])
+            new, old = (np.concatenate(p).astype(int) for p in pair)
+            print(f"{name}: load_images against the baseline's: max {np.abs(new - old).max()} levels, "
+                  f"{(new != old).mean():.2%} of values differ")
         if tv:
             outs["processor (torchvision)"] = tv.pixel_values(name.replace("/", "__").replace(" ", "_"))
         quality[name] = {c: {**difference(o, ref, spec), "cos": centred_cosine(o, ref)} for c, o in outs.items()}
@@ -459,8 +513,7 @@ def main() -> None:
         cells = [label, str(n_images), f"{kb:.0f}"]
         for c in order:
             cells.append(f"{1 / sec[c]:.0f}" + ("" if c == "processor (PIL)" else f" ({base / sec[c]:.2f}x)"))
-        cells.append(f"{sec['mieb-ray'] / sec['decode floor']:.2f} / "
-                     f"{sec['mieb-ray load_images only'] / sec['decode floor']:.2f}")
+        cells.append(" / ".join(f"{sec[c] / sec['decode floor']:.2f}" for c in ["mieb-ray", *uint8]))
         if q is not None:
             for c in ("mieb-ray", "processor (torchvision)", "pyvips"):
                 m = q.get(c)
@@ -487,8 +540,8 @@ def main() -> None:
             row("**mix (weighted by rows)**", sum(len(b) for b in gs.values()), kb, mix_sec, None)
 
     header = ["set / kind", "n", "mean KB"] + [f"{c} img/s" for c in order] + [
-        "time ÷ decode floor: mieb-ray / load_images only", "mieb-ray: min centred cos / max / mean levels",
-        "torchvision: same", "pyvips: same"]
+        "time ÷ decode floor: " + " / ".join(["mieb-ray", *(c.removeprefix("mieb-ray ") for c in uint8)]),
+        "mieb-ray: min centred cos / max / mean levels", "torchvision: same", "pyvips: same"]
     table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     table += ["| " + " | ".join(r) + " |" for r in rows]
     mix_lines = [f"{k}: {weights[k]:.2%} of rows ({', '.join(s for s, (kk, _) in MIX_KINDS.items() if kk == k)})"
@@ -506,7 +559,7 @@ def main() -> None:
         "group; crop) + "
         "`normalize`. Mix weights (rows of mieb-train): " + "; ".join(mix_lines) + ".",
         "",
-        f"Command: `.venv/bin/python {os.path.relpath(sys.argv[0])}{''.join(' ' + a for a in sys.argv[1:])}`  ",
+        f"Command: `{' '.join([os.path.relpath(sys.executable), os.path.relpath(sys.argv[0]), *sys.argv[1:]])}`  ",
         *[f + "  " for f in machine_facts()],
     ]))
 

@@ -14,8 +14,12 @@ How, per image (bench/preprocess.py measures each choice against the processor, 
            filter (Keys a = -0.5 for bicubic, support widened by the scale when shrinking, the draft
            box as its scale) and rounds to uint8 after each pass as Pillow does: within one level of
            Pillow's resize at ~0.3% of pixels, 3-6x faster, and one call for all the images of a batch
-           that share a size (CIFAR's 32x32, UCF101's 320x240 frames). In the image's stored orientation;
-           the EXIF transpose (a view) and the crop follow.
+           that share a size (CIFAR's 32x32, UCF101's 320x240 frames), decoded into the rows of one array
+           (no copy to stack them). In the image's stored orientation; the EXIF transpose (a view) and the
+           crop follow. Only the rows and columns up to the crop's far edge are computed (a 320x240 frame:
+           224x261 of the 224x298 resize; the 37 columns before the crop cannot be skipped, torch's
+           resampler takes no offset), and images resized to the model's size as they are upright (small
+           square ones) are written straight into the output.
            Other filters (nearest, Lanczos, box, Hamming): Pillow's resize, per image (`_preprocess`).
   errors   every refusal is an ImageError with a one-line reason, as Pillow words it.
 
@@ -196,28 +200,41 @@ def load_images(
     the failure reason or None. Images that decode to the same size are resized in one call."""
     pixels = np.zeros((len(items), spec.height, spec.width, 3), dtype=np.uint8)
     errors: list[str | None] = [None] * len(items)
-    groups: dict[tuple, list[tuple[int, _Decoded]]] = {}
+    groups: dict[tuple, _Group] = {}
     pending = 0
+
+    def slot(key: tuple) -> np.ndarray:
+        """Where the image of item i (of group `key`) decodes to: its group's next row. A new group has
+        room for the items left (at most _GROUP_IMAGES, _GROUP_BYTES) and is resized once full."""
+        group = groups.get(key)
+        if group is None:
+            nbytes = int(np.prod(key[0]))
+            room = max(1, min(_GROUP_IMAGES, len(items) - i, _GROUP_BYTES // max(nbytes, 1)))
+            group = groups[key] = _Group(np.empty((room, *key[0]), dtype=np.uint8), [])
+        return group.batch[len(group.members)]
+
     for i, data in enumerate(items):
         try:
             if data is None:
                 raise ImageError("missing image")
-            decoded = _open(data, spec, max_pixels)
+            decoded = _open(data, spec, max_pixels, slot)
         except ImageError as exc:
             errors[i] = str(exc)
             continue
         if isinstance(decoded, np.ndarray):  # done by Pillow
             pixels[i] = decoded
             continue
-        key = (decoded.array.shape, decoded.box, decoded.size, decoded.orientation in (5, 6, 7, 8))
-        groups.setdefault(key, []).append((i, decoded))
+        group = groups[decoded.key]
+        group.members.append((i, decoded))
         pending += decoded.array.nbytes
-        if len(groups[key]) >= _GROUP_IMAGES or pending >= _GROUP_BYTES:
-            for members in groups.values():
-                _resize_crop(members, spec, pixels)
+        if len(group.members) == len(group.batch) or pending >= _GROUP_BYTES:
+            for g in groups.values():
+                if g.members:
+                    _resize_crop(g, spec, pixels)
             groups, pending = {}, 0
-    for members in groups.values():
-        _resize_crop(members, spec, pixels)
+    for g in groups.values():
+        if g.members:
+            _resize_crop(g, spec, pixels)
     return pixels, errors
 
 
@@ -228,17 +245,25 @@ class _Decoded(NamedTuple):
     box: tuple[float, float]  # the original image's extent in these pixels (less than h, w after a draft)
     size: tuple[int, int]  # (height, width) to resize to, as stored: swapped for orientations 5-8
     orientation: int
+    key: tuple  # its group: images of the same key are resized together
 
 
-def _open(data: bytes, spec: ImageSpec, max_pixels: int) -> _Decoded | np.ndarray:
-    """Decoded for _resize_crop, or (another resample filter) the finished uint8 pixels; else ImageError."""
+class _Group(NamedTuple):
+    batch: np.ndarray  # uint8 (room, h, w, 3): the images decoded into its first len(members) rows
+    members: list[tuple[int, _Decoded]]  # (index in the batch of load_images, the image)
+
+
+def _open(data: bytes, spec: ImageSpec, max_pixels: int, slot=None) -> _Decoded | np.ndarray:
+    """Decoded for _resize_crop, or (another resample filter) the finished uint8 pixels; else ImageError.
+
+    slot(key) gives the array to decode into (load_images: a row of the image's group); None, a new one."""
     if not data:
         raise ImageError("empty image")
     try:
         with Image.open(io.BytesIO(data)) as im:
             if spec.resample not in TORCH_FILTERS:
                 return _preprocess(im, spec, max_pixels)
-            return _decode(im, data, spec, max_pixels)
+            return _decode(im, data, spec, max_pixels, slot)
     except ImageError:
         raise
     except Image.DecompressionBombError:
@@ -266,13 +291,17 @@ def _sizes(im: Image.Image, spec: ImageSpec, max_pixels: int) -> tuple[int, int,
     return out_h, out_w, orientation, swap
 
 
-def _decode(im: Image.Image, data: bytes, spec: ImageSpec, max_pixels: int) -> _Decoded:
+def _decode(im: Image.Image, data: bytes, spec: ImageSpec, max_pixels: int, slot=None) -> _Decoded:
     out_h, out_w, orientation, swap = _sizes(im, spec, max_pixels)
     size = (out_w, out_h) if swap else (out_h, out_w)  # (height, width) as stored
     w, h = im.size
     drafted = im.draft("RGB", (DRAFT_FACTOR * size[1], DRAFT_FACTOR * size[0]))  # None unless JPEG
     # The original image's extent in (draft) pixels: in draft mode the last pixel may cover less.
-    box = drafted[1][2:] if drafted else (w, h)
+    box = (float(drafted[1][3]), float(drafted[1][2])) if drafted else (float(h), float(w))
+    # im.size is now the size it decodes to (the draft's): images of one size, box and pass order are
+    # resized together.
+    key = ((im.height, im.width, 3), box, size, swap)
+    out = slot(key) if slot is not None else None
     array = None
     if simplejpeg is not None and im.format == "JPEG" and im.mode in ("RGB", "L"):
         # At the draft's scale: im.size is the draft size. simplejpeg takes the smallest libjpeg scale
@@ -282,34 +311,69 @@ def _decode(im: Image.Image, data: bytes, spec: ImageSpec, max_pixels: int) -> _
         if full or min(im.size) >= 8:
             try:
                 array = simplejpeg.decode_jpeg(data, "RGB", min_height=0 if full else im.height,
-                                               min_width=0 if full else im.width)
+                                               min_width=0 if full else im.width, buffer=out)
             except Exception:  # corrupt, truncated, or a kind it does not decode: Pillow names it or copes
                 array = None
-            if array is not None and array.shape[:2] != (im.height, im.width):
+            if array is not None and array.shape != key[0]:
                 array = None
     if array is None:
         im.load()  # decode errors (truncated, corrupt) surface here
         array = np.asarray(_to_rgb(im))
-    return _Decoded(array, (float(box[1]), float(box[0])), size, orientation)
+        if out is not None:
+            out[:] = array
+    return _Decoded(array if out is None else out, box, size, orientation, key)
 
 
-def _resize_crop(members: list[tuple[int, _Decoded]], spec: ImageSpec, pixels: np.ndarray) -> None:
-    """Resize images of one size, box and pass order together, then make each upright and crop it into
-    pixels[i]."""
+def _resize_crop(group: _Group, spec: ImageSpec, pixels: np.ndarray) -> None:
+    """Resize the images of a group (one size, box and pass order) together, then make each upright and crop
+    it into pixels[i]."""
+    members = group.members
     first = members[0][1]
     (h, w), (out_h, out_w) = first.array.shape[:2], first.size
+    # Per orientation (the group's may differ by a flip), the rows and columns its crop keeps, as stored.
+    windows = {d.orientation: _crop_window(spec, out_h, out_w, d.orientation) for _, d in members}
+    batch = group.batch[:len(members)]
+    i0 = members[0][0]
     if (h, w) == (out_h, out_w) and first.box == (h, w):  # Pillow returns a copy: nothing to resample
-        resized = [d.array for _, d in members]
+        resized = batch
+    elif (first.size == (spec.height, spec.width) and windows.keys() == {1}
+          and [i for i, _ in members] == list(range(i0, i0 + len(members)))):
+        # Resized to the model's size, upright, into consecutive rows (small square images, the usual
+        # case): torch writes straight into pixels, with no array of its own to allocate and copy from.
+        _resize(batch, first.box, first.size, spec.resample, out=pixels[i0:i0 + len(members)])
+        return
     else:
-        resized = _resize(np.stack([d.array for _, d in members]), first.box, first.size, spec.resample,
-                          transposed=first.orientation in (5, 6, 7, 8))
+        stop = (max(r.stop for r, _, _ in windows.values()), max(c.stop for _, c, _ in windows.values()))
+        resized = _resize(batch, first.box, first.size, spec.resample,
+                          transposed=first.orientation in (5, 6, 7, 8), stop=stop)
     for (i, d), r in zip(members, resized):
-        upright = _UPRIGHT_ARRAY[d.orientation](r) if d.orientation in _UPRIGHT_ARRAY else r
-        _crop_into(upright, spec, pixels[i])
+        rows, cols, dst = windows[d.orientation]
+        kept = r[rows, cols]
+        pixels[i][dst] = _UPRIGHT_ARRAY[d.orientation](kept) if d.orientation in _UPRIGHT_ARRAY else kept
+
+
+def _crop_window(spec: ImageSpec, out_h: int, out_w: int, orientation: int) -> tuple[slice, slice, tuple]:
+    """The center crop of an image resized to (out_h, out_w) as stored, for its EXIF orientation: the rows and
+    columns it keeps as stored (before the transpose), and where they go in the model's input (the rest
+    stays zero where the crop is larger than the image). Offsets as _crop_into."""
+    up_h, up_w = (out_w, out_h) if orientation in (5, 6, 7, 8) else (out_h, out_w)
+    top, left = ((up_h - spec.height) // 2, (up_w - spec.width) // 2) if spec.do_center_crop else (0, 0)
+    y0, x0 = max(top, 0), max(left, 0)
+    y1, x1 = min(top + spec.height, up_h), min(left + spec.width, up_w)
+    dst = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
+    # Upright rows/columns -> stored ones: undo the flips of _UPRIGHT_ARRAY, then its swap.
+    if orientation in (3, 4, 7, 8):
+        y0, y1 = up_h - y1, up_h - y0
+    if orientation in (2, 3, 6, 7):
+        x0, x1 = up_w - x1, up_w - x0
+    if orientation in (5, 6, 7, 8):
+        (y0, y1), (x0, x1) = (x0, x1), (y0, y1)
+    return slice(y0, y1), slice(x0, x1), dst
 
 
 def _resize(batch: np.ndarray, box: tuple[float, float], size: tuple[int, int], resample: int,
-            transposed: bool = False) -> np.ndarray:
+            transposed: bool = False, stop: tuple[int, int] | None = None, out: np.ndarray | None = None,
+            ) -> np.ndarray:
     """uint8 (n, h, w, c) -> uint8 (n, size[0], size[1], c): Pillow's resize(size, resample, box=(0, 0, box[1],
     box[0])) of each image, computed by torch (the antialiased resampler transformers' torchvision backend uses).
 
@@ -317,16 +381,37 @@ def _resize(batch: np.ndarray, box: tuple[float, float], size: tuple[int, int], 
     coordinates: (x + 0.5) * box / out, as Pillow's box (0, 0, bw, bh) does. Like Pillow, torch resizes
     rows, rounds to uint8, then columns; `transposed` (an image stored on its side, which Pillow would
     resize upright) does the columns first, so that the rounding is Pillow's too.
+
+    `stop` (rows, columns): only the first ones of the output are computed (the ones a crop keeps end
+    there). Output pixel x maps to input (x + 0.5) / scale whatever the output size, so they are the same
+    pixels, but for torch's fixed-point weights, whose precision it sets from the largest weight it
+    computes: rarely, a value rounds the other way by one level (identical at mieb-train's sizes:
+    tests/test_preprocess.py). An axis whose size stays is not resampled by torch, so it is not cut short.
+    `out`: an uint8 (n, size[0], size[1], c) array to write into (not with transposed).
     """
     import torch
 
     x = torch.from_numpy(batch).permute(0, 3, 1, 2)  # NCHW with channels-last strides: no copy
     op = getattr(torch.ops.aten, f"_upsample_{TORCH_FILTERS[resample]}2d_aa")
     (h, w), (out_h, out_w) = batch.shape[1:3], size
-    if transposed and (out_h, box[0]) != (h, h) and (out_w, box[1]) != (w, w):
-        x = op(x, [out_h, w], False, out_h / box[0], None)  # a size that stays is not resampled
-        return op(x, [out_h, out_w], False, None, out_w / box[1]).permute(0, 2, 3, 1).numpy()
-    return op(x, [out_h, out_w], False, out_h / box[0], out_w / box[1]).permute(0, 2, 3, 1).numpy()
+    if stop is not None:
+        out_h, out_w = _cut(out_h, stop[0], h), _cut(out_w, stop[1], w)
+    if transposed and (size[0], box[0]) != (h, h) and (size[1], box[1]) != (w, w):
+        x = op(x, [out_h, w], False, size[0] / box[0], None)  # a size that stays is not resampled
+        return op(x, [out_h, out_w], False, None, size[1] / box[1]).permute(0, 2, 3, 1).numpy()
+    if out is not None:  # as NCHW with channels-last strides, the layout torch gives this input: no copy
+        op.out(x, [out_h, out_w], False, size[0] / box[0], size[1] / box[1],
+               out=torch.from_numpy(out).permute(0, 3, 1, 2))
+        return out
+    return op(x, [out_h, out_w], False, size[0] / box[0], size[1] / box[1]).permute(0, 2, 3, 1).numpy()
+
+
+def _cut(size: int, stop: int, before: int) -> int:
+    """Output size `size` cut to `stop`, on an axis of input size `before`: not when torch would not resample
+    it (size == before), and never to the input size (torch would then copy instead of resampling)."""
+    if size == before or stop >= size:
+        return size
+    return stop + 1 if stop == before else stop
 
 
 def _crop_into(im: np.ndarray, spec: ImageSpec, out: np.ndarray) -> None:
