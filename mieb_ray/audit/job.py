@@ -21,6 +21,7 @@ near tasks run on Ray, or in this process for a small audit (runtime/placement.p
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from mieb_ray.io import embeddings, parquet, reader
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.pipelines.embed import embed_table, table_units
 from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.output import Progress
 from mieb_ray.runtime.units import Stage
@@ -321,12 +323,18 @@ def _pdq_batch(uris: list[str], against: matches.PdqSide) -> tuple[pa.Table, lis
 
 
 def _train_batches(config, results) -> list[list[str]]:
-    """The train hash files in batches of about PDQ_BATCH_ROWS rows: one pdq task each."""
+    """The train hash files in batches (each file read once): at most PDQ_BATCH_ROWS rows, and at least two batches
+    a CPU of the cluster at its largest, so that the search, the audit's longest step, spreads over all of them
+    (the full audit's 4.4M train rows in 100,000-row batches were 45 tasks of 40 minutes each, whatever the
+    cluster: bench/full_size.py)."""
+    cpus = read_cluster().max_cpus if tasks.mode() == "ray" else os.cpu_count() or 1
+    total = sum(r["rows"] for r in results["train"])
+    size = max(1, min(PDQ_BATCH_ROWS, -(-total // max(1, int(2 * cpus)))))
     batches, batch, rows = [], [], 0
     for r in results["train"]:
         batch.append(storage.join(config.out, r["path"]))
         rows += r["rows"]
-        if rows >= PDQ_BATCH_ROWS:
+        if rows >= size:
             batches.append(batch)
             batch, rows = [], 0
     return batches + ([batch] if batch else [])
