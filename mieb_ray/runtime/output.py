@@ -121,9 +121,12 @@ def remove_stale(out: str, keep: set[str], pattern: re.Pattern) -> None:
 
 
 def finish(out: str, manifest: dict, progress: Progress) -> dict:
-    """The manifest, last; then the progress records, which it now replaces. Returns the manifest as a
-    reader will see it."""
+    """Staging files gone, the manifest last; then the progress records, which it now replaces. Returns the
+    manifest as a reader will see it."""
     manifest = json.loads(json.dumps(manifest))
+    # a worker killed mid-write left its staging file, and its unit's retry wrote under another name: every unit
+    # has returned, so no staging file is anyone's now (bench/chaos.py found them)
+    storage.remove_staging(out)
     storage.write_manifest(out, manifest)
     progress.clear()
     return manifest
