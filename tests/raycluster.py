@@ -78,10 +78,14 @@ class RayCluster:
         # as cluster.yaml starts its nodes: room for the idle workers a node's pool and tasks take turns with
         cpus = int(next(a.split("=")[1] for a in args if a.startswith("--num-cpus=")))
         env = {**self.env, "RAY_num_workers_soft_limit": str(worker_soft_limit(cpus))}
+        seen = log.tell()
         process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.nodes[name] = Node(name, process, args)
         try:
+            # its own word first: a node killed moments ago still counts as alive until the head's health check
+            # says otherwise, so the count alone could pass before this one joined, or miss that it failed
+            self._registered(name, seen)
             self.wait_for(len(self.nodes), name)
         except NodeDidNotStart:  # a port drawn for it was taken meanwhile: once more, with new ports
             if retries == 0:
@@ -96,6 +100,20 @@ class RayCluster:
         self._start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={{\"{name}\": 1}}",
                            f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={temp}"])
 
+    def _registered(self, name: str, seen: int, timeout: float = 180) -> None:
+        """Until `ray start` of `name` says its runtime started; NodeDidNotStart if it exits first."""
+        path, deadline = os.path.join(self.tmp, f"{name}.log"), time.time() + timeout
+        while time.time() < deadline:
+            with open(path, errors="replace") as f:
+                f.seek(seen)
+                if "Ray runtime started" in f.read():
+                    return
+            if self.nodes[name].process.poll() is not None:
+                log = open(path, errors="replace").read()
+                raise NodeDidNotStart(f"the Ray node {name} did not start:\n{log[-3000:]}")
+            time.sleep(0.2)
+        raise TimeoutError(f"the Ray node {name} did not start in {timeout:.0f}s")
+
     def restart(self, name: str) -> None:
         self._start(name, self.nodes[name].args)
 
@@ -107,7 +125,9 @@ class RayCluster:
                 env=self.env, capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
             return 0
-        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
+        # the count is the last line that is a number: Ray may print a node's death notice after it
+        counts = [line for line in out.stdout.splitlines() if line.strip().isdigit()]
+        return int(counts[-1]) if out.returncode == 0 and counts else 0
 
     def wait_for(self, nodes: int, starting: str, timeout: float = 180) -> None:
         """Until `nodes` nodes are alive; fails at once, with the node's log, if `starting`'s `ray start` exits."""
