@@ -140,9 +140,10 @@ class SharedGate:
             self._call("leave", lease, wait=False)  # not waited for: the request is done
 
     def pause(self, seconds: float) -> None:
-        self.fallback.pause(seconds)  # this process waits in any case
-        with suppress(Exception):
+        try:
             self._call("pause", seconds, wait=False)
+        except Exception:  # at least this process's other requests wait
+            self.fallback.pause(seconds)
 
     def stats(self) -> dict:
         return self._call("stats")
