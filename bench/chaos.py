@@ -203,10 +203,11 @@ class Kill:
         return self.mid_job and self.workers > 0
 
 
-def kill_points(rng: random.Random, shards: int, kills: int) -> list[int]:
+def kill_points(rng: random.Random, shards: int, kills: int, within: float = 0.85) -> list[int]:
     """Random moments of a job that commits `shards` shard files, as the number committed by then: `kills` distinct
-    counts from 1 to 85% of them, so that every kill lands while work is in flight, whatever the machine's speed."""
-    return sorted(rng.sample(range(1, max(kills + 1, int(0.85 * shards))), kills))
+    counts from 1 to `within` of them, so that every kill lands while work is in flight, whatever the machine's
+    speed."""
+    return sorted(rng.sample(range(1, max(kills + 1, int(within * shards))), kills))
 
 
 @dataclass
