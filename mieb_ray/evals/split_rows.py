@@ -79,17 +79,14 @@ def gather(t: int, name: str, keys: tuple[str, str], union: np.ndarray, n_eval: 
     """Task t's drawn train rows (in `union` order) and its eval split (in index order), each row exactly once;
     one line naming the keys that are missing or doubled."""
     metas, vectors = blocks[1::2], blocks[0::2]
-    parts = {False: ([], []), True: ([], [])}
-    for meta, block in zip(metas, vectors):
-        mine = meta["task"] == t
-        for evaluating in (False, True):
-            sel = mine & (meta["eval"] == evaluating)
-            if sel.any():
-                parts[evaluating][0].append(meta["index"][sel])
-                parts[evaluating][1].append(block[sel])
     out = []
     for evaluating, wanted in ((False, union), (True, np.arange(n_eval))):
-        idx = np.concatenate(parts[evaluating][0]) if parts[evaluating][0] else np.zeros(0, np.int64)
+        picks = []  # (block, its rows of this side): copied straight into place, so the task holds one copy
+        for meta, block in zip(metas, vectors):
+            rows = np.flatnonzero((meta["task"] == t) & (meta["eval"] == evaluating))
+            if len(rows):
+                picks.append((block, rows, meta["index"][rows]))
+        idx = np.concatenate([p[2] for p in picks]) if picks else np.zeros(0, np.int64)
         where_in = np.searchsorted(wanted, idx)
         known = (where_in < len(wanted)) & (wanted[np.minimum(where_in, len(wanted) - 1)] == idx) if len(wanted) \
             else np.zeros(len(idx), bool)
@@ -102,9 +99,12 @@ def gather(t: int, name: str, keys: tuple[str, str], union: np.ndarray, n_eval: 
                             f"(e.g. {shown})")
         if (counts > 1).any():
             raise UserError(f"{where} holds {int((counts > 1).sum()):,} duplicate {name} keys")
-        matrix = np.concatenate(parts[evaluating][1]) if parts[evaluating][1] else np.zeros((0, 0), np.float32)
-        ordered = np.empty((len(wanted), matrix.shape[1]), np.float32)
-        ordered[where_in[known]] = matrix[known]
+        ordered = np.empty((len(wanted), picks[0][0].shape[1] if picks else 0), np.float32)
+        start = 0
+        for block, rows, _ in picks:
+            place, keep = where_in[start:start + len(rows)], known[start:start + len(rows)]
+            ordered[place[keep]] = block[rows[keep]]
+            start += len(rows)
         out.append(ordered)
     return out[0], out[1]
 
