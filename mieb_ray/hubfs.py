@@ -14,7 +14,9 @@ reads `hf://` through it. Every request to the inner filesystem (an info, a list
 - when the tries run out, raises `storage.TransientStorageError`: a one-line error, which Ray may retry.
 
 (huggingface_hub retries a byte range itself, 5 times on 429/5xx/timeouts; its listings and infos it does not
-retry, and it takes a short body for the whole range: those are what this layer adds.)
+retry, and it takes a short body for the whole range: those are what this layer adds. Its own retries of a 429
+happen inside one of our requests; its warning of each is the only word of them, so `_ClientRetries` reads those
+warnings and pauses the job's gate for the wait the client takes, as a 429 of ours does.)
 
 A connection that cannot be made (no network, unknown host) is tried 3 times within about 3 s and then
 raised as it is, unless the hub has answered this process before (then it is an outage, waited out like
@@ -29,8 +31,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import random
+import re
 import threading
 import time
 
@@ -196,6 +200,31 @@ def call(fn, what: str, on_retry=None):
 
 
 
+class _ClientRetries(logging.Handler):
+    """huggingface_hub's warnings as it retries a request itself (utils/_http.py): "HTTP Error 429 thrown while
+    requesting ...", then "Rate limited. Waiting 2.0s before retry ..." or "Retrying in 1s ..." (a last failure
+    has no wait: it is raised to `call`, which counts it). Each 429 with a wait pauses the job's gate."""
+
+    LOGGER = "huggingface_hub.utils._http"
+    WAIT = re.compile(r"(?:Rate limited\. Waiting|Retrying in) ([0-9.]+)s")
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.status = threading.local()  # per thread: the HTTP status its last warning named
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text, last = record.getMessage(), getattr(self.status, "code", None)
+        self.status.code = text.split()[2] if text.startswith("HTTP Error ") else None
+        if last == "429" and (wait := self.WAIT.match(text)):
+            hubgate.gate(bound()).pause(float(wait.group(1)))
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(h, cls) for h in logger.handlers):
+            logger.addHandler(cls())
+
+
 class HubFileSystem(fsspec.AbstractFileSystem):
     """The inner hub filesystem, each request bounded and retried (see the module docstring)."""
 
@@ -206,6 +235,7 @@ class HubFileSystem(fsspec.AbstractFileSystem):
         super().__init__(**kwargs)
         self.inner = inner if inner is not None else load_inner()
         _used.set()
+        _ClientRetries.install()
 
     def _where(self, path: str) -> str:
         return "hf://" + self._strip_protocol(path)

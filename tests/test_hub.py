@@ -344,6 +344,32 @@ def test_the_real_hub_client_through_a_local_http_hub(mirror, monkeypatch):
     assert {fault for *_, fault in hub_requests} >= {"429", "truncate", "503", "drop"}
 
 
+def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mirror, monkeypatch):
+    """huggingface_hub retries a refused byte range itself, inside one of our requests: every 429 the hub sent,
+    those too, pauses the job's gate and counts in the build's closing line."""
+    import huggingface_hub.constants
+    import pyarrow.fs as pafs
+    from huggingface_hub import HfFileSystem
+
+    root, _ = mirror
+    server = fakehub.HttpHub(root, every=3, faults=("429",), token=TOKEN)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    client = pafs.PyFileSystem(pafs.FSSpecHandler(hubfs.HubFileSystem(HfFileSystem(endpoint=server.url))))
+    monkeypatch.setattr(storage, "_hf", lambda: client)
+    before = hubfs.requests_so_far()
+    try:
+        source = by_slug("cifar10")
+        units, _ = reader.plan_source(source, "hf", 5)
+        image = reader.source_columns(source)["image"]
+        rows = sum(len(chunk) for unit in units for chunk in reader.read(unit, [image]))
+    finally:
+        server.stop()
+    refused = [path for _, path, _, fault in server.requests if fault == "429"]
+    assert rows == 12 and any("/resolve/" in path for path in refused)  # some retried by the client itself
+    assert hubfs.requests_so_far()["throttled"] - before["throttled"] == len(refused)
+
+
 def test_a_hub_setting_that_is_not_a_number_is_one_line(monkeypatch):
     monkeypatch.setenv(hubfs.ENV_RETRIES, "six")
     with pytest.raises(UserError, match="MIEB_RAY_HUB_RETRIES='six' is not an integer"):
