@@ -4,7 +4,8 @@ process start to results JSON.
 Data: the fixture mirror's eval splits (real pictures, the hub's layout) and 512-d embeddings of them and of the
 prompts in our shard format (tests/embedding_fixtures.py). Not timed. Two shapes:
   1. CIFAR100ZeroShot at its real size, 10,000 test images (one task: the common case of a quick check);
-  2. all 22 tasks, scaled to --rows eval images each (the real suite is 970,944 images; UCF101 alone 697,222).
+  2. every task of the suite (the 22 classification tasks and SciMMIR), scaled to --rows eval images each (the
+     real suite is sources.EVAL_TOTAL_ROWS images; UCF101 alone 697,222).
 
 Contenders, each a fresh process timed from spawn to exit, one after the other:
   1. mteb 2.26.24   bench/mteb_zeroshot_call.py: import mteb; per task, load the eval split with `datasets`
@@ -38,6 +39,7 @@ from embedding_fixtures import make_zeroshot_embeddings
 
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 from mieb_ray.fixtures.mirror import make_mirror
+from mieb_ray.sources import EVAL_TOTAL_ROWS
 
 
 def same_scores(ours: Path, theirs: Path, tasks) -> bool:
@@ -119,7 +121,7 @@ def report(title: str, r: dict, repeat: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=500, help="eval images per task in the 22-task shape (default 500)")
+    ap.add_argument("--rows", type=int, default=500, help="eval images per task in the whole-suite shape (default 500)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_zeroshot"))
     ap.add_argument("--no-ray-row", dest="ray_row", action="store_false",
@@ -129,11 +131,12 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     cifar = select_tasks("CIFAR100ZeroShot")
     one = shape("CIFAR100", cifar, {"cifar100": 10_000}, work / "cifar100", args.repeat, args.ray_row)
-    every = shape("22 tasks", TASKS, {t.slug: args.rows for t in TASKS}, work / "all22", args.repeat, args.ray_row)
+    every = shape(f"{len(TASKS)} tasks", TASKS, {t.slug: args.rows for t in TASKS}, work / "all", args.repeat,
+                  args.ray_row)
     print("\n" + "=" * 100)
     report("CIFAR100ZeroShot, real size: 10,000 test images, 100 classes, 512-d embeddings", one, args.repeat)
-    report(f"All 22 zero-shot tasks, scaled to {args.rows:,} eval images each ({22 * args.rows:,} in all; the real "
-           f"suite has 970,944), 512-d embeddings", every, args.repeat)
+    report(f"All {len(TASKS)} zero-shot tasks, scaled to {args.rows:,} eval images each ({len(TASKS) * args.rows:,} in "
+           f"all; the real suite has {EVAL_TOTAL_ROWS:,}), 512-d embeddings", every, args.repeat)
 
 
 if __name__ == "__main__":
