@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mieb_ray.audit import hamming
 from mieb_ray.audit.fingerprints import fingerprint
 
 METHODS = ("exact", "pixels", "pdq", "near")
@@ -147,49 +148,25 @@ def pdq_words(hashes: pa.Array) -> np.ndarray:
     return flat.view(">u8").astype(np.uint64).reshape(-1, 4) if len(hashes) else np.zeros((0, 4), np.uint64)
 
 
-def hamming_within(train: np.ndarray, evals: np.ndarray, threshold: int, train_rows: int = 64,
-                   eval_rows: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every (train row, eval row, distance) whose Hamming distance is at most `threshold`: all pairs, by
-    brute-force popcount (train, evals: (n, 4) uint64 words). Blocks of train_rows x eval_rows pairs stay in the
-    CPU's cache; the first two words' distance rules out nearly every pair (random halves differ in about 64
-    bits), and only pairs within the threshold there pay for the other two."""
-    found: tuple[list, list, list] = ([], [], [])
-    columns = np.ascontiguousarray(evals.T)  # (4, m): one word of every eval hash, contiguous
-    for lo in range(0, len(train), train_rows):
-        block = train[lo:lo + train_rows]
-        for at in range(0, len(evals), eval_rows):
-            words = columns[:, at:at + eval_rows]
-            half = np.bitwise_count(block[:, 0, None] ^ words[0]) + np.bitwise_count(block[:, 1, None] ^ words[1])
-            i, j = np.nonzero(half <= threshold)
-            if not len(i):
-                continue
-            distance = (half[i, j].astype(np.uint16) + np.bitwise_count(block[i, 2] ^ words[2, j])
-                        + np.bitwise_count(block[i, 3] ^ words[3, j]))
-            keep = distance <= threshold
-            found[0].append(i[keep] + lo)
-            found[1].append(j[keep] + at)
-            found[2].append(distance[keep])
-    return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in found)
-
-
 @dataclass(frozen=True)
 class PdqSide:
     """One side's hash rows made ready for the pdq search once (the eval side serves every train batch): the
     rows of PDQ quality MIN_QUALITY or more, their distinct pictures (one PDQ hash: identical pictures are
     searched once, so a thousand copies of one frame cost one search) and each hash column of those pictures as
-    (n, 4) words."""
+    (n, 4) words, indexed for the search (hamming.Index)."""
 
     table: pa.Table
     values: list
     rows: list[np.ndarray]
-    words: dict[str, np.ndarray]
+    hashes: dict[str, hamming.Index]
 
 
 def pdq_side(table: pa.Table) -> PdqSide:
     table = table.filter(pc.fill_null(pc.greater_equal(table["pdq_quality"], MIN_QUALITY), False))
     values, rows = _distinct(table["pdq"].to_pylist())
     first = pa.array([int(r[0]) for r in rows], pa.int64())
-    return PdqSide(table, values, rows, {c: pdq_words(table[c].take(first).combine_chunks()) for c in PDQ_HASHES})
+    return PdqSide(table, values, rows,
+                   {c: hamming.Index(pdq_words(table[c].take(first).combine_chunks())) for c in PDQ_HASHES})
 
 
 def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide,
@@ -200,7 +177,7 @@ def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide,
     train, against = (s if isinstance(s, PdqSide) else pdq_side(s) for s in (train, against))
     best = {}
     for a, b in PDQ_COMPARED:  # one link per (train, eval) picture: its smallest distance
-        i, j, d = hamming_within(train.words[a], against.words[b], threshold)
+        i, j, d = hamming.within(train.hashes[a].words, against.hashes[b], threshold)
         for x, y, dist in zip(i.tolist(), j.tolist(), d.tolist()):
             best[x, y] = min(dist, best.get((x, y), dist))
     return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
