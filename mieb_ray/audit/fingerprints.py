@@ -58,15 +58,19 @@ def pixel_hash(rgb: Image.Image) -> bytes:
 def trimmed(pixels: np.ndarray) -> np.ndarray:
     """The pixels without letterbox bars: edge rows and columns that are uniform (values within TRIM_SPAN) and
     black or white are cut off, unless that would leave under half of either side. Mirror-symmetric."""
-    def kept(axis: int) -> tuple[int, int]:
-        low, high = pixels.min(axis=(axis, 2)).astype(np.int16), pixels.max(axis=(axis, 2)).astype(np.int16)
+    def kept(low: np.ndarray, high: np.ndarray) -> tuple[int, int]:
+        low, high = low.astype(np.int16), high.astype(np.int16)
         bar = (high - low <= TRIM_SPAN) & ((high <= TRIM_SPAN) | (low >= 255 - TRIM_SPAN))
         if bar.all():
             return 0, len(bar)
         lo, hi = int(np.argmin(bar)), len(bar) - int(np.argmin(bar[::-1]))
         return (lo, hi) if (hi - lo) * 2 >= len(bar) else (0, len(bar))
 
-    (top, bottom), (left, right) = kept(1), kept(0)
+    # each row's and column's extremes over its pixels and channels; reduced one axis at a time, which numpy does
+    # 100x faster than min(axis=(0, 2)) (a strided reduction over two axes: most of the hash stage's time)
+    rows = pixels.reshape(len(pixels), -1)
+    top, bottom = kept(rows.min(axis=1), rows.max(axis=1))
+    left, right = kept(pixels.min(axis=0).min(axis=1), pixels.max(axis=0).max(axis=1))
     return pixels[top:bottom, left:right]
 
 
