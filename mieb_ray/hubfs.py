@@ -199,13 +199,13 @@ def call(fn, what: str, on_retry=None):
                 on_retry()
 
 
-
 class _ClientRetries(logging.Handler):
     """huggingface_hub's warnings as it retries a request itself (utils/_http.py): "HTTP Error 429 thrown while
     requesting ...", then "Rate limited. Waiting 2.0s before retry ..." or "Retrying in 1s ..." (a last failure
     has no wait: it is raised to `call`, which counts it). Each 429 with a wait pauses the job's gate."""
 
     LOGGER = "huggingface_hub.utils._http"
+    STATUS = re.compile(r"HTTP Error (\d+) ")
     WAIT = re.compile(r"(?:Rate limited\. Waiting|Retrying in) ([0-9.]+)s")
 
     def __init__(self):
@@ -214,7 +214,7 @@ class _ClientRetries(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text, last = record.getMessage(), getattr(self.status, "code", None)
-        self.status.code = text.split()[2] if text.startswith("HTTP Error ") else None
+        self.status.code = status.group(1) if (status := self.STATUS.match(text)) else None
         if last == "429" and (wait := self.WAIT.match(text)):
             hubgate.gate(bound()).pause(float(wait.group(1)))
 
