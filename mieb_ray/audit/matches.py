@@ -66,17 +66,36 @@ def by_partition(table: pa.Table) -> pa.Table:
     return table.sort_by([("part", "ascending"), ("unit", "ascending"), ("row", "ascending")])
 
 
-def _distinct(values: list) -> tuple[list, list[np.ndarray]]:
+class Rows:
+    """The rows holding each distinct value, in one array (a million tiny arrays cost seconds to ship to each task):
+    rows[v] are value v's rows, in order."""
+
+    def __init__(self, codes: np.ndarray, values: int):
+        kept = np.flatnonzero(codes >= 0)  # -1: a null, in no value's rows
+        self.order = kept[np.argsort(codes[kept], kind="stable")]
+        self.start = np.zeros(values + 1, np.int64)
+        np.cumsum(np.bincount(codes[kept], minlength=values), out=self.start[1:])
+
+    def __getitem__(self, v: int) -> np.ndarray:
+        return self.order[self.start[v]:self.start[v + 1]]
+
+    def __len__(self) -> int:
+        return len(self.start) - 1
+
+    def first(self) -> np.ndarray:
+        """Each value's first row."""
+        return self.order[self.start[:-1]]
+
+
+def _distinct(values: list) -> tuple[list, Rows]:
     """The distinct non-null values, in order of first appearance, and the rows holding each."""
-    rows: dict = {}
-    for n, v in enumerate(values):
-        if v is not None:
-            rows.setdefault(v, []).append(n)
-    return list(rows), [np.array(r, np.int64) for r in rows.values()]
+    seen: dict = {}
+    codes = np.fromiter((-1 if v is None else seen.setdefault(v, len(seen)) for v in values), np.int64, len(values))
+    return list(seen), Rows(codes, len(seen))
 
 
-def linked_rows(method: str, train: pa.Table, against: pa.Table, train_rows: list[np.ndarray],
-                eval_values: list[bytes], eval_rows: list[np.ndarray], links) -> tuple[pa.Table, list[dict]]:
+def linked_rows(method: str, train: pa.Table, against: pa.Table, train_rows: Rows, eval_values: list[bytes],
+                eval_rows: Rows, links) -> tuple[pa.Table, list[dict]]:
     """Pair rows of the links between distinct hash values ((train value, eval value, score) by their positions in
     train_rows and eval_rows), and the groups: an eval value whose rows and linked train rows would make more than
     GROUP_CAP pairs (thousands of copies of one blank frame or placeholder on both sides) is listed as its rows
@@ -157,14 +176,14 @@ class PdqSide:
 
     table: pa.Table
     values: list
-    rows: list[np.ndarray]
+    rows: Rows
     hashes: dict[str, hamming.Index]
 
 
 def pdq_side(table: pa.Table) -> PdqSide:
     table = table.filter(pc.fill_null(pc.greater_equal(table["pdq_quality"], MIN_QUALITY), False))
     values, rows = _distinct(table["pdq"].to_pylist())
-    first = pa.array([int(r[0]) for r in rows], pa.int64())
+    first = pa.array(rows.first(), pa.int64())
     return PdqSide(table, values, rows,
                    {c: hamming.Index(pdq_words(table[c].take(first).combine_chunks())) for c in PDQ_HASHES})
 
