@@ -17,7 +17,12 @@ eval side of the whole of MIEB (about 1M pictures).
 One comparison (hash against hash); the detector makes six per pair of images (matches.PDQ_COMPARED), so its
 search costs six of these. Prints pairs/s of each and the ratio, and projects the detector's full-size search.
 
-    .venv/bin/python bench/audit_pdq_search.py [--train 20000] [--eval 1000000]
+With --distributions, instead: how many candidates multi-index hashing makes on the PDQ hashes of pictures, of
+the full-size rehearsal's 8x8 noise PNGs (bench/full_size.py) and of uniform random bits, as a share of all pairs
+(uniform: 272 / 65,536 = 0.0042) and searched both ways: its speed-up depends on it, and at 1/16 of the pairs
+(hamming.CANDIDATE_COST) `within` searches by brute force instead.
+
+    .venv/bin/python bench/audit_pdq_search.py [--train 20000] [--eval 1000000] [--distributions]
 """
 
 from __future__ import annotations
@@ -51,11 +56,56 @@ def baseline(train: np.ndarray, evals: np.ndarray, threshold: int, block_bytes: 
     return np.concatenate(out[0]), np.concatenate(out[1])
 
 
+def distributions(total: int = 12_000, train_rows: int = 1_500) -> None:
+    """Candidates a pair, and each search's CPU time, on three kinds of hashes (see the docstring)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from full_size import noise_png
+    from preprocess import KINDS, make_kind, mix_weights
+
+    from mieb_ray.audit.fingerprints import fingerprint
+
+    def words(prints) -> np.ndarray:
+        packed = np.frombuffer(b"".join(p.pdq for p in prints if p.pdq), np.uint8).reshape(-1, 32)
+        return packed.view(">u8").astype(np.uint64).reshape(-1, 4)
+
+    weights = mix_weights()
+    pictures = words([fingerprint(b) for i, kind in enumerate(KINDS)
+                      for b in make_kind(kind, max(50, int(total * weights[kind])), seed=200 + i)])
+    rng = np.random.default_rng(0)
+    kinds = {"pictures: bench/preprocess.py's mix (crops of the fixture pictures at mieb-train's sizes)": pictures,
+             "8x8 noise PNGs (the full-size rehearsal's images)": words([fingerprint(noise_png(f"x/{i}"))
+                                                                         for i in range(len(pictures))]),
+             "uniform random bits": np.frombuffer(rng.bytes(len(pictures) * 32), np.uint64).reshape(-1, 4).copy()}
+    probes = hamming._probes(THRESHOLD)
+    print(f"### Candidates of multi-index hashing by kind of hash, {train_rows:,} train x "
+          f"{len(pictures) - train_rows:,} eval, threshold {THRESHOLD}\n")
+    print("| hashes | candidates / pairs | x uniform's | multi-index CPU s | brute force CPU s | pairs found (equal) |")
+    print("|---|---|---|---|---|---|")
+    for name, hashes in kinds.items():
+        order = rng.permutation(len(hashes))
+        train, evals = hashes[order[:train_rows]], hashes[order[train_rows:]]
+        t0 = time.process_time()
+        index = hamming.Index(evals)
+        found = hamming._indexed(train, index, THRESHOLD)
+        indexed = time.process_time() - t0
+        t0 = time.process_time()
+        brute = hamming.brute_force(train, evals, THRESHOLD)
+        brute_s = time.process_time() - t0
+        share = sum(int(hamming._buckets(train, index, c, probes)[1].sum()) for c in range(hamming.CHUNKS))
+        share /= len(train) * len(evals)
+        same = sorted(zip(*(x.tolist() for x in found))) == sorted(zip(*(x.tolist() for x in brute)))
+        print(f"| {name} | {share:.4f} | {share * 65536 / len(probes) / hamming.CHUNKS:.1f} | {indexed:.3f} | "
+              f"{brute_s:.3f} | {len(found[0]):,} ({same}) |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", type=int, default=20_000)
     ap.add_argument("--eval", type=int, default=1_000_000)
+    ap.add_argument("--distributions", action="store_true", help="candidates by kind of hash (the docstring)")
     args = ap.parse_args()
+    if args.distributions:
+        return distributions()
     rng = np.random.default_rng(0)
     train = np.frombuffer(rng.bytes(args.train * 32), np.uint64).reshape(-1, 4).copy()
     evals = np.frombuffer(rng.bytes(args.eval * 32), np.uint64).reshape(-1, 4).copy()
