@@ -12,7 +12,7 @@ Stages (each count times --scale; 1.0 = real size):
             the model's is the GPU's), which no stand-in makes instant without faking what is measured.
   zeroshot, probe, biovita   the eval stages of bench/full_size_evals.py (its docstring), loaded if present.
   audit     `audit --against mieb`: the build's output at --audit-scale (default 0.05, when below --scale) with
-            every image replaced by a distinct 8x8 RGB noise PNG (~270 bytes, PDQ quality >= 90), against the
+            every image replaced by a distinct 16x16 RGB noise PNG (~850 bytes, PDQ quality 100), against the
             23 MIEB eval splits at the catalog's sizes times the same scale (a mirror in the hub's layout, eval
             images distinct noise PNGs; one eval image in 1,000 is a byte copy of a train image: the pairs to
             find) and the BioVITA-shaped corpus (~3,000 photos, always real size, as bench/eval_biovita.py).
@@ -278,16 +278,22 @@ def embed_run(work: Path, scale: float) -> dict:
 # ---------------------------------------------------------------------------------------------- audit
 
 
+# 8 x 8 noise made PDQ hashes whose 16-bit chunks crowd (17x the pdq search's candidates of uniform hashes: it searched
+# them by brute force); 16 x 16 makes 1.4x, as pictures do (1.5x: bench/audit_pdq_search.py --distributions)
+NOISE_SIDE = 16
+
+
 def noise_png(seed: str) -> bytes:
-    """An 8x8 RGB PNG of sha256 noise: distinct per seed, decodable, PDQ quality >= 90 (not a flat image)."""
+    """A NOISE_SIDE x NOISE_SIDE RGB PNG of sha256 noise: distinct per seed, decodable, PDQ quality 100."""
     import hashlib
     import io
 
     from PIL import Image
 
-    raw = b"".join(hashlib.sha256(f"{seed}#{i}".encode()).digest() for i in range(6))  # 192 bytes = 8 x 8 x 3
+    size = NOISE_SIDE * NOISE_SIDE * 3
+    raw = b"".join(hashlib.sha256(f"{seed}#{i}".encode()).digest() for i in range(-(-size // 32)))[:size]
     buf = io.BytesIO()
-    Image.frombytes("RGB", (8, 8), raw).save(buf, "PNG")
+    Image.frombytes("RGB", (NOISE_SIDE, NOISE_SIDE), raw).save(buf, "PNG")
     return buf.getvalue()
 
 
@@ -349,7 +355,7 @@ def audit_inputs(work: Path, scale: float) -> dict:
     from mieb_ray.sources import select
 
     folder = work / "audit"
-    marker = folder / f"prepared-{scale:g}.json"
+    marker = folder / f"prepared-{scale:g}-{NOISE_SIDE}px.json"
     if marker.exists():
         return json.loads(marker.read_text())
     folder.mkdir(parents=True, exist_ok=True)
