@@ -269,17 +269,11 @@ class NodeChaos:
     def _restart(self, node: str, pause: float) -> None:
         try:
             time.sleep(pause)
-            bring_back(self.cluster, node)
+            self.cluster.restart(node)  # raycluster waits for its `ray start` to say it registered
             self.down.discard(node)
             self.log(f"  {node} back at {time.time() - self.t0:.2f} s")
         except BaseException as exc:  # noqa: BLE001  raised again in join()
             self.errors.append(exc)
-
-
-def bring_back(cluster, node: str) -> None:
-    """Start a killed node again: raycluster waits for its `ray start` to say it registered (a port drawn for it
-    that was taken meanwhile: once more, with new ports)."""
-    cluster.restart(node)
 
 
 def node_chaos(cluster, args: list[str], out: str, suffix: str, rng: random.Random, points: list[int],
