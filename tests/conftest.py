@@ -15,6 +15,10 @@ import s3server
 from gpu import need
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# before any test module imports `datasets`, which reads its cache's place once, at import: a cache outside the
+# session would serve a folder's old contents to a test that rewrote it (its fingerprint does not see the files)
+HF_HOME = tempfile.mkdtemp(prefix="mieb-ray-tests-hf-")
+os.environ.update(HF_HOME=HF_HOME, HF_DATASETS_CACHE=os.path.join(HF_HOME, "datasets"), HF_HUB_OFFLINE="1")
 # the tests' own modules (fakehub.py, the fixtures) importable in every process the tests start: Ray's nodes and
 # workers, the command-line runs
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -39,12 +43,9 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def hf_home(tmp_path_factory):
-    home = str(tmp_path_factory.mktemp("hf_home"))
-    os.environ["HF_HOME"] = home
-    os.environ["HF_DATASETS_CACHE"] = os.path.join(home, "datasets")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return home
+def hf_home():
+    yield HF_HOME
+    shutil.rmtree(HF_HOME, ignore_errors=True)
 
 
 def fake_hub_config(tmp_path_factory) -> str:

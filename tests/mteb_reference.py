@@ -143,21 +143,24 @@ def _zeroshot_encoder(text_emb: dict[str, np.ndarray], images: np.ndarray):
     return FakeEncoder()
 
 
+def load_like_mteb(repo: str, cache_dir: str):
+    """Every split of a fixture repo as mteb loads a task's dataset: `datasets.load_dataset(path, revision=...)`,
+    the hub's path replaced by the mirror's folder (its card, split patterns and file order are datasets' own)."""
+    import datasets
+
+    return datasets.load_dataset(repo, cache_dir=cache_dir)
+
+
 def mteb_zeroshot(task_name: str, repo: str, split: str, text_emb: dict[str, np.ndarray],
                   images: np.ndarray, cache_dir: str | None = None) -> dict:
     """The TaskResult JSON mteb 2.26.24 writes for a zero-shot task whose eval split is read from a fixture repo
     in the hub layout (parquet or WebDataset), `images` = the split's image embeddings in row order.
     cache_dir: the `datasets` cache to load through (default: a fresh one per call)."""
-    import glob
 
-    import datasets
     import mteb
 
     with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
-        parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
-        builder, files = ("parquet", parquet) if parquet else (
-            "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))
-        data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=cache_dir or os.path.join(tmp, "hf"))
+        data = load_like_mteb(repo, cache_dir or os.path.join(tmp, "hf"))
         task = mteb.get_task(task_name)
         task.dataset = data
         task.data_loaded = True
@@ -236,19 +239,15 @@ def mteb_clustering(task_name: str, repo: str, eval_split: str, evaluated: dict[
 
 def _mteb_on_rows(task_name: str, repo: str, splits: dict[int, str], train: dict[int, np.ndarray],
                   evaluated: dict[int, np.ndarray], drop: dict[str, set[int]] | None = None) -> dict:
-    import glob
 
     import datasets
     import mteb
 
     with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
         task = mteb.get_task(task_name)
-        loaded = {}
+        loaded, every = {}, load_like_mteb(repo, os.path.join(tmp, "hf"))
         for code, split in splits.items():
-            parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
-            builder, files = ("parquet", parquet) if parquet else (
-                "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem)))
-            data = datasets.load_dataset(builder, data_files={split: files}, cache_dir=os.path.join(tmp, "hf"))[split]
+            data = every[split]
             column = task.input_column_name
             pngs = [{"bytes": _identity_png(code, i), "path": None} for i in range(len(data))]
             data = data.remove_columns([column]).add_column(column, pngs).cast_column(column, datasets.Image())

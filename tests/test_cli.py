@@ -34,7 +34,7 @@ def test_a_failed_run_leaves_no_folder_it_made(ray_local, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["build", "--sources", "{tmp}/empty", "--datasets", "mnist", "--out", "{tmp}/o"], "no train"),
+    (["build", "--sources", "{tmp}/empty", "--datasets", "mnist", "--out", "{tmp}/o"], "mnist: no files under"),
     (["embed", "--input", "{tmp}/table", "--model", "org/not-cached", "--out", "{tmp}/o"], "org/not-cached"),
     (["eval-biovita", "--data", "{tmp}/empty", "--image-embeddings", "{tmp}/table", "--text-embeddings",
       "{tmp}/table", "--out", "{tmp}/o"], "{tmp}/"),
@@ -68,3 +68,18 @@ def test_a_cluster_address_that_takes_no_connection_is_one_line(mirror, tmp_path
     assert done.stderr.strip().splitlines()[-1] == \
         "mieb-ray: error: cannot reach the Ray cluster at 127.0.0.1:9: Connection refused"
     assert not (tmp_path / "o").exists()
+
+
+def test_an_interrupted_command_is_told_to_resume_only_if_it_can(monkeypatch, tmp_path, capsys):
+    """build, embed and audit take --resume; eval does not, so its interrupt line must not send the user there."""
+    from mieb_ray import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    for name in ("run_build", "run_eval"):
+        monkeypatch.setattr(cli, name, interrupted)
+    assert main(["build", "--sources", str(tmp_path), "--out", str(tmp_path / "b")]) == 130
+    assert capsys.readouterr().err.strip().endswith("run again with --resume to finish")
+    assert main(["eval", "--tasks", "CIFAR10ZeroShot", "--out", str(tmp_path / "e")]) == 130
+    assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; eval has no --resume: run it again"

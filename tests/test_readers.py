@@ -38,7 +38,9 @@ def test_units_cover_the_split_exactly_once(odd_mirror, slug, rows, rows_per_sha
     units, _ = reader.plan_source(source, odd_mirror, rows_per_shard)
     seen = []
     for unit in units:
-        assert unit.lo % rows_per_shard == 0
+        # Parquet: rows [k*N, (k+1)*N) of the split; tars: of each tar, so that no tar is read by two units
+        assert (unit.lo - (unit.pieces[0].first if source.layout == "webdataset" else 0)) % rows_per_shard == 0
+        assert source.layout == "parquet" or len(unit.pieces) == 1
         index = [i for chunk in read_unit(source, unit) for i in chunk["index"].to_pylist()]
         assert all(unit.lo <= i and (unit.hi is None or i < unit.hi) for i in index)
         seen += index
@@ -48,35 +50,40 @@ def test_units_cover_the_split_exactly_once(odd_mirror, slug, rows, rows_per_sha
     assert labels == [label_of(source, i) for i in range(rows)]
 
 
-def test_train_files_skip_the_test_split_and_sort_naturally(tmp_path):
+def datasets_files(repo, split: str) -> list[str]:
+    """The split's files as `datasets.load_dataset(repo)` would read them: its own builder, on the folder."""
+    import datasets
+
+    return [os.path.relpath(f, repo) for f in datasets.load_dataset_builder(str(repo)).config.data_files[split]]
+
+
+def test_train_files_skip_the_test_split_in_the_order_datasets_reads_them(tmp_path):
     make_mirror(tmp_path, rows={"fer2013": 24}, datasets=["fer2013"], files=12)
     files = reader.train_files(by_slug("fer2013"), str(tmp_path))
-    assert [os.path.basename(f) for f in files] == [f"{i}.tar" for i in range(12)]  # 2.tar before 10.tar
-    assert not any("/test/" in f for f in files)
+    # as strings, the way datasets sorts them: 10.tar before 2.tar
+    assert [os.path.basename(f) for f in files] == sorted(f"{i}.tar" for i in range(12))
+    assert [os.path.relpath(f, tmp_path / "mteb/wds_fer2013") for f in files] == \
+        datasets_files(tmp_path / "mteb/wds_fer2013", "train")
 
 
-def test_split_files_find_each_split_by_its_names(tmp_path):
+def test_split_files_are_the_ones_datasets_finds(tmp_path):
     make_mirror(tmp_path, rows={"fer2013": 4, "food101": 4}, datasets=["fer2013", "food101"], files=2,
-                eval_rows={"fer2013": 5})
+                eval_rows={"fer2013": 5}, eval_files=2)
     fer, food = by_slug("fer2013"), by_slug("food101")
-    assert [os.path.relpath(f, tmp_path) for f in reader.split_files(fer, str(tmp_path), "test")] == [
-        "mteb/wds_fer2013/test/0.tar"]
-    assert [os.path.basename(f) for f in reader.split_files(food, str(tmp_path), "validation")] == [
-        "validation-00000-of-00001.parquet"]
-    assert reader.split_files(fer, str(tmp_path)) == reader.train_files(fer, str(tmp_path))
-    for old, new in [("test", "testing"), ("validation", "val")]:  # the other spellings of a split's name
-        repo = tmp_path / (fer.repo if old == "test" else food.repo)
-        path = repo / "test" if old == "test" else repo / "data/validation-00000-of-00001.parquet"
-        path.rename(path.with_name(new if old == "test" else "val-00000-of-00001.parquet"))
-    assert [os.path.relpath(f, tmp_path) for f in reader.split_files(fer, str(tmp_path), "test")] == [
-        "mteb/wds_fer2013/testing/0.tar"]
-    assert [os.path.basename(f) for f in reader.split_files(food, str(tmp_path), "validation")] == [
-        "val-00000-of-00001.parquet"]
-    with pytest.raises(UserError, match=r"^food101: no test \.parquet or \.tar files under .*mteb/food101$"):
+    for source, split in [(fer, "test"), (fer, "train"), (food, "validation"), (food, "train")]:  # by the cards
+        repo = tmp_path / source.repo
+        assert [os.path.relpath(f, repo) for f in reader.split_files(source, str(tmp_path), split)] == \
+            datasets_files(repo, split)
+    (tmp_path / fer.repo / "README.md").unlink()  # no card: datasets' own split names, "testing" among them
+    (tmp_path / fer.repo / "test").rename(tmp_path / fer.repo / "testing")
+    assert [os.path.relpath(f, tmp_path / fer.repo) for f in reader.split_files(fer, str(tmp_path), "test")] == \
+        datasets_files(tmp_path / fer.repo, "test") == ["testing/0.tar", "testing/1.tar"]
+    with pytest.raises(UserError, match=r"^food101 \(.*mteb/food101\): no test split \(datasets finds: train, "
+                                        r"validation\)$"):
         reader.split_files(food, str(tmp_path), "test")
 
     units, _ = reader.plan_source(fer, str(tmp_path), 2, "test")
-    assert [(u.lo, u.hi, u.split) for u in units] == [(0, None, "test")]  # one tar from 0: one unit
+    assert [(u.lo, u.hi, u.split) for u in units] == [(0, 2, "test"), (2, 4, "test"), (4, 5, "test")]  # tars of 2 + 3
     assert [i for u in units for c in read_unit(fer, u) for i in c["index"].to_pylist()] == list(range(5))
     units, _ = reader.plan_source(food, str(tmp_path), 2, "validation")
     assert {u.split for u in units} == {"validation"}
@@ -89,7 +96,7 @@ def test_hub_class_names_come_from_the_parquet_metadata(odd_mirror):
 
 
 def test_missing_source_and_missing_column_name_the_source(odd_mirror, tmp_path):
-    with pytest.raises(UserError, match=r"^food101: no train \.parquet or \.tar files under .*mteb/food101$"):
+    with pytest.raises(UserError, match=r"^food101: no files under .*mteb/food101$"):
         reader.plan_source(by_slug("food101"), odd_mirror, 10)
     make_mirror(tmp_path, datasets=["cifar10"])
     path = sorted(glob.glob(f"{tmp_path}/mteb/cifar10/data/train-*.parquet"))[1]
@@ -129,7 +136,7 @@ def test_bad_rows_become_error_rows_and_nothing_else_is_lost(tmp_path):
 
     source = by_slug("cifar10")
     units, names = reader.plan_source(source, root, 5)
-    builder = ShardBuilder({"cifar10": class_table(source, names)}, out, "parquet", 5)
+    builder = ShardBuilder({"cifar10": class_table(source, names)}, out, "parquet")
     results = [builder.build(u) for u in units]
     assert sum(r["rows"] for r in results) == 9 and sum(r["errors"] for r in results) == 3
     errors = pq.read_table([os.path.join(out, r["error_file"]) for r in results if r["error_file"]]).to_pylist()
@@ -149,7 +156,7 @@ def test_scimmir_captions_are_the_rows_own_text(tmp_path):
     units, names = reader.plan_source(source, str(tmp_path), 100)
     table = class_table(source, names)
     out = str(tmp_path / "out")
-    ShardBuilder({"scimmir": table}, out, "parquet", 100).build(units[0])
+    ShardBuilder({"scimmir": table}, out, "parquet").build(units[0])
     rows = pq.read_table(glob.glob(f"{out}/scimmir/*.parquet")).to_pylist()
     src = pa.concat_tables(pq.read_table(f) for f in sorted(glob.glob(f"{tmp_path}/mteb/SciMMIR/data/train-*")))
     for row, text, cls in zip(rows, src["text"].to_pylist(), src["class"].to_pylist()):
@@ -167,12 +174,12 @@ def test_tars_on_shard_boundaries_are_read_once_each(tmp_path):
     make_mirror(tmp_path, rows={"gtsrb": 25}, datasets=["gtsrb"], tar_rows=5)  # tars of 5, like the hub's 10,000
     source = by_slug("gtsrb")
     units, _ = reader.plan_source(source, str(tmp_path), 5)
-    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 5, 1), (5, 10, 1), (10, 15, 1), (15, 20, 1),
-                                                           (20, None, 1)]
-    units, _ = reader.plan_source(source, str(tmp_path), 10)  # 5 is not a multiple of 10: one unit per shard
-    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == [(0, 10, 2), (10, 20, 2), (20, None, 1)]
+    spans = [(0, 5, 1), (5, 10, 1), (10, 15, 1), (15, 20, 1), (20, 25, 1)]
+    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == spans
+    units, _ = reader.plan_source(source, str(tmp_path), 10)  # units never span tars: still one per tar
+    assert [(u.lo, u.hi, len(u.pieces)) for u in units] == spans
     out = str(tmp_path / "out")
-    builder = ShardBuilder({"gtsrb": class_table(source)}, out, "parquet", 1)
-    units, _ = reader.plan_source(source, str(tmp_path), 1)  # one tar, several shards: the writer rolls over
+    builder = ShardBuilder({"gtsrb": class_table(source)}, out, "parquet")
+    units, _ = reader.plan_source(source, str(tmp_path), 1)  # a unit per row of each tar, a shard per unit
     shards = [s["path"] for u in units for s in builder.build(u)["shards"]]
     assert shards == [f"gtsrb/{k:06d}.parquet" for k in range(25)]

@@ -2,17 +2,19 @@
 anyone's table), local, on S3 or on the hub, cut into units and read as Arrow tables.
 
 A Unit is rows [lo, hi) of a table, held by one or more pieces (files). Two planners make them:
-  plan_source  a catalog source's split (train, test, validation) from the hub or a mirror: the layout found by
-               the files the split holds (Parquet or tars; the catalog's only breaks a tie), units of rows
-               [k*N, (k+1)*N) of the split, a row's index its place in the split (files in natural order, rows
-               in file order; in tars the number in the `s0000123` sample key, as clip_benchmark writes them)
+  plan_source  a catalog source's split (train, test, validation) from the hub or a mirror: its files and their
+               order as `datasets.load_dataset(repo)` reads them (io/datafiles.py), a row's index its index
+               there (files in that order, rows in file order); a tar's rows are counted from its sample keys
+               (clip_benchmark writes `s0000123`, consecutive), which every read checks; units of rows
+               [k*N, (k+1)*N) of a Parquet split, of each tar of a WebDataset split (a tar is read by its units
+               alone)
   plan_table   a table's files (input_files: a mieb-train manifest's shards, or a folder's files), each cut into
                units of rows of that file, a row's index its position in the file; a tar's units start reading
                at the byte offset of their first sample (index_tar)
 and `read(unit, columns)` yields the unit's rows in order as tables of at most CHUNK_ROWS rows (or CHUNK_BYTES of
 images), an `index` column first: Parquet row groups straight to Arrow, tar members into column buffers (no row
 dicts). A Column says where a column is in either format and how a tar member becomes a value. Planning reads
-metadata only: listings, Parquet footers, the first header of a tar.
+metadata only: listings, the card, Parquet footers, the first header of each tar and the tail of the last.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pyarrow as pa
 
 from mieb_ray import storage
 from mieb_ray.errors import FormatError, UserError
-from mieb_ray.io import parquet, tar
+from mieb_ray.io import datafiles, parquet, tar
 from mieb_ray.io.parquet import IMAGE_TYPE
 from mieb_ray.io.tar import IMAGE_EXTENSIONS
 from mieb_ray.sources import PARQUET, WEBDATASET, Source
@@ -37,9 +39,7 @@ CHUNK_BYTES = 64 << 20
 HF = "hf"
 PARQUET_SUFFIX, TAR_SUFFIX = ".parquet", ".tar"
 
-# the words a split's files or folders go by: data/train-00000-of-00002.parquet, test/0.tar, val/...
-_SPLIT_WORDS = {"train": "train|training", "test": "test|testing", "validation": "validation|valid|val"}
-_EXTENSIONS = {PARQUET: PARQUET_SUFFIX, WEBDATASET: TAR_SUFFIX}
+_BUILDERS = {"parquet": PARQUET, "webdataset": WEBDATASET}  # datasets' builder -> the layout we read
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ class Piece:
     uri: str
     first: int  # the index of the file's first row (a tar's: of the first sample read)
     offset: int = 0  # a tar: the byte offset of its first sample to read
+    key: int | None = None  # a source's tar: its first sample's key number; the rest follow it one by one
+    rows: int | None = None  # a source's tar: the samples it holds, as its keys say
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Unit:
     name: str  # what the unit makes: its shard's name (a table), its rows of a source split (a source)
     source: str | None = None  # a catalog source's slug and split: rows indexed by their place in the split
     split: str | None = None
+    shard: int = 0  # a source's unit: its place among the split's units, the number of the one shard it builds
 
     @property
     def identity(self) -> dict:
@@ -131,14 +134,10 @@ def repo_root(source: Source, sources: str) -> str:
     return storage.join(sources, source.repo)
 
 
-def _natural(uri: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
-
-
 @dataclass(frozen=True)
 class Listing:
-    """What a source's split holds at its revision: the layout found, its data files in split order, and the
-    repo's classnames.txt (CLIP_benchmark's class list beside tars) when there is one."""
+    """What a source's split holds at its revision: the layout `datasets` reads it as, its data files in the
+    order it reads them, and the repo's classnames.txt (CLIP_benchmark's class list beside tars) if any."""
 
     layout: str  # PARQUET or WEBDATASET
     files: tuple[str, ...]
@@ -146,20 +145,23 @@ class Listing:
 
 
 def detect(source: Source, sources: str, split: str = "train") -> Listing:
-    """List the repo once and find the split's files: parquet or tars, whichever it holds (both: the catalog's
-    layout). Natural sort: 2.tar before 10.tar."""
+    """The split's files as `datasets.load_dataset(repo, revision=...)` finds them (io/datafiles.py)."""
     root = repo_root(source, sources)
-    words = re.compile(rf"(^|/)({_SPLIT_WORDS.get(split, re.escape(split))})([-._ 0-9/]|$)")
-    rel = {u: u[len(root):].lstrip("/") for u in storage.list_files(root)}
-    # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
-    rel = {u: r for u, r in rel.items() if not re.search(r"(^|/)\.", r)}
-    found = {layout: sorted((u for u, r in rel.items() if u.endswith(ext) and words.search(r)), key=_natural)
-             for layout, ext in _EXTENSIONS.items()}
-    layout = next((k for k in (source.layout, *found) if found[k]), None)
+    try:
+        repo = datafiles.Repo(root)
+        found = repo.files()
+    except FormatError as exc:
+        raise FormatError(f"{source.slug}: {exc}") from None
+    layout = _BUILDERS.get(found.builder)
     if layout is None:
+        raise FormatError(f"{source.slug}: datasets reads {storage.display(root)} as {found.builder} files, "
+                          "not Parquet or WebDataset")
+    files = found.split(split, f"{source.slug} ({storage.display(root)})")
+    if not files:
         raise FormatError(f"{source.slug}: no {split} .parquet or .tar files under {storage.display(root)}")
-    names = sorted((u for u, r in rel.items() if r.rsplit("/", 1)[-1] == "classnames.txt"), key=len)
-    return Listing(layout, tuple(found[layout]), names[0] if names else None)
+    names = sorted((u for r, u in repo.paths.items() if r.rsplit("/", 1)[-1] == "classnames.txt"
+                    and not re.search(r"(^|/)\.", r)), key=len)  # not in .cache/ of a `--local-dir` download
+    return Listing(layout, files, names[0] if names else None)
 
 
 def split_files(source: Source, sources: str, split: str = "train") -> list[str]:
@@ -184,38 +186,46 @@ def unit_name(slug: str, split: str, lo: int) -> str:
 
 def plan_source(source: Source, sources: str, rows_per_unit: int,
                 split: str = "train") -> tuple[list[Unit], list[str] | None]:
-    """Units of rows [k*N, (k+1)*N) of the source's split, and the class names it keeps (Parquet: the label
-    column's ClassLabel names; tars: classnames.txt), whichever layout the repo holds."""
+    """Units of at most N rows of the source's split, and the class names it keeps (Parquet: the label column's
+    ClassLabel names; tars: classnames.txt), whichever layout the repo holds. Parquet: rows [k*N, (k+1)*N) of the
+    split; tars: rows [k*N, (k+1)*N) of each tar (the hub's hold 10,000: a unit per tar, each read once)."""
     listing = detect(source, sources, split)
     files = list(listing.files)
     if listing.layout == PARQUET:
         firsts, ends, names = _parquet_extents(source, files)
+        bounds = [(lo, min(lo + rows_per_unit, ends[-1]),
+                   [Piece(uri, first) for uri, first, end in zip(files, firsts, ends) if first < lo + rows_per_unit
+                    and end > lo]) for lo in range(0, ends[-1], rows_per_unit)]
     else:
-        with ThreadPoolExecutor(16) as pool:
-            firsts = list(pool.map(_first_index, files))
-        for a, b, uri in zip(firsts, firsts[1:], files[1:]):
-            if b <= a:
-                raise FormatError(f"{source.slug}: {storage.display(uri)} starts at index {b}, not after {a}")
-        ends, names = firsts[1:] + [None], classnames(listing)  # the last tar's size is known only by reading it
-    if listing.layout == WEBDATASET and all(first % rows_per_unit == 0 for first in firsts):
-        # the hub's tars hold 10,000 samples each: a unit per tar, each read once
-        bounds = [(first, end, [(uri, first)]) for uri, first, end in zip(files, firsts, ends)]
-    else:
-        total = ends[-1]  # None: tars, the last of which holds an unknown number of samples
-        last = firsts[-1] if total is None else max(total - 1, 0)  # the last index known to be there
-        bounds = []
-        for lo in range(0, last + 1, rows_per_unit):
-            if total is not None:
-                hi = min(lo + rows_per_unit, total)
-            else:  # the unit that reaches the last tar reads it to its end
-                hi = lo + rows_per_unit if lo + rows_per_unit <= last else None
-            held = [(uri, first) for uri, first, end in zip(files, firsts, ends)  # files with rows of [lo, hi)
-                    if (hi is None or first < hi) and (end is None or end > max(lo, first))]
-            if held:
-                bounds.append((lo, hi, held))
-    units = [Unit(lo, hi, tuple(Piece(uri, first) for uri, first in held), unit_name(source.slug, split, lo),
-                  source.slug, split) for lo, hi, held in bounds]
+        extents, names, first, bounds = tar_extents(files), classnames(listing), 0, []
+        for uri, (key, rows) in zip(files, extents):
+            piece = Piece(uri, first, key=key, rows=rows)
+            bounds += [(lo, min(lo + rows_per_unit, first + rows), [piece])
+                       for lo in range(first, first + rows, rows_per_unit)]
+            first += rows
+    units = [Unit(lo, hi, tuple(held), unit_name(source.slug, split, lo), source.slug, split, shard)
+             for shard, (lo, hi, held) in enumerate(bounds)]
     return units, names
+
+
+def tar_extents(files: list[str]) -> list[tuple[int, int]]:
+    """(first key number, samples) of each of a source split's tars, from sample keys alone: every tar's first
+    header, and the tail of the one whose keys come last. clip_benchmark numbers a split's samples `s%07d` in
+    one run across its tars, so a tar holds the keys from its own first to the next tar's; reads check it."""
+    with ThreadPoolExecutor(16) as pool:
+        firsts = list(pool.map(_first_index, files))
+    order = sorted(range(len(files)), key=firsts.__getitem__)
+    for a, b in zip(order, order[1:]):
+        if firsts[a] == firsts[b]:
+            raise FormatError(f"{storage.display(files[a])} and {storage.display(files[b])} both start at sample "
+                              f"key {firsts[a]}")
+    rows = {a: firsts[b] - firsts[a] for a, b in zip(order, order[1:])}
+    last = files[order[-1]]
+    name = tar.last_member(last)
+    # a last member too big for the tail read: the tar itself counted
+    rows[order[-1]] = sample_index(tar.sample_key(name), last) + 1 - firsts[order[-1]] if name is not None \
+        else tar.index_tar(last, 1 << 62)[0]
+    return [(firsts[i], rows[i]) for i in range(len(files))]
 
 
 def _parquet_extents(source: Source, files: list[str]) -> tuple[list[int], list[int], list[str] | None]:
@@ -374,20 +384,24 @@ def _parquet(unit: Unit, piece: Piece, columns: list[Column]):
 
 def _tar(unit: Unit, piece: Piece, columns: list[Column]):
     """Samples to column buffers: a column's member is looked for once, again only in a sample that lacks it, and
-    a label's bytes are parsed once per distinct value; a chunk's binary columns are built from one join."""
-    keyed, lo, hi = unit.source is not None, unit.lo, unit.hi
+    a label's bytes are parsed once per distinct value; a chunk's binary columns are built from one join. A row's
+    index is its place in the tar after `piece.first`; a source's tar has its keys checked against that (they
+    counted its rows)."""
+    lo, hi = unit.lo, unit.hi
     member = {c.name: None for c in columns}
     parsed: dict[str, dict] = {c.name: {} for c in columns if c.kind == "label"}
-    index, values, size, position = [], {c.name: [] for c in columns}, 0, piece.first
+    index, values, size, read = [], {c.name: [] for c in columns}, 0, 0
     for key, sample in tar.tar_samples(piece.uri, piece.offset):
-        if keyed:
-            at = _key_number(key, piece.uri)
-            if at < lo or (hi is not None and at >= hi):
-                continue
-        else:
-            at, position = position, position + 1
-            if hi is not None and at >= hi:
-                break
+        at, read = piece.first + read, read + 1
+        if piece.key is not None and _key_number(key, piece.uri) != piece.key + read - 1:
+            raise FormatError(f"{storage.display(piece.uri)}: sample {key} is number {read - 1} of the tar, whose "
+                              f"keys start at {piece.key}: keys that skip or repeat cannot count its rows")
+        if at < lo:
+            continue
+        if hi is not None and at >= hi:
+            if piece.rows is not None and read > piece.rows:
+                _miscounted(piece, "more than")
+            break
         meta = None
         for c in columns:
             if c.kind == "key":
@@ -418,8 +432,16 @@ def _tar(unit: Unit, piece: Piece, columns: list[Column]):
         if len(index) >= CHUNK_ROWS or size >= CHUNK_BYTES:
             yield _chunk(index, values, columns)
             index, values, size = [], {c.name: [] for c in columns}, 0
+    else:
+        if piece.rows is not None and read != piece.rows:
+            _miscounted(piece, f"{read}, not")
     if index:
         yield _chunk(index, values, columns)
+
+
+def _miscounted(piece: Piece, held: str):
+    raise FormatError(f"{storage.display(piece.uri)} holds {held} the {piece.rows} samples its keys say (from "
+                      f"{piece.key} to the next tar's first, {piece.key + piece.rows})")
 
 
 _MISSING = object()

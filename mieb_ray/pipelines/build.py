@@ -5,8 +5,9 @@ layout, keyed `<slug>/<split>/<index>`, every row kept; it goes to its own outpu
 
 check     driver, before anything is written or Ray works: the cheap part of check-sources (listing, layout,
           columns, class names); a wrong mirror fails in seconds with the table (preflight.py)
-plan      driver: file listings and footers only; units of rows [k*N, (k+1)*N) of one source
-build     ShardBuilder, one unit per call: read, caption, write and commit the shards, then the unit's progress
+plan      driver: file listings, footers and tar headers only; units of at most N rows of one source, each
+          within one tar (reader.plan_source)
+build     ShardBuilder, one unit per call: read, caption, write and commit its shard, then the unit's progress
           record (shard_builder.py); an actor pool on Ray (each actor holds the class tables once), or in this
           process for a small build (runtime/placement.py)
 manifest  driver, last: built from the units' results (runtime/job.py); before it, for WebDataset, a sizes.json
@@ -43,7 +44,7 @@ from mieb_ray.runtime.units import Stage
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
 FORMAT = "mieb-train"
-FORMAT_VERSION = 2  # 2: tars named <slug>/<slug>-000000.tar, with sizes.json
+FORMAT_VERSION = 3  # 2: tars named <slug>/<slug>-000000.tar, with sizes.json; 3: rows in `datasets`' order
 FORMATS = ("parquet", "webdataset")
 SPLITS = ("train", "eval")  # eval: each source's `eval_split`
 LOCAL_ROWS = 100_000  # at most this many rows build in this process under --executor auto (a second or two)
@@ -133,13 +134,12 @@ def build(config: BuildConfig, log=print) -> dict:
         log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)} "
             f"({', '.join(config.exclude_detectors)})")
     todo = [i for i, u in enumerate(units) if u.name not in built]
-    rows = sum((u.hi or u.lo + config.rows_per_shard) - u.lo for u in units)
+    rows = sum(u.hi - u.lo for u in units)
     where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
                              else None, f"about {rows:,} rows")
     log(f"[build] {where.describe()}")
     stage = Stage(ShardBuilder, dict(units=units, tables=tables, out=config.out, fmt=config.fmt,
-                                     rows_per_shard=config.rows_per_shard, progress=job.progress,
-                                     exclude=_by_dataset(exclude)))
+                                     progress=job.progress, exclude=_by_dataset(exclude)))
     if where.mode == "ray" and todo:
         pool = cpu_pool(read_cluster(), config.cpus_per_worker, config.workers, cap=len(todo), what="shard builders")
         log(f"[build] {pool.why}")

@@ -133,10 +133,6 @@ def _check_parquet(source: Source, files: tuple[str, ...], row: Row, count: bool
     return parquet.hub_class_names(metas[0], source.label_column)
 
 
-def _tar_index(uri: str, name: str) -> int:
-    return reader.sample_index(tar.sample_key(name), uri)
-
-
 def _check_tars(source: Source, listing: reader.Listing, row: Row, count: bool) -> list[str] | None:
     files = listing.files
     sample = tar.first_sample(files[0])
@@ -155,20 +151,8 @@ def _check_tars(source: Source, listing: reader.Listing, row: Row, count: bool) 
     if row.fails:
         return None
     if count:
-        with ThreadPoolExecutor(FILE_THREADS) as pool:
-            firsts = [_tar_index(uri, name) for uri, name in zip(files, pool.map(tar.first_member, files))]
-        for a, b, uri in zip(firsts, firsts[1:], files[1:]):
-            if b <= a:
-                row.fails.append(f"{storage.display(uri).rsplit('/', 1)[-1]} starts at index {b}, not after {a}")
-                return None
-        last = tar.last_member(files[-1])
-        if last is None:
-            row.notes.append(f"rows not counted (no tar header in the tail of {storage.display(files[-1])})")
-        else:
-            row.rows = _tar_index(files[-1], last) + 1 - firsts[0]
-            row.notes.append("rows by keys")
-        if firsts[0] != 0:
-            row.notes.append(f"the first sample has index {firsts[0]}, not 0")
+        row.rows = sum(rows for _, rows in reader.tar_extents(list(files)))
+        row.notes.append("rows by keys")
     return reader.classnames(listing)
 
 

@@ -2,9 +2,9 @@
 
 ShardBuilder is the build's one stage (runtime/units.py): a Ray actor pool, each actor holding the class tables
 once and streaming units through, or one instance in this process; image bytes go from the source file to the
-output shard without crossing the object store. Shard names depend only on the row index
-(mieb_train.shard_path of `index // rows_per_shard`), so a retried or repeated unit rewrites the same shards
-with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
+output shard without crossing the object store. A unit (at most --rows-per-shard rows) makes one shard, named by
+the unit's place in its split (mieb_train.shard_path of `unit.shard`), so a retried or repeated unit rewrites the
+same shard with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
 `_progress/<slug>/<split>/<lo>.json` for an eval split: the unit, the settings and its result) is
 committed too: what `--resume` skips.
 """
@@ -34,10 +34,9 @@ def error_path(slug: str, unit_lo: int) -> str:
 
 
 class ShardBuilder:
-    def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, rows_per_shard: int,
-                 progress: Progress | None = None, exclude: dict[str, pa.Array] | None = None,
-                 units: list[Unit] = ()):
-        self.units, self.tables, self.out, self.rows_per_shard = units, tables, out, rows_per_shard
+    def __init__(self, tables: dict[str, ClassTable], out: str, fmt: str, progress: Progress | None = None,
+                 exclude: dict[str, pa.Array] | None = None, units: list[Unit] = ()):
+        self.units, self.tables, self.out = units, tables, out
         self.progress = progress
         self.exclude = exclude or {}  # slug -> the train keys an audit flagged: left out
         self.writer_cls = WRITERS[fmt]
@@ -68,8 +67,8 @@ class ShardBuilder:
         slug = unit.source
         source, table, exclude = by_slug(slug), self.tables[slug], self.exclude.get(slug)
         columns = list(source_columns(source).values())
-        shards, errors, dropped, excluded, last = [], [], 0, 0, -1
-        current: _OpenShard | None = None
+        errors, dropped, excluded, last = [], 0, 0, -1
+        shard: _OpenShard | None = None
         try:
             for chunk in read(unit, columns):
                 index = chunk["index"].to_numpy()
@@ -80,31 +79,21 @@ class ShardBuilder:
                     raise FormatError(f"{slug}: sample keys out of order or repeated in "
                                       f"{storage.display(file)} near index {int(index[0])}")
                 last = int(index[-1])
-                # the index is increasing, so each shard's rows are one slice of the chunk
-                shard_of = index // self.rows_per_shard
-                bounds = np.flatnonzero(np.diff(shard_of)) + 1
-                for lo, hi in zip([0, *bounds], [*bounds, len(index)]):
-                    number = int(shard_of[lo])
-                    if current is None or current.number != number:
-                        if current is not None:
-                            shards.append(self._commit(slug, current))
-                        current = self._open(slug, number, source.image_ext)
-                    rows, bad, n_dropped = train_rows(source, table, chunk.slice(lo, hi - lo),
-                                                      storage.display(file), unit.split)
-                    if exclude is not None:
-                        flagged = pc.is_in(rows["key"], value_set=exclude)
-                        excluded += pc.sum(flagged).as_py() or 0
-                        rows = rows.filter(pc.invert(flagged))
-                    current.writer.write(rows)
-                    dropped += n_dropped
-                    if bad.num_rows:
-                        errors.append(bad)
-            if current is not None:
-                shards.append(self._commit(slug, current))
-                current = None
+                shard = shard or self._open(slug, unit.shard, source.image_ext)
+                rows, bad, n_dropped = train_rows(source, table, chunk, storage.display(file), unit.split)
+                if exclude is not None:
+                    flagged = pc.is_in(rows["key"], value_set=exclude)
+                    excluded += pc.sum(flagged).as_py() or 0
+                    rows = rows.filter(pc.invert(flagged))
+                shard.writer.write(rows)
+                dropped += n_dropped
+                if bad.num_rows:
+                    errors.append(bad)
+            shards = [self._commit(slug, shard)] if shard is not None else []
+            shard = None
         finally:
-            if current is not None:  # failed mid-shard: never committed
-                storage.discard(current.local)
+            if shard is not None:  # failed mid-shard: never committed
+                storage.discard(shard.local)
         error_file = None
         if errors:
             error_file = error_path(slug, unit.lo)
