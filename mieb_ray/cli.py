@@ -14,7 +14,7 @@ from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
-from mieb_ray.io.contamination import BUILD_DETECTORS
+from mieb_ray.io.contamination import BUILD_DETECTORS, DETECTORS
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
@@ -55,8 +55,9 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
                         "rows keep their keys")
     p.add_argument("--exclude-detectors", default=BUILD_DETECTORS, type=flags.detectors,
-                   help="with --exclude: the detectors whose pairs leave a train row out, comma-separated (default: "
-                        f"{','.join(BUILD_DETECTORS)}; add near to trust the CLIP threshold too)")
+                   help=f"with --exclude: the detectors ({', '.join(DETECTORS)}) whose pairs leave a train row out, "
+                        f"comma-separated (default: {','.join(BUILD_DETECTORS)}; add near to trust the CLIP threshold "
+                        "too)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
     p.add_argument("--resume", action="store_true",
                    help="continue an unfinished run: skip the units it built with the same settings (an unfinished "
@@ -324,7 +325,7 @@ def parser() -> argparse.ArgumentParser:
     add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
     add_eval_flags(command("eval-zeroshot", help="eval limited to the MIEB zero-shot classification tasks, with "
                                                  "mteb's prompts and with fixed ones"), (zeroshot,))
-    a = command("audit", help="find the train rows that duplicate an eval image (exact, same pixels, near)")
+    a = command("audit", help=f"find the train rows that duplicate an eval image (detectors: {', '.join(DETECTORS)})")
     add_audit_flags(a)
     a.set_defaults(run=run_audit)
     d = command("demo", help="the whole flow on this machine from fixtures made on the spot: build, embed with a "
@@ -421,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
     except KeyboardInterrupt:
-        print("mieb-ray: interrupted; committed shards are complete, run again with --resume to finish",
-              file=sys.stderr)
+        print("mieb-ray: interrupted; " + ("committed shards are complete, run again with --resume to finish"
+                                           if hasattr(args, "resume") else  # eval, check-sources, demo: start over
+                                           f"{args.command} has no --resume: run it again"), file=sys.stderr)
         return 130
     except UserError as user:  # a user's mistake is one line; anything else keeps its traceback
         print(f"mieb-ray: error: {user}", file=sys.stderr)

@@ -1,12 +1,17 @@
 """The docs stay true: the flags page is the parser's own (every flag documented once), the README stays one
-screen and opens with the two commands CI runs, and every link between the pages reaches a file and a heading."""
+screen and opens with the two commands CI runs, every link between the pages reaches a file and a heading, and
+what the pages count or list (eval tasks per suite, audit detectors, the jobs that resume, the layers and their
+modules) is what the code has."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from mieb_ray.audit import job
+from mieb_ray.audit.matches import METHODS
 from mieb_ray.cli import parser, reference
+from mieb_ray.evals.registry import SUITES
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -49,3 +54,69 @@ def test_every_link_between_the_pages_resolves():
             if anchor:
                 headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
                 assert anchor[1:] in headings, (page.name, path, anchor)
+
+
+def _readme_before_benchmarks() -> str:
+    """The README above its benchmarks table, whose rows say what each recorded run scored at the time."""
+    return (ROOT / "README.md").read_text().split("\n## Benchmarks")[0]
+
+
+# How the README and docs/evals.md count each suite's tasks ("23 zero-shot"); BioVITA is one task, named
+COUNTED = {"zeroshot": "zero-shot", "linear_probe": "linear-probe", "clustering": "clustering",
+           "retrieval": "SciMMIR retrieval"}
+
+
+def test_the_task_counts_the_docs_state_are_the_registry_s():
+    tasks = {suite.name: len(suite.tasks) for suite in SUITES}
+    assert set(tasks) == {*COUNTED, "biovita"}, "a new suite: count it in the README's eval row, then here"
+    readme = _readme_before_benchmarks()
+    row = next(line for line in readme.splitlines() if line.startswith("| eval |"))
+    for suite, words in COUNTED.items():  # the eval row counts every suite
+        assert f"{tasks[suite]} {words}" in row, (suite, row)
+    by_words = {words: suite for suite, words in COUNTED.items()}
+    pattern = r"\b(\d+) (" + "|".join(map(re.escape, by_words)) + r")\b"
+    for text in (readme, (ROOT / "docs" / "evals.md").read_text()):  # and every other count agrees
+        for number, words in re.findall(pattern, text):
+            assert int(number) == tasks[by_words[words]], (number, words)
+
+
+def test_every_audit_detector_is_named_where_the_docs_list_them():
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    listed = ", ".join(METHODS)
+    assert f"({listed})" in next(line for line in cli.splitlines() if line.startswith("| `--exclude-detectors` |"))
+    assert f"(detectors: {listed})" in cli.split("## mieb-ray audit\n")[1].split("\n|")[0]  # the command's line
+    assert f"({listed}:" in job.__doc__.splitlines()[0]
+    evals = (ROOT / "docs" / "evals.md").read_text()
+    assert "per detector (" + ", ".join(f"`{m}`" for m in METHODS) + ")" in evals  # the clean block's counts
+    audit = (ROOT / "docs" / "audit.md").read_text()
+    for n, method in enumerate(METHODS, 1):  # the page's numbered list of detectors
+        assert f"  {n}. **{method}**" in audit, method
+    assert f"\n  {len(METHODS) + 1}. **" not in audit
+
+
+def test_the_readme_says_which_jobs_resume():
+    commands = next(a for a in parser()._actions if hasattr(a, "choices") and a.choices).choices
+    readme = _readme_before_benchmarks()
+    jobs = re.findall(r"^\| (\w+) \| .* \| \[docs/", readme, re.M)  # the jobs table's rows
+    assert jobs
+    said = next(p for p in readme.split("\n\n") if "`--resume` finishes" in p)
+    for name in jobs:
+        if "--resume" in commands[name]._option_string_actions:
+            assert f"`{name}`" in said.split("`--resume` finishes")[1].split(";")[0], name
+        else:
+            assert f"`{name}` has no `--resume`" in said, name
+
+
+def test_the_layers_are_the_import_contract_s_and_name_every_module():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    block = page.split("## The layers\n")[1].split("```\n")[1]
+    heads = [re.split(r"\s{2,}", line)[0] for line in block.splitlines() if line and not line.startswith(" ")]
+    contract = (ROOT / "pyproject.toml").read_text().split('type = "layers"')[1]  # no tomllib on Python 3.10
+    layers = re.findall(r'"([^"]+)"', contract.split("layers = [")[1].split("]")[0])
+    assert [h.replace(".py", "").replace("/", "") for h in heads] == [x.replace("mieb_ray.", "") for x in layers]
+    package = ROOT / "mieb_ray"
+    for module in sorted(package.rglob("*.py")):
+        if module.stem not in ("__init__", "__main__"):
+            assert re.search(rf"\b{module.stem}\b", block), module.relative_to(package)
+    for suite in SUITES:
+        assert re.search(rf"\b{suite.name}\b", block), suite.name

@@ -38,6 +38,28 @@ def test_task_names_select_their_suites():
         registry.select("BioVITAT2IReranking", (zeroshot,))
 
 
+def test_the_biovita_cards_task_name_selects_mteb_s_task(tmp_path, capsys):
+    """The card's `mteb.get_task("BioVITAT2IRetrieval")` names a task mteb 2.26.24 calls BioVITAT2IReranking."""
+    biovita, zeroshot, *_ = registry.SUITES
+    chosen = registry.select(f"BioVITAT2IRetrieval,{ZS}")
+    assert [(s.name, names) for s, names in chosen] == [("biovita", list(biovita.tasks)), ("zeroshot", [ZS])]
+    assert capsys.readouterr().out.splitlines() == [f"[eval] BioVITAT2IRetrieval is mteb's {biovita.tasks[0]} "
+                                                    "(the name on its dataset card)"]
+    with pytest.raises(UserError, match="^unknown eval task 'BioVITAT2IRetrieval'; "):  # not a zero-shot task
+        registry.select("BioVITAT2IRetrieval", (zeroshot,))
+    # through the command: the name passes the task check (the next refusal is the missing embeddings); a
+    # misspelt one is still refused in one line, before anything runs
+    out = str(tmp_path / "out")
+    assert main(["eval", "--tasks", "BioVITAT2IRetrieval", "--out", out]) == 1
+    seen = capsys.readouterr()
+    assert f"BioVITAT2IRetrieval is mteb's {biovita.tasks[0]}" in seen.out
+    assert seen.err.startswith("mieb-ray: error: give either --model, or --image-embeddings")
+    assert main(["eval", "--tasks", "BioVITAT2IRetreival", "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mieb-ray: error: unknown eval task 'BioVITAT2IRetreival'; valid: all, ")
+    assert err.count("\n") == 1 and "BioVITAT2IRetrieval" not in err
+
+
 def _merged(parts: list[str], out: str, modality: str) -> str:
     """One embed output holding the rows of several."""
     keys, vectors = zip(*(embeddings.read_all(p) for p in parts))

@@ -1,9 +1,11 @@
-"""The audit job: which train rows duplicate an eval image, by three detectors, each reported apart.
+"""The audit job: which train rows duplicate an eval image, by four detectors (exact, pixels, pdq, near: the same
+bytes, the same pixels, a perceptual hash, CLIP cosine), each reported apart.
 
 plan     driver: the train table and the eval tables (`mieb`: the MIEB eval splits, built into
          OUT/eval-data by the build job through the same readers, and reused); units of rows of one file
-hash     the job's one stage, per unit: each image's sha256 and pixel hash, committed as a Parquet file sorted
-         by join partition (one row group each), then its progress record   (audit/fingerprints.py, runtime/)
+hash     the job's one stage, per unit: each image's sha256, pixel hash and PDQ hashes, committed as a Parquet
+         file sorted by join partition (one row group each), then its progress record (audit/fingerprints.py,
+         runtime/)
 join     a CPU task per partition: its row group of every hash file, joined on each hash (audit/matches.py)
 pdq      every train x eval pair within PDQ_THRESHOLD bits, exactly: the eval side's PDQ hashes read once into the
          object store and indexed once (matches.pdq_side: about 630 bytes a row), then a CPU task per batch of

@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from mieb_ray.audit import hamming
 from mieb_ray.audit.fingerprints import fingerprint
+from mieb_ray.io import contamination
 
-METHODS = ("exact", "pixels", "pdq", "near")
+METHODS = contamination.DETECTORS  # one tuple for the audit and the jobs that read its output; the report's order
 PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
 # (train hash, eval hash) compared: the pictures, one the mirror of the other, one a centred crop of the other
 PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
@@ -220,7 +221,8 @@ def error_rows(side: str, rows: pa.Table) -> pa.Table:
 
 
 def sort_pairs(pairs: pa.Table) -> pa.Table:
-    """By detector (exact, pixels, near), then score (highest first), then eval task, eval key, train key."""
+    """By detector (in METHODS' order: exact, pixels, pdq, near), then score (highest first), then eval task,
+    eval key, train key."""
     order = pc.index_in(pairs["method"], value_set=pa.array(METHODS))
     pairs = pairs.append_column("_m", order)
     pairs = pairs.sort_by([("_m", "ascending"), ("score", "descending"), ("eval_task", "ascending"),

@@ -1,9 +1,9 @@
-"""Every eval task by its mteb name, and the suite that scores it (evals/protocol.py's EvalSuite): adding a task
-type is one suite module and one entry in SUITES.
+"""Every eval task by its mteb name, and the suite that scores it (evals/protocol.py's EvalSuite). A new task
+type is a suite module and an entry in SUITES, and more places besides (docs/architecture.md lists them).
 
 `evaluate_tasks` is `mieb-ray eval`: the chosen tasks grouped by suite, each suite embedded first when a model
 is given (complete embeddings of the same model and input are reused) and scored. The outputs of one suite go
-to OUT; of several, each to OUT/<suite>/ (`biovita`, `zeroshot`), with OUT/_manifest.json listing them last.
+to OUT; of several, each to OUT/<suite>/ (a Suite's name), with OUT/_manifest.json listing them last.
 """
 
 from __future__ import annotations
@@ -54,12 +54,22 @@ SUITES = (
           lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
 )
 
+# Other names of mteb tasks, accepted so that a name copied from a dataset's card works: BioVITA's card says
+# mteb.get_task("BioVITAT2IRetrieval"), a name mteb 2.26.24 refuses (its task is BioVITAT2IReranking).
+ALIASES = {"BioVITAT2IRetrieval": biovita_data.TASK}
 
-def select(tasks: str | None, within: tuple[Suite, ...] = SUITES) -> list[tuple[Suite, list[str]]]:
-    """(suite, its chosen task names) for `tasks`: comma-separated mteb names, or "all" / None for every task of
-    the suites `within`; an unknown name is one line listing the valid ones."""
+
+def select(tasks: str | None, within: tuple[Suite, ...] = SUITES, log=print) -> list[tuple[Suite, list[str]]]:
+    """(suite, its chosen task names) for `tasks`: comma-separated mteb names (or an ALIASES name, logged as
+    the task it is), or "all" / None for every task of the suites `within`; an unknown name is one line listing
+    the valid ones."""
     valid = [name for suite in within for name in suite.tasks]
-    wanted = valid if tasks in (None, ALL) else [t.strip() for t in tasks.split(",") if t.strip()]
+    given = valid if tasks in (None, ALL) else [t.strip() for t in tasks.split(",") if t.strip()]
+    # an alias of a task outside `within` (eval-zeroshot) stays unknown, under the name the user gave
+    wanted = [ALIASES[t] if ALIASES.get(t) in valid else t for t in given]
+    for name, task in zip(given, wanted):
+        if name != task:
+            log(f"[eval] {name} is mteb's {task} (the name on its dataset card)")
     unknown = [t for t in wanted if t not in valid]
     if unknown or not wanted:
         raise UserError(f"unknown eval task {unknown[0]!r}; valid: {ALL}, {', '.join(valid)}" if unknown
