@@ -2,15 +2,12 @@
 
 The hub repo was written by `push_to_hub(config_name=...)`: per subset four configs
 `{subset}-{corpus,queries,qrels,top_ranked}`, each a folder of `test-NNNNN-of-NNNNN*.parquet` files,
-listed in the README's YAML `configs:`. Only the columns scoring needs are read: never the corpus
-images, except through read_images().
+listed in the README's YAML `configs:`, resolved as `datasets` resolves them (io/datafiles.py). Only the
+columns scoring needs are read: never the corpus images, except through read_images().
 """
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -18,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
 
 from mieb_ray import storage
-from mieb_ray.errors import UserError
+from mieb_ray.errors import FormatError, UserError
+from mieb_ray.io import datafiles
 
 REPO = "myang333/BioVITAT2IRetrieval"
 REVISION = "fa59ba155cc59354c388e454c705a93bb9d984ab"
@@ -59,53 +56,16 @@ def repo_root(data: str) -> str:
     return storage.join(data, REPO)
 
 
-def _natural(uri: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", uri)]
-
-
-def _card_patterns(root: str) -> dict[str, list[str]]:
-    """config -> the test split's data_files patterns, from the README front matter ({} without one)."""
-    readme = storage.join(root, "README.md")
-    if not storage.exists(readme):
-        return {}
-    text = storage.read_text(readme)
-    if not text.startswith("---"):
-        return {}
-    return _front_patterns(text.split("---", 2)[1])
-
-
-@functools.lru_cache(maxsize=16)
-def _front_patterns(front_matter: str) -> dict[str, list[str]]:
-    """The patterns of a README front matter, parsed once per text (libyaml's loader when there is one)."""
-    front = yaml.load(front_matter, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    patterns = {}
-    for config in front.get("configs") or []:
-        files = config.get("data_files") or []
-        if isinstance(files, str):  # `data_files: pattern` means one "train" split
-            files = [{"split": "train", "path": files}]
-        for entry in files:
-            if isinstance(entry, dict) and entry.get("split") == SPLIT:
-                paths = entry.get("path")
-                patterns[config["config_name"]] = [paths] if isinstance(paths, str) else list(paths or [])
-    return patterns
-
-
 def _locate(root: str) -> dict[str, list[str]]:
-    """Every config's test-split parquet files: by the README's patterns, else the `<config>/` folder."""
-    patterns = _card_patterns(root)
-    prefix = root.rstrip("/") + "/"
-    # hidden folders (.cache/huggingface/ of a `--local-dir` download) are not the repo's files
-    rel = [u[len(prefix):] for u in storage.list_files(root) if u.endswith(".parquet")]
-    rel = [r for r in rel if not re.search(r"(^|/)\.", r)]
+    """Every config's test-split parquet files, as `datasets.load_dataset(REPO, config)` reads them (the card's
+    `configs`, io/datafiles.py); a config it cannot resolve has none."""
+    repo = datafiles.Repo(root)
     found = {}
-    for subset in SUBSETS:
-        for kind in KINDS:
-            config = f"{subset}-{kind}"
-            if config in patterns:
-                files = [r for r in rel if any(fnmatch.fnmatchcase(r, p) for p in patterns[config])]
-            else:
-                files = [r for r in rel if r.startswith(f"{config}/") and r.split("/")[-1].startswith(SPLIT)]
-            found[config] = [storage.join(root, r) for r in sorted(files, key=_natural)]
+    for config in (f"{subset}-{kind}" for subset in SUBSETS for kind in KINDS):
+        try:
+            found[config] = list(repo.files(config).splits.get(SPLIT, ()))
+        except FormatError:
+            found[config] = []
     return found
 
 
