@@ -65,3 +65,23 @@ def test_resume_with_the_same_settings_finishes_it(mirror, unfinished):
     done = command(mirror, unfinished, "--datasets", "cifar10", "--resume")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[build] resuming: 1 of 2 units already built" in done.stdout
+
+
+def test_an_unfinished_build_of_an_older_format_is_refused_naming_its_version(mirror, unfinished):
+    """mieb-train 3 keys rows by their place in `datasets`' order, 2 did not: a resume would mix the two."""
+    import json
+
+    from mieb_ray.pipelines.build import FORMAT_VERSION
+
+    for record in (unfinished / "_progress").rglob("*.json"):
+        data = json.loads(record.read_text())
+        data["settings"]["format_version"] = FORMAT_VERSION - 1  # as an older mieb-ray wrote it
+        record.write_text(json.dumps(data))
+    before = tree(unfinished)
+    for flags in ([], ["--resume"]):
+        done = command(mirror, unfinished, "--datasets", "cifar10", *flags)
+        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+            f"mieb-ray: error: {unfinished} holds an unfinished run of build (2 files) in format version "
+            f"{FORMAT_VERSION - 1}; this mieb-ray writes version {FORMAT_VERSION}: pass --overwrite to start again")
+    assert tree(unfinished) == before
+    assert command(mirror, unfinished, "--datasets", "cifar10", "--overwrite").returncode == 0

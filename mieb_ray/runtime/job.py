@@ -60,6 +60,11 @@ class Job:
         differ = self.progress.differences(records, planned)
         where = f"{storage.display(self.out)} holds an unfinished run of {self.name} ({len(left)} " \
             f"file{'s' if len(left) != 1 else ''})"
+        old = {(r.get("settings") or {}).get("format_version") for r in records.values()} - {None}
+        new = self.progress.settings.get("format_version")
+        if new is not None and old and old != {new}:  # its rows mean other things: nothing of it can be kept
+            raise UserError(f"{where} in format version {', '.join(map(str, sorted(old)))}; this mieb-ray writes "
+                            f"version {new}: pass --overwrite to start again")
         if not self.resume:
             differ = f", started with other settings ({differ})" if differ else ""
             raise UserError(f"{where}{differ}; pass --resume to continue it or --overwrite to start again")
