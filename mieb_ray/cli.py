@@ -176,7 +176,7 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
                    help="embed output of the query texts, prompts and captions, keyed by the text itself")
     p.add_argument("--model", type=flags.model,
                    help="instead of the two embedding flags: embed what the tasks need with this model first "
-                        "(complete embeddings of the same model and input are reused)")
+                        "(reused only when made from the same model commit or files, input and settings)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
     p.add_argument("--out", required=True, type=flags.output,
                    help="output folder: <Task>.json per task (mteb's TaskResult layout), report.html, per-query ranks "
@@ -252,8 +252,8 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=flags.output,
                    help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")
     p.add_argument("--model", type=flags.model,
-                   help="find near-duplicates too: embed both sides with this CLIP model first (complete embeddings "
-                        "of the same model and input are reused)")
+                   help="find near-duplicates too: embed both sides with this CLIP model first (reused only when "
+                        "made from the same model commit or files, input and settings)")
     p.add_argument("--revision", default=None, help="hub commit of --model")
     p.add_argument("--train-embeddings", type=flags.existing,
                    help="instead of --model: embed output of the train images, keyed as --train")

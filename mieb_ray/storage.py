@@ -138,17 +138,26 @@ def _describe(exc: BaseException) -> str:
     return redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
 
 
-def list_files(uri: str) -> list[str]:
-    """Every file under `uri`, recursively, as URIs with the same scheme; [] when it does not exist."""
+def listing(uri: str) -> dict[str, tuple[int, int | None]]:
+    """{file URI: (size, modification time in ns or None)} of every file under `uri`, recursively, with the same
+    scheme (of `uri` itself, when it is a file); {} when it does not exist."""
     fs, path = filesystem(uri)
+    prefix = uri.rstrip("/")
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        infos = fs.get_file_info([path])
+        if infos[0].type != pafs.FileType.File:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except Exception as exc:
         if not _remote_error(exc):
             raise
         raise StorageError(f"cannot list {uri}: {_describe(exc)}") from exc
-    prefix = uri.rstrip("/")
-    return sorted(prefix + i.path[len(path):] for i in infos if i.type == pafs.FileType.File)
+    return {prefix + i.path[len(path):]: (i.size, i.mtime_ns) for i in sorted(infos, key=lambda i: i.path)
+            if i.type == pafs.FileType.File}
+
+
+def list_files(uri: str) -> list[str]:
+    """Every file under `uri`, recursively, as URIs with the same scheme; [] when it does not exist."""
+    return list(listing(uri))
 
 
 def exists(uri: str) -> bool:

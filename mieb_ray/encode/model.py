@@ -139,13 +139,16 @@ def _select(paths: list[str], weights: list[str] | None = None) -> list[str]:
 
 
 def _from_s3(uri: str, cache_dir: str) -> str:
-    """Download the prefix once per machine; later calls (every actor on the node) touch no network."""
+    """Download the prefix once per machine and version of its files (their sizes and times: a model overwritten
+    there is fetched again); later calls (every actor on the node) list it and download nothing."""
     uri = uri.rstrip("/")
-    final = os.path.join(cache_dir, hashlib.sha1(uri.encode()).hexdigest())
+    prefix = uri + "/"
+    stamps = storage.listing(uri)
+    files = _select([u[len(prefix):] for u in stamps])
+    version = json.dumps([[f, *stamps[prefix + f]] for f in sorted(files)])
+    final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
     if os.path.exists(os.path.join(final, _COMPLETE)):
         return final
-    prefix = uri + "/"
-    files = _select([u[len(prefix):] for u in storage.list_files(uri)])
     if not files:
         bucket = uri[len("s3://"):].split("/", 1)[0]
         what = "no model files (*.safetensors or pytorch_model*.bin)" if storage.exists(f"s3://{bucket}") \
@@ -169,6 +172,19 @@ def _from_s3(uri: str, cache_dir: str) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def identity(name: str, path: str, info: ModelInfo) -> dict:
+    """What decides a model's embeddings (runtime/identity.py): a hub model's name and resolved commit; any other
+    (a local folder, an S3 prefix) by the sha256 of the files it loads from, so that one overwritten with other
+    weights is not taken for the old one."""
+    if info.revision is not None and _is_hub(name):
+        return {"name": info.name, "revision": info.revision}
+    content = hashlib.sha256()
+    for rel in sorted(_select(os.listdir(path))):
+        with open(os.path.join(path, rel), "rb") as f:
+            content.update(f"{rel}\0".encode() + hashlib.file_digest(f, "sha256").digest())
+    return {"name": info.name, "content": content.hexdigest()}
 
 
 def _model_class(config: dict):

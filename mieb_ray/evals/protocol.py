@@ -4,7 +4,7 @@ An eval implements `EvalSuite`: the tasks it scores together from one set of emb
 the zero-shot tasks chosen), what to embed with which keys, how to score blocks on the top-k engine (refs
 only: workers read the embeddings), how to gather and merge the blocks into mteb's TaskResult per task, and
 what else to write. `run()` does the rest the same way for all: output checks, embedding first (reusing
-complete embeddings of the same model and input), scoring, `OUT/<task>.json` per task, the suite's own
+complete embeddings of the same identity: runtime/identity.py), scoring, `OUT/<task>.json` per task, the suite's own
 files, and `_manifest.json` last (dropped first, so a rerun replaces the outputs whole).
 """
 
@@ -96,9 +96,8 @@ def text_table(out: str, name: str, texts: list[str]) -> str:
     them anew."""
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
     uri = storage.join(out, "embeddings", f"_{name}", f"{name}-{digest}.parquet")
-    local = storage.staging_path(uri)
-    pq.write_table(pa.table({"key": texts, "text": texts}), local)
-    storage.commit(local, uri)
+    if not storage.exists(uri):  # its name is its content: kept as it is, so its embeddings' input is the same
+        storage.commit_file(uri, lambda local: pq.write_table(pa.table({"key": texts, "text": texts}), local))
     return uri
 
 
@@ -134,7 +133,8 @@ def placement_of(requested: str, images: str, texts: str | None) -> placement.Pl
 def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print,
           **pools) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
-    of the same model and input are reused). pools: the embed job's workers, gpus_per_worker, cpus_per_worker."""
+    of the same identity are reused, any others replaced). pools: the embed job's workers, gpus_per_worker,
+    cpus_per_worker."""
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)

@@ -2,8 +2,8 @@
 type is a suite module and an entry in SUITES, and more places besides (docs/architecture.md lists them).
 
 `evaluate_tasks` is `mieb-ray eval`: the chosen tasks grouped by suite, each suite embedded first when a model
-is given (complete embeddings of the same model and input are reused) and scored. The outputs of one suite go
-to OUT; of several, each to OUT/<suite>/ (a Suite's name), with OUT/_manifest.json listing them last.
+is given (complete embeddings of the same identity are reused: runtime/identity.py) and scored. The outputs of
+one suite go to OUT; of several, each to OUT/<suite>/ (a Suite's name), with OUT/_manifest.json listing them last.
 """
 
 from __future__ import annotations

@@ -62,11 +62,13 @@ class Unit:
     source: str | None = None  # a catalog source's slug and split: rows indexed by their place in the split
     split: str | None = None
     shard: int = 0  # a source's unit: its place among the split's units, the number of the one shard it builds
+    input: str | None = None  # the identity of what its files held when planned (runtime/identity.py), if known
 
     @property
     def identity(self) -> dict:
         """What a progress record keeps of the unit, to be sure a resumed run would read the same rows."""
-        return {"files": [storage.display(p.uri) for p in self.pieces], "lo": self.lo, "hi": self.hi}
+        return {"files": [storage.display(p.uri) for p in self.pieces], "lo": self.lo, "hi": self.hi} | (
+            {"input": self.input} if self.input else {})
 
     def file_of(self, index: int) -> str:
         """The file that holds row `index`."""

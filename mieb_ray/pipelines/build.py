@@ -36,7 +36,7 @@ from mieb_ray.io import contamination, reader
 from mieb_ray.mieb_train import SIZES, shard_sizes
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.shard_builder import ShardBuilder
-from mieb_ray.runtime import placement
+from mieb_ray.runtime import identity, placement
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import cpu_pool
@@ -67,6 +67,7 @@ class BuildConfig:
     exclude: str | None = None  # an audit output: its flagged train rows are left out
     exclude_detectors: tuple[str, ...] = contamination.BUILD_DETECTORS  # the detectors whose pairs count
     executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
+    reuse: bool = False  # a complete build of the same identity is kept, one of another replaced (eval's splits)
 
     def check(self) -> None:
         if self.fmt not in FORMATS:
@@ -110,21 +111,27 @@ def build(config: BuildConfig, log=print) -> dict:
     selected = select(config.datasets)
     hub = hubfs.requests_so_far() if config.sources == reader.HF else None
     exclude = excluded_keys(config.exclude, config.exclude_detectors) if config.exclude else None
-    check_sources(selected, config.sources, config.split, log)
+    made_of = _identity(config, selected, _exclusion(config, exclude))
     slugs = "|".join(s.slug for s in selected)
-    settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
-                "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
-                "version": __version__, "format_version": FORMAT_VERSION, "exclude": _exclusion(config, exclude)}
     # shards (tars also by their version 1 names) and error files of these sources (an interrupted run's other shard
     # sizes are stale at the end); sizes.json in any dataset's folder, since each one lists the whole build
     every = "|".join(s.slug for s in SOURCES)
     ours = re.compile(rf"^(?P<slug>{slugs})/((?P=slug)-)?\d{{6}}\.(parquet|tar)$|^_errors/({slugs})/\d{{12}}\.parquet$"
                       rf"|^({every})/{re.escape(SIZES)}$")
-    job = Job("build", config.out, "a complete build", ours, config.resume, config.overwrite, log)
+    job = Job("build", config.out, "a complete build", ours, config.resume, config.overwrite, log, made_of,
+              config.reuse)
+    if (reused := job.reusable()) is not None:
+        return reused
+    check_sources(selected, config.sources, config.split, log)
     job.start()
+    settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
+                "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
+                "version": __version__, "format_version": FORMAT_VERSION, "exclude": _exclusion(config, exclude)}
 
     t0 = time.time()
     units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
+    # a unit is kept on resume only if its source's files are those it was built from
+    units = [dataclasses.replace(u, input=made_of["inputs"][u.source]) for u in units]
     log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
         f"in {time.time() - t0:.1f}s")
     built = job.earlier({u.name: u.identity for u in units}, settings)
@@ -149,6 +156,22 @@ def build(config: BuildConfig, log=print) -> dict:
     if hub is not None:
         log(f"[build] {hubfs.summary(hub)}")
     return manifest
+
+
+def _identity(config: BuildConfig, selected: list[Source], exclusion: dict | None) -> dict:
+    """What decides the build's rows (runtime/identity.py): each source's repo at its revision on the hub, or
+    its files in a mirror (paths, sizes, times); the datasets, split, format, shard size and exclusion."""
+    def one(source: Source) -> str:
+        if config.sources == reader.HF:
+            return f"{source.repo}@{source.revision}"
+        root = reader.repo_root(source, config.sources)
+        return identity.of_files(storage.listing(root), root)
+
+    with ThreadPoolExecutor(8) as pool:
+        inputs = dict(zip((s.slug for s in selected), pool.map(one, selected)))
+    return {"format": f"{FORMAT}/{FORMAT_VERSION}", "sources": storage.display(config.sources), "inputs": inputs,
+            "split": config.split, "layout": config.fmt, "rows_per_shard": config.rows_per_shard,
+            "exclude": exclusion["sha256"] if exclusion else None}
 
 
 def check_sources(selected: list[Source], sources: str, split: str, log=print) -> None:
@@ -196,15 +219,12 @@ def _plan(selected, sources: str, rows_per_shard: int, split: str):
 
 def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None) -> str:
     """The eval splits of `slugs` (default: every source) built from `data` into OUT/eval-data/<id>, where
-    the evals read them; a complete build of the same sources there is reused. Returns its URI."""
+    the evals read them; a complete build there of the same identity is reused (runtime/identity.py: the same
+    sources' files, datasets and settings), any other replaced. Returns its URI."""
     slugs = list(slugs or [s.slug for s in select(None)])
     ident = hashlib.sha256(f"{storage.display(data)}|{','.join(slugs)}".encode()).hexdigest()[:12]
     target = storage.join(out, "eval-data", ident)
-    done = storage.read_manifest(target) or {}
-    if done.get("config", {}).get("datasets") == slugs and done["config"].get("split") == "eval":
-        log(f"[build] reusing the eval splits built at {storage.display(target)}")
-    else:
-        build(BuildConfig(data, target, datasets=tuple(slugs), split="eval", overwrite=True), log=log)
+    build(BuildConfig(data, target, datasets=tuple(slugs), split="eval", reuse=True), log=log)
     return target
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, storage
 from mieb_ray.encode import gpu_decode
+from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, reader, tar
-from mieb_ray.runtime import cluster, placement, tasks
+from mieb_ray.runtime import cluster, identity, placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import encoder_pool
@@ -70,6 +71,7 @@ class EmbedConfig:
     device: str | None = None  # None: the pool decides (cuda with a GPU, else cpu); in this process, cuda if any
     decode: str = "auto"  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
     executor: str = "auto"  # ray, local (in this process), auto (local on a machine alone without a GPU)
+    reuse: bool = False  # a complete output of the same identity is kept, one of another replaced (eval --model)
 
     @property
     def columns(self) -> reader.TableColumns:
@@ -110,9 +112,13 @@ def embed(config: EmbedConfig, log=print) -> dict:
     """Run the embed job on Ray or in this process (placement_of); return the manifest."""
     config.check()
     where = placement_of(config)
+    info, path = _model(config)
+    job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log,
+              identity=_identity(config, info, path), reuse=config.reuse)
+    if (reused := job.reusable()) is not None:
+        return reused
     with tasks.using(where.mode):  # the plan's tar indexing too
-        plan = _plan(config, where.mode)
-        job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log)
+        plan = _plan(config, where.mode, info, job.identity)
         job.start()
         results = job.earlier({u.name: u.identity for u in plan.units}, plan.settings)
         todo = [i for i, u in enumerate(plan.units) if u.name not in results]
@@ -132,18 +138,12 @@ def embed(config: EmbedConfig, log=print) -> dict:
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
                 **pools) -> str:
-    """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output already complete
-    there for the same model and input is reused. Returns target. pools: more EmbedConfig settings."""
-    done = storage.read_manifest(target) or {}
-    config = done.get("config") if isinstance(done.get("config"), dict) else {}
-    if embeddings.manifest_model(done).get("name") == model and config.get("input") == storage.display(source):
-        log(f"[embed] reusing {modality} embeddings at {storage.display(target)}")
-        return target
-    embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key,
-               overwrite=True, **pools), log=log)
+    """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output complete there of
+    the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target.
+    pools: more EmbedConfig settings."""
+    embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
+                      **pools), log=log)
     return target
-
-
 def placement_of(config: EmbedConfig) -> placement.Placement:
     """Where the job runs (runtime/placement.py): under auto, in this process on a machine alone without a GPU
     when no pool was asked for; a laptop's CPU encoder waits on its model, so Ray's parallel decode buys
@@ -162,12 +162,26 @@ def placement_of(config: EmbedConfig) -> placement.Placement:
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def _plan(config: EmbedConfig, mode: str) -> Plan:
+def _model(config: EmbedConfig):
+    """The model's info and the folder it loads from, resolved once (a hub name at its pinned commit)."""
+    path = resolve(config.model, config.revision)
+    return load_info(path, config.model, config.revision, modality=config.modality), path
+
+
+def _identity(config: EmbedConfig, info, path: str) -> dict:
+    """What decides the embeddings (runtime/identity.py): the model, the input, and the settings that change a
+    row's vector; not the shard size or the pools."""
+    return {"format": f"{FORMAT}/{FORMAT_VERSION}", "model": model_identity(config.model, path, info),
+            "input": identity.of_input(config.input), "modality": config.modality,
+            "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
+            "decode": config.decode if config.modality == "image" else None,
+            "preprocessing": _image_spec(info) if config.modality == "image" else None}
+
+
+def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
     fmt, files = reader.input_files(config.input)
     carry_schema = reader.check_columns(fmt, files[0], config.columns.read_as(config.modality))
-    info = load_info(resolve(config.model, config.revision), config.model, config.revision,
-                     modality=config.modality)
-    spec = _image_spec(info) if config.modality == "image" else None
+    spec = made_of["preprocessing"]
     rows, raw_bytes = config.rows_per_shard, None
     if spec is not None:  # a unit's pixels are one block: bound its bytes
         rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
@@ -177,10 +191,11 @@ def _plan(config: EmbedConfig, mode: str) -> Plan:
             raw_bytes = UNIT_BYTES
     meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
+    # a resumed run must be of the same input and model content too, not only the same names
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
-                "modality": config.modality, "dtype": config.dtype, "preprocessing": spec, "rows_per_unit": rows,
-                "decode": config.decode if spec is not None else None, "unit_bytes": raw_bytes,
-                "columns": [config.key_column, config.columns.data, *config.columns.carry]}
+                "identity": identity.digest(made_of), "modality": config.modality, "dtype": config.dtype,
+                "preprocessing": spec, "rows_per_unit": rows, "decode": config.decode if spec is not None else None,
+                "unit_bytes": raw_bytes, "columns": [config.key_column, config.columns.data, *config.columns.carry]}
     return Plan(fmt, table_units(files, rows, raw_bytes), info, spec,
                 embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
 
@@ -286,7 +301,8 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
     n_errors = sum(r["errors"] for r in results)
     job.check_errors(n_errors, rows, config.max_error_rate, "encoded")
     error_files = [r["error_file"] for r in results if r["error_file"]]
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "resume", "overwrite")}
+    settings = {k: v for k, v in dataclasses.asdict(config).items()
+                if k not in ("out", "resume", "overwrite", "reuse")}
     manifest = job.finish({
         "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
         "config": {**settings, "input": storage.display(config.input), "input_format": plan.fmt,

@@ -3,6 +3,8 @@
 The job supplies its units (name -> what the unit reads), its stages (runtime/units.py) and its manifest;
 `Job` does the rest:
 
+    reusable() with `reuse`: a complete output of the same identity, to return as it is; one of another identity
+              is to be replaced (runtime/identity.py: the one reuse rule)
     start()   the output checked and writable, a complete one refused without --overwrite, an unfinished one
               removed with --overwrite
     earlier() once the plan gives the settings: an unfinished output continued with --resume (the units whose
@@ -11,7 +13,8 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
     run()     the remaining units on Ray or in this process (runtime/placement.py), a progress line every 5 s,
               each unit's result once, and an error if one never came back
     finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
-              run's other shard sizes), the manifest written last, then the progress records dropped
+              run's other shard sizes), the manifest written last with the job's identity, then the progress
+              records dropped
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.runtime import output, units
+from mieb_ray.runtime import identity, output, units
 from mieb_ray.runtime.output import Progress
 
 TICK_SECONDS = 5.0
@@ -29,13 +32,32 @@ TICK_SECONDS = 5.0
 
 class Job:
     def __init__(self, name: str, out: str, what: str, ours: re.Pattern, resume: bool = False,
-                 overwrite: bool = False, log=print):
+                 overwrite: bool = False, log=print, identity: dict | None = None, reuse: bool = False):
         """name: the log's prefix (build, embed, audit); what: the output, for messages ("a complete build");
-        ours: the relative paths of the files this kind of job writes (shards, error and hash files)."""
+        ours: the relative paths of the files this kind of job writes (shards, error and hash files); identity:
+        what decides the output's content (runtime/identity.py); reuse: an output of that identity is kept, one
+        of another replaced, an unfinished one of these settings resumed (what a job a command runs for its own
+        needs does: `eval --model`'s embeddings and eval splits)."""
         self.name, self.out, self.what, self.ours = name, out, what, ours
-        self.resume, self.overwrite, self.log = resume, overwrite, log
+        self.resume, self.overwrite, self.log = resume or reuse, overwrite, log
+        self.identity, self.reuse = identity, reuse
         self.progress: Progress | None = None  # once the plan gives the settings (earlier)
         self.t0 = time.time()
+
+    def reusable(self) -> dict | None:
+        """With `reuse`, first: the manifest of a complete output of this identity, which the job returns as it is
+        (None: there is none, and a complete one of another identity will be replaced). Touches nothing."""
+        if not self.reuse:
+            return None
+        manifest = storage.read_manifest(self.out)
+        same, why = identity.decide(manifest, self.identity or {})
+        if same:
+            self.log(f"[{self.name}] reusing {storage.display(self.out)}: {why}")
+            return manifest
+        if manifest is not None:
+            self.log(f"[{self.name}] redoing {storage.display(self.out)}: {why}")
+            self.overwrite = True
+        return None
 
     def start(self) -> None:
         """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
@@ -60,6 +82,11 @@ class Job:
         differ = self.progress.differences(records, planned)
         where = f"{storage.display(self.out)} holds an unfinished run of {self.name} ({len(left)} " \
             f"file{'s' if len(left) != 1 else ''})"
+        if self.reuse and differ:  # a stopped run for other inputs or settings: begin again
+            self.log(f"[{self.name}] starting {storage.display(self.out)} again: its unfinished run had {differ}")
+            for uri in left:
+                storage.delete(uri)
+            return {}
         old = {(r.get("settings") or {}).get("format_version") for r in records.values()} - {None}
         new = self.progress.settings.get("format_version")
         if new is not None and old and old != {new}:  # its rows mean other things: nothing of it can be kept
@@ -109,4 +136,5 @@ class Job:
         """Remove the files of this job's kind that are not in `keep` (relative paths), write the manifest, drop
         the progress records; the manifest as a reader will see it."""
         output.remove_stale(self.out, keep, self.ours)
-        return output.finish(self.out, manifest, self.progress)
+        return output.finish(self.out, manifest | ({"identity": self.identity} if self.identity else {}),
+                             self.progress)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
+from mieb_ray.runtime import identity
 
 
 @contextlib.contextmanager
@@ -77,14 +78,8 @@ class Progress:
     def differences(self, records: dict[str, dict], units: dict[str, object]) -> str:
         """How an earlier run's records differ from this run: its settings and the units this run does not plan
         (other datasets, another shard size); "" when they do not."""
-        changed = sorted({k for r in records.values() for k in set(r.get("settings") or {}) | set(self.settings)
-                          if (r.get("settings") or {}).get(k) != self.settings.get(k)})
-        said = []
-        for key in changed:
-            old = next(((r.get("settings") or {}).get(key) for r in records.values()), None)
-            new = self.settings.get(key)
-            short = all(len(json.dumps(v)) <= 40 for v in (old, new))
-            said.append(f"{key} {json.dumps(old)} -> {json.dumps(new)}" if short else key)
+        other = next((r.get("settings") or {} for r in records.values() if r.get("settings") != self.settings), None)
+        said = [identity.differences(other, self.settings)] if other is not None else []
         unplanned = sorted(set(records) - set(units))
         if unplanned:
             said.append(f"{len(unplanned)} of its units are not in this run's plan (e.g. {unplanned[0]})")
