@@ -16,7 +16,6 @@ train rows by `<slug>/<index>`, eval rows by `<slug>/<split>/<index>`, the keys 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 import tempfile
@@ -79,13 +78,6 @@ def encoder(tables: dict[str, tuple[np.ndarray, np.ndarray]], dim: int):
     return LookupEncoder()
 
 
-def split_files(repo: str, split: str) -> tuple[str, list[str]]:
-    parquet = sorted(glob.glob(os.path.join(repo, "data", f"{split}-*.parquet")))
-    if parquet:
-        return "parquet", parquet
-    return "webdataset", sorted(glob.glob(os.path.join(repo, split, "*.tar")), key=lambda p: int(Path(p).stem))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag in ("--tasks", "--data", "--image-embeddings", "--cache", "--out"):
@@ -100,10 +92,9 @@ def main() -> None:
         probe = BY_NAME[name]
         repo = os.path.join(args.data, probe.source.repo)
         with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
-            files = {s: split_files(repo, s) for s in ("train", probe.split)}
-            builder = files["train"][0]
-            data = datasets.load_dataset(builder, data_files={s: f for s, (_, f) in files.items()},
-                                         cache_dir=args.cache)
+            # mteb's own call (load_dataset(path, revision=...)), the hub's path replaced by the mirror's folder
+            every = datasets.load_dataset(repo, cache_dir=args.cache)
+            data = datasets.DatasetDict({s: every[s] for s in ("train", probe.split)})
             task = mteb.get_task(name)
             task.dataset = data
             task.data_loaded = True
