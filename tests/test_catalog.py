@@ -9,27 +9,56 @@ from pathlib import Path
 import pytest
 
 from mieb_ray.errors import UserError
+from mieb_ray.evals import probe_tasks
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows
 from mieb_ray.io.reader import repo_root
 from mieb_ray.pipelines.build import check_counts
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, by_slug, select
 from mieb_ray.sources.catalog import MIEB_TRAIN_ROWS
 
+PUBLISHED_ROWS = 4_434_196  # the size PumeTu/mieb-train states: the expectation, from outside the code
+# train split sizes of the 4 sources without an mteb linear-probe task (whose descriptive stats give the other 19),
+# as published upstream (../shared/reference/mieb-train-sources.md section 1)
+NO_PROBE_TASK_TRAIN_ROWS = {"scimmir": 498_279,  # m-a-p/SciMMIR's card: train 498,279
+                            "clevr": 63_000, "clevr_count": 63_000,  # VTAB: 90% of tfds clevr's 70,000 train images
+                            "renderedsst2": 6_920}  # SST2's train split, as torchvision's RenderedSST2 renders it
+
+
+def mteb_stats(kind: str) -> Path:
+    """mteb's descriptive stats of one task type (ZeroShotClassification, ImageClassification): published
+    split sizes, from the mteb wheel's files only (importing mteb takes seconds)."""
+    spec = importlib.util.find_spec("mteb")
+    if spec is None:
+        pytest.skip("mteb is not installed")
+    return Path(spec.submodule_search_locations[0]) / "descriptive_stats/Image" / kind
+
 
 def test_the_23_sources_make_mieb_train():
     assert len(SOURCES) == 23 and len({s.slug for s in SOURCES}) == 23
-    assert sum(s.rows for s in SOURCES) == TOTAL_ROWS == 4_434_196
+    assert TOTAL_ROWS == PUBLISHED_ROWS and MIEB_TRAIN_ROWS == PUBLISHED_ROWS
+    assert sum(s.rows for s in SOURCES) == PUBLISHED_ROWS
     assert all(re.fullmatch(r"[0-9a-f]{40}", s.revision) and s.split == "train" for s in SOURCES)
-    assert sum(expected_rows(hub_rows()).values()) == TOTAL_ROWS  # caltech101: 3,060 on the hub, 30 dropped
+    # a full-scale mirror's rows (caltech101: 3,060 on the hub, 30 dropped) make the published size
+    assert sum(expected_rows(hub_rows()).values()) == PUBLISHED_ROWS
     assert hub_rows()["caltech101"] == 3_060
 
 
-def test_totals_are_the_sums_of_the_sources():
-    """Totals are derived, never typed twice: a new source changes them by its own entry."""
-    assert TOTAL_ROWS == sum(s.rows for s in SOURCES) == MIEB_TRAIN_ROWS
-    assert EVAL_TOTAL_ROWS == sum(s.eval_rows for s in SOURCES)
-    assert {s.slug: s.split_rows - s.rows for s in SOURCES if s.drop_rows} == {"caltech101": 30}
-    assert all(bool(s.drop) == bool(s.drop_rows) for s in SOURCES)
+def test_train_rows_are_the_published_split_sizes():
+    """Each source's train split is the size mteb's descriptive stats (or, for the 4 sources without a linear-probe
+    task, the upstream card) state; mieb-train leaves out caltech101's background_google rows only, as many as
+    mteb's stats count of its label 4; and what is left is the published 4,434,196."""
+    stats = mteb_stats("ImageClassification")
+    published = dict(NO_PROBE_TASK_TRAIN_ROWS)
+    for task in probe_tasks.TASKS:
+        published[task.slug] = json.loads((stats / f"{task.name}.json").read_text())["train"]["num_samples"]
+    assert len(published) == 23
+    assert {s.slug: s.split_rows for s in SOURCES} == published
+    caltech = json.loads((stats / "Caltech101.json").read_text())["train"]["label_statistics"]["labels"]
+    background = caltech["4"]["count"]
+    assert {s.slug: (s.drop, s.drop_rows) for s in SOURCES if s.drop or s.drop_rows} == {
+        "caltech101": ({4: "background_google"}, background)}
+    assert sum(published.values()) - background == PUBLISHED_ROWS
+    assert {s.slug: s.rows for s in SOURCES} == {**published, "caltech101": published["caltech101"] - background}
 
 
 def test_no_literal_totals_outside_the_catalog():
@@ -52,13 +81,13 @@ def test_eval_splits_are_mtebs():
 
 
 def test_eval_rows_equal_mtebs_descriptive_stats():
-    spec = importlib.util.find_spec("mteb")  # its files only: importing mteb takes seconds
-    if spec is None:
-        pytest.skip("mteb is not installed")
-    stats = Path(spec.submodule_search_locations[0]) / "descriptive_stats/Image/ZeroShotClassification"
+    stats = mteb_stats("ZeroShotClassification")
+    published = 0
     for s in SOURCES:
         splits = json.loads((stats / f"{s.mteb_task}.json").read_text())
         assert {k: v["num_samples"] for k, v in splits.items()} == {s.eval_split: s.eval_rows}, s.slug
+        published += splits[s.eval_split]["num_samples"]
+    assert EVAL_TOTAL_ROWS == published
 
 
 def test_hub_reads_go_to_the_pinned_revision():

@@ -11,13 +11,12 @@ import os
 import numpy as np
 import pytest
 from embedding_fixtures import write_embeddings
-from mteb_reference import mteb_probe
+from mteb_reference import load_like_mteb, mteb_probe
 
 from mieb_ray.errors import UserError
 from mieb_ray.evals import probe_tasks, registry
 from mieb_ray.evals.probe_tasks import BY_NAME, samples
 from mieb_ray.fixtures.mirror import label_of, make_mirror
-from mieb_ray.sources import by_slug
 
 TASKS = ["CIFAR10", "Birdsnap", "GTSRB", "Caltech101", "PatchCamelyon", "STL10"]
 TRAIN, EVAL, DIM = 50, 24, 16
@@ -94,43 +93,78 @@ def probe_data(tmp_path_factory):
     return mirror, ",".join(outputs), train, evaluated
 
 
-def test_each_task_equals_mteb(probe_data, tmp_path):
-    mirror, images, train, evaluated = probe_data
+@pytest.fixture(scope="module")
+def mteb_results(probe_data):
+    """{task: the TaskResult JSON mteb.evaluate writes} on probe_data's embeddings: the expectation."""
+    mirror, _, train, evaluated = probe_data
+    return {name: mteb_probe(name, os.path.join(mirror, BY_NAME[name].source.repo), BY_NAME[name].split,
+                             {i: v for (s, i), v in train.items() if s == BY_NAME[name].slug},
+                             {i: v for (s, i), v in evaluated.items() if s == BY_NAME[name].slug})
+            for name in TASKS}
+
+
+def assert_scores_equal(ours: dict, theirs: dict, name: str) -> None:
+    """A TaskResult's scores equal mteb's, key by key (NaN where mteb has NaN)."""
+    split = BY_NAME[name].split
+    assert ours["task_name"] == theirs["task_name"] and ours["dataset_revision"] == theirs["dataset_revision"]
+    mine, ref = ours["scores"][split][0], theirs["scores"][split][0]
+    assert set(mine) == set(ref), name
+    for key in ref:
+        assert mine[key] == ref[key] or (mine[key] != mine[key] and ref[key] != ref[key]), (name, key)
+
+
+def mteb_draws(name: str, repo: str, tmp: str) -> tuple:
+    """The train rows mteb's own undersampling loop draws over a task's experiments (AbsTaskClassification's
+    `_undersample_data`, as its evaluate() calls it), and the train split as `datasets` loads it."""
+    import mteb
+
+    task = mteb.get_task(name)
+    data = load_like_mteb(repo, tmp)["train"]
+    idxs, drawn = None, set()
+    for i in range(task.n_experiments):
+        _, idxs, selected = task._undersample_data(data, i, idxs)
+        drawn.update(int(j) for j in selected)
+    return drawn, data
+
+
+def test_each_task_equals_mteb(probe_data, mteb_results, tmp_path):
+    mirror, images, _, _ = probe_data
     out = str(tmp_path / "out")
     results = registry.evaluate_tasks(registry.select(",".join(TASKS)), registry.Options(mirror), out,
                                       images=images, executor="local", log=print)
     for name in TASKS:
-        task = BY_NAME[name]
-        theirs = mteb_probe(name, os.path.join(mirror, task.source.repo), task.split,
-                            {i: v for (s, i), v in train.items() if s == task.slug},
-                            {i: v for (s, i), v in evaluated.items() if s == task.slug})
-        ours = results[name]
-        assert ours["task_name"] == theirs["task_name"] and ours["dataset_revision"] == theirs["dataset_revision"]
-        mine, ref = ours["scores"][task.split][0], theirs["scores"][task.split][0]
-        assert set(mine) == set(ref), name
-        for key in ref:
-            assert mine[key] == ref[key] or (mine[key] != mine[key] and ref[key] != ref[key]), (name, key)
-    assert os.path.exists(os.path.join(out, "summary.json"))
+        assert_scores_equal(results[name], mteb_results[name], name)
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    accuracies = [mteb_results[name]["scores"][BY_NAME[name].split][0]["accuracy"] for name in TASKS]
+    assert len(summary["tasks"]) == len(TASKS)
+    assert {t["task"]: t["accuracy"] for t in summary["tasks"]} == dict(zip(TASKS, accuracies))
+    assert summary["mean_accuracy"] == pytest.approx(sum(accuracies) / len(accuracies), abs=1e-12)
 
 
 def test_missing_train_rows_are_one_line_naming_them(probe_data, tmp_path):
-    """Caltech101's background rows are sampled by mteb but are not in mieb-train's embeddings."""
+    """Caltech101's background rows are sampled by mteb but are not in mieb-train's embeddings: the message counts
+    them among the rows mteb's own loop draws, and names them (the first five)."""
     mirror, images, train, evaluated = probe_data
     caltech = BY_NAME["Caltech101"]
-    background = [i for i in range(TRAIN) if label_of(caltech.source, i) in by_slug("caltech101").drop]
+    drawn, data = mteb_draws(caltech.name, os.path.join(mirror, caltech.source.repo), str(tmp_path / "hf"))
+    label = data.features["label"].str2int("background_google")
+    background = [i for i, y in enumerate(data["label"]) if y == label]
+    missing = sorted(drawn & set(background))
+    assert missing and len(missing) < len(drawn)
     keys = [caltech.train_key(i) for i in range(TRAIN) if i not in background] + \
         [f"{caltech.key_prefix()}{i}" for i in range(EVAL)]
     vectors = np.stack([train["caltech101", i] for i in range(TRAIN) if i not in background]
                        + [evaluated["caltech101", i] for i in range(EVAL)])
     partial = str(tmp_path / "partial")
     write_embeddings(partial, keys, vectors, "image", "float32", 1, {})
-    with pytest.raises(UserError, match=r"^Caltech101: \d+ of the \d+ train rows it samples have no embedding in "
-                                        r".*partial \(e\.g\. 'caltech101/\d+'"):
+    examples = ", ".join(f"'caltech101/{i}'" for i in missing[:5])
+    with pytest.raises(UserError, match=rf"^Caltech101: {len(missing)} of the {len(drawn)} train rows it samples have "
+                                        rf"no embedding in .*partial \(e\.g\. {examples}\)$"):
         registry.evaluate_tasks(registry.select("Caltech101"), registry.Options(mirror), str(tmp_path / "o"),
                                 images=partial, executor="local", log=print)
 
 
-def test_the_command_line_scores_from_several_outputs(probe_data, tmp_path, capsys):
+def test_the_command_line_scores_from_several_outputs(probe_data, mteb_results, tmp_path, capsys):
     from mieb_ray.cli import main
 
     mirror, images, _, _ = probe_data
@@ -139,7 +173,10 @@ def test_the_command_line_scores_from_several_outputs(probe_data, tmp_path, caps
                  str(out), "--executor", "local"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["CIFAR10.json", "STL10.json", "_manifest.json", "report.html",
                                                      "summary.json"]
-    assert "[eval] mean linear-probe accuracy over 2 tasks" in capsys.readouterr().out
+    for name in ("CIFAR10", "STL10"):
+        assert_scores_equal(json.loads((out / f"{name}.json").read_text()), mteb_results[name], name)
+    mean = sum(mteb_results[n]["scores"]["test"][0]["accuracy"] for n in ("CIFAR10", "STL10")) / 2
+    assert f"[eval] mean linear-probe accuracy over 2 tasks: {mean:.4f} -> {out}" in capsys.readouterr().out
 
 
 def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_clip, tmp_path):
@@ -155,17 +192,24 @@ def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_cli
     train_emb, eval_emb = str(out / "embeddings" / "images"), str(out / "embeddings" / "images-1")
     from mieb_ray.io import embeddings
 
-    keys = set(embeddings.read_all(train_emb)[0])
+    train_vectors, eval_vectors = (dict(zip(*embeddings.read_all(e))) for e in (train_emb, eval_emb))
     caltech = BY_NAME["Caltech101"]
     background = {caltech.train_key(i) for i in range(TRAIN) if label_of(caltech.source, i) in caltech.source.drop}
-    assert background and background <= keys  # mteb samples them: embedded from the source
-    drawn = set()
+    assert background and background <= set(train_vectors)  # mteb samples them: embedded from the source
+    drawn = {}
     for name in names.split(","):
         task = BY_NAME[name]
-        labels = [label_of(task.source, i) for i in range(rows[task.slug])]
-        drawn |= {task.train_key(i) for d in samples(labels, task.samples_per_label, task.experiments) for i in d}
-    assert keys == drawn and len(keys) < sum(rows.values())  # only the drawn train rows
-    assert len(embeddings.read_all(eval_emb)[0]) == 3 * EVAL
+        drawn[name] = mteb_draws(name, os.path.join(mirror, task.source.repo), str(tmp_path / "hf"))[0]
+    # only the train rows mteb's loop draws, and every eval image
+    assert set(train_vectors) == {BY_NAME[n].train_key(i) for n, rows_drawn in drawn.items() for i in rows_drawn}
+    assert len(set(train_vectors)) < sum(rows.values())
+    assert set(eval_vectors) == {f"{BY_NAME[n].key_prefix()}{i}" for n in drawn for i in range(EVAL)}
+    for name in names.split(","):  # the model's embeddings scored as mteb scores them
+        task = BY_NAME[name]
+        theirs = mteb_probe(name, os.path.join(mirror, task.source.repo), task.split,
+                            {i: train_vectors[task.train_key(i)] for i in drawn[name]},
+                            {i: eval_vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL)})
+        assert_scores_equal(first[name], theirs, name)
     again = registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(tmp_path / "again"),
                                     images=f"{train_emb},{eval_emb}", executor="local", log=print)
     for name in names.split(","):

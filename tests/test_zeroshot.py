@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from embedding_fixtures import make_zeroshot_embeddings, zeroshot_vectors
+from embedding_fixtures import make_zeroshot_embeddings, write_embeddings, zeroshot_vectors
 from mteb_reference import mteb_zeroshot
 
 from mieb_ray import storage
@@ -167,18 +167,44 @@ def test_bad_input_is_one_line(ray_local, data, tmp_path, where):
 
 
 def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
-    images, texts = _embed(tmp_path, tasks=["RenderedSST2"])
+    """The command scores as mteb scores the same embeddings; a rerun into the same folder replaces its outputs
+    whole: the second run's scores, nothing left of the first."""
+    task = select_tasks("RenderedSST2")[0]
     out = str(tmp_path / "out")
-    assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
-                 "--text-embeddings", texts, "--out", out]) == 0
-    result = json.loads(open(os.path.join(out, "RenderedSST2.json")).read())
-    assert 0 <= result["scores"]["test"][0]["main_score"] <= 1
+
+    def run(images, texts) -> tuple[dict, dict]:
+        """The command's TaskResult, and mteb's (the expectation) on the same embeddings."""
+        assert main(["eval-zeroshot", "--tasks", task.name, "--data", data, "--image-embeddings", images,
+                     "--text-embeddings", texts, "--out", out]) == 0
+        vectors = dict(zip(*embeddings.read_all(images)))
+        rows = np.stack([vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL_ROWS)])
+        theirs = mteb_zeroshot(task.name, os.path.join(data, task.source.repo), task.split,
+                               dict(zip(*embeddings.read_all(texts))), rows)
+        return json.loads(open(os.path.join(out, f"{task.name}.json")).read()), theirs
+
+    images, texts = _embed(tmp_path, tasks=[task.name])
+    first, theirs = run(images, texts)
+    assert first["scores"][task.split][0] == theirs["scores"][task.split][0]
     assert main(["eval-zeroshot", "--tasks", "Nope", "--data", data, "--out", out, "--model", "x"]) == 1
     assert "unknown eval task 'Nope'; valid: all, BirdsnapZeroShot" in capsys.readouterr().err
-    # a rerun replaces the outputs whole
-    assert main(["eval-zeroshot", "--tasks", "RenderedSST2", "--data", data, "--image-embeddings", images,
-                 "--text-embeddings", texts, "--out", out]) == 0
-    assert embeddings.shard_uris(images)
+
+    # a rerun on other embeddings replaces the outputs whole: the two classes' prompts swap vectors, so every image
+    # is now scored nearer the wrong class (but the zero image, a tie)
+    keys, vectors = embeddings.read_all(texts)
+    swap = {}
+    for prompts in (task.mteb_prompts(hub_names(task.slug)), task.fixed_prompts(hub_names(task.slug))):
+        swap |= {prompts[0]: prompts[1], prompts[1]: prompts[0]}
+    by_text = dict(zip(keys, vectors))
+    swapped = str(tmp_path / "swapped")
+    write_embeddings(swapped, list(keys), np.stack([by_text[swap.get(k, k)] for k in keys]), "text", "float32", 1, {})
+    second, theirs = run(images, swapped)
+    assert second["scores"][task.split][0] == theirs["scores"][task.split][0]
+    assert second["scores"][task.split][0]["accuracy"] < first["scores"][task.split][0]["accuracy"]
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert [t["mteb"]["accuracy"] for t in summary["tasks"]] == [second["scores"][task.split][0]["accuracy"]]
+    manifest = storage.read_manifest(out)
+    assert manifest["image_embeddings"] == images and manifest["text_embeddings"] == swapped
+    assert sorted(os.listdir(out)) == sorted([*manifest["files"], storage.MANIFEST])  # nothing else, nothing stale
 
 
 def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data, tiny_clip, tmp_path, capsys):
@@ -203,8 +229,12 @@ def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data,
     capsys.readouterr()
     assert main(argv) == 0
     logged = capsys.readouterr().out
-    assert "reusing the eval splits" in logged
-    assert "reusing image embeddings" in logged and "reusing text embeddings" in logged
+    (built,) = os.listdir(os.path.join(out, "eval-data"))  # the one eval-data build, reused
+    reused = [line.split(": made from the same ")[0] for line in logged.splitlines() if " reusing " in line]
+    assert reused == [f"[build] reusing {os.path.join(out, 'eval-data', built)}",
+                      f"[embed] reusing {os.path.join(root, 'images')}",
+                      f"[embed] reusing {os.path.join(root, 'texts')}"]
+    assert " units, " not in logged  # nothing built or encoded again
 
 
 def test_clean_scores_are_the_scores_of_the_images_the_audit_did_not_flag(data, tmp_path):
