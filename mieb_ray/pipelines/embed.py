@@ -144,6 +144,8 @@ def embed_table(source: str, key: str, target: str, model: str, revision: str | 
     embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
                       **pools), log=log)
     return target
+
+
 def placement_of(config: EmbedConfig) -> placement.Placement:
     """Where the job runs (runtime/placement.py): under auto, in this process on a machine alone without a GPU
     when no pool was asked for; a laptop's CPU encoder waits on its model, so Ray's parallel decode buys
