@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from mieb_ray import formats
 from mieb_ray.io import embeddings
 from mieb_ray.topk import engine
 from mieb_ray.topk.groupmax import normalize
@@ -46,7 +47,7 @@ def write_corpus(folder: Path, images: int, groups: int, dim: int, shards: int, 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     label = rng.integers(0, groups, size=images)
-    schema = embeddings.schema(dim, "float32", pa.schema([("label", pa.int64())]), {"model": {"name": "random"}})
+    schema = formats.embedding_schema(dim, "float32", pa.schema([("label", pa.int64())]), {"model": {"name": "random"}})
     uris, per = [], -(-images // shards)
     for n, lo in enumerate(range(0, images, per)):
         hi = min(lo + per, images)

@@ -111,12 +111,12 @@ def write_stream(out: Path, shards: Iterator[tuple[list[str], np.ndarray]], moda
     a time; returns the rows written."""
     from embedding_fixtures import MODEL
 
-    from mieb_ray import __version__, storage
+    from mieb_ray import __version__, formats, storage
     from mieb_ray.io import embeddings
 
     entries, schema = [], None
     for k, (keys, matrix) in enumerate(shards):
-        schema = schema or embeddings.schema(DIM, "float32", None, {
+        schema = schema or formats.embedding_schema(DIM, "float32", None, {
             "model": MODEL | {"dim": DIM}, "modality": modality, "dtype": "float32", "normalized": True,
             "preprocessing": None, "package": f"mieb-ray {__version__}"})
         table = embeddings.shard_table(schema, keys, matrix, {})
@@ -125,7 +125,7 @@ def write_stream(out: Path, shards: Iterator[tuple[list[str], np.ndarray]], moda
         entries.append({"path": name, "rows": len(keys), **stats})
     total = sum(e["rows"] for e in entries)
     storage.write_manifest(str(out), {
-        "format": "mieb-embeddings", "format_version": 1, "package": "mieb-ray", "version": __version__,
+        **formats.EMBEDDINGS.stamp(), "package": "mieb-ray", "version": __version__,
         "config": {"input": "fixture", "modality": modality, "dtype": "float32", **config},
         "model": MODEL | {"dim": DIM}, "dim": DIM, "preprocessing": None,
         "counts": {"total": total, "errors": 0}, "shards": entries, "error_files": []})

@@ -14,7 +14,7 @@ from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
-from mieb_ray.io.contamination import BUILD_DETECTORS, DETECTORS
+from mieb_ray.formats import AUDIT_ERRORS, BUILD_DETECTORS, DETECTORS, PAIRS, REPORT, SUMMARY
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
@@ -250,7 +250,7 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
                         "path")
     add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
     p.add_argument("--out", required=True, type=flags.output,
-                   help="output folder: contamination.parquet, summary.json, report.html, errors.parquet")
+                   help=f"output folder: {', '.join((PAIRS, SUMMARY, REPORT, AUDIT_ERRORS))}")
     p.add_argument("--model", type=flags.model,
                    help="find near-duplicates too: embed both sides with this CLIP model first (reused only when "
                         "made from the same model commit or files, input and settings)")

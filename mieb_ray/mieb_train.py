@@ -1,4 +1,4 @@
-"""The mieb-train table: its schema, and how a chunk of a source becomes mieb-train rows.
+"""How a chunk of a source becomes mieb-train rows (their schema and keys: formats.py).
 
 Captions are a look-up per label in the source's ClassTable (pyarrow `take`), never string work per
 row; only SciMMIR, whose caption is each row's own text, cleans strings, vectorised.
@@ -6,44 +6,12 @@ row; only SciMMIR, whose caption is each row's own text, cleans strings, vectori
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from mieb_ray.captions import ClassTable, clean_captions
+from mieb_ray.formats import TRAIN_ERROR_SCHEMA, TRAIN_SCHEMA, key_prefix
 from mieb_ray.sources import Source
-
-_STRING = {"dtype": "string", "_type": "Value"}
-# What `datasets.Features(...).arrow_schema` writes (a test checks it): the `huggingface` metadata makes
-# `datasets` decode `image` as an Image. Spelled out so that actors need not import `datasets` (0.6 s each).
-HF_FEATURES = {"key": _STRING, "image": {"_type": "Image"}, "text": _STRING,
-               "label": {"dtype": "int64", "_type": "Value"},
-               "class_name": _STRING, "dataset_name": _STRING}
-SCHEMA = pa.schema([("key", pa.string()), ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                    ("text", pa.string()), ("label", pa.int64()), ("class_name", pa.string()),
-                    ("dataset_name", pa.string())],
-                   metadata={"huggingface": json.dumps({"info": {"features": HF_FEATURES}})})
-ERROR_SCHEMA = pa.schema([("key", pa.string()), ("dataset_name", pa.string()), ("file", pa.string()),
-                          ("error", pa.string())])
-SIZES = "sizes.json"  # WebDataset builds: every shard's base name -> its rows, in each dataset folder
-
-
-def shard_path(slug: str, number: int, suffix: str) -> str:
-    """Shard `number` of a dataset: `<slug>/000000.parquet` or `<slug>/<slug>-000000.tar`. Tar base names are
-    unique across datasets because WebDataset trainers (open_clip) count samples by base name in one sizes.json,
-    the one in the folder of the first shard, whatever mix of datasets follows."""
-    return f"{slug}/{number:06d}.parquet" if suffix == "parquet" else f"{slug}/{slug}-{number:06d}.{suffix}"
-
-
-def shard_sizes(shards: list[dict]) -> dict[str, int]:
-    """sizes.json of a WebDataset build: {base name: rows} of all its shards (manifest entries)."""
-    return dict(sorted((s["path"].rsplit("/", 1)[-1], s["rows"]) for s in shards))
-
-
-def key_prefix(slug: str, split: str = "train") -> str:
-    """Train keys are `<slug>/<index>`; an eval split's `<slug>/<split>/<index>`, so the two never collide."""
-    return f"{slug}/" if split == "train" else f"{slug}/{split}/"
 
 
 def keys(prefix: str, index: pa.Array) -> pa.Array:
@@ -84,9 +52,9 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str,
         reasons = [_reason(label, image, n) for label, image in
                    zip(pc.filter(chunk["label"], bad).to_pylist(), pc.filter(image_bytes, bad).to_pylist())]
         errors = pa.table({"key": errors["key"], "dataset_name": [source.slug] * len(reasons),
-                           "file": [file] * len(reasons), "error": reasons}, schema=ERROR_SCHEMA)
+                           "file": [file] * len(reasons), "error": reasons}, schema=TRAIN_ERROR_SCHEMA)
     else:
-        errors = ERROR_SCHEMA.empty_table()
+        errors = TRAIN_ERROR_SCHEMA.empty_table()
 
     safe_ids = pc.fill_null(pc.if_else(ok, ids, 0), 0)
     keep = pc.and_(ok, pc.take(pa.array(table.keep), safe_ids)) if split == "train" else ok
@@ -106,5 +74,5 @@ def train_rows(source: Source, table: ClassTable, chunk: pa.Table, file: str,
         pa.array([-1] * len(chunk), pa.int64()) if source.caption_column else safe_ids,
         pc.take(pa.array(table.class_name, pa.string()), safe_ids),
         pa.array([source.slug] * len(chunk), pa.string()),
-    ], schema=SCHEMA)
+    ], schema=TRAIN_SCHEMA)
     return rows, errors, dropped

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.evals.biovita_data import REPO
 from mieb_ray.evals.zeroshot_tasks import COSINE, ZeroShotTask
 from mieb_ray.fixtures.biovita import SIDECAR, SINGLE_GENERA, _Plan, make_plan
@@ -95,7 +95,7 @@ def write_embeddings(out: str, keys: list[str], matrix: np.ndarray, modality: st
     dim = matrix.shape[1]
     meta = {"model": MODEL | {"dim": dim}, "modality": modality, "dtype": dtype, "normalized": True,
             "preprocessing": None, "package": f"mieb-ray {__version__}"}
-    schema = embeddings.schema(dim, dtype, None, meta)
+    schema = formats.embedding_schema(dim, dtype, None, meta)
     entries = []
     bounds = np.linspace(0, len(keys), shards + 1).astype(int)
     for k in range(shards):
@@ -108,7 +108,7 @@ def write_embeddings(out: str, keys: list[str], matrix: np.ndarray, modality: st
         storage.commit(local, dest)
         entries.append({"path": name, "rows": int(hi - lo), **stats})
     manifest = {
-        "format": "mieb-embeddings", "format_version": 1, "package": "mieb-ray", "version": __version__,
+        **formats.EMBEDDINGS.stamp(), "package": "mieb-ray", "version": __version__,
         "config": {"input": "fixture", "modality": modality, "dtype": dtype, **config},
         "model": MODEL | {"dim": dim}, "dim": dim, "preprocessing": None,
         "counts": {"total": len(keys), "errors": 0}, "shards": entries, "error_files": [],

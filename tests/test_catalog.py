@@ -118,7 +118,7 @@ def test_the_table_schema_is_what_datasets_writes():
     """table.SCHEMA spells out HF's features metadata; `datasets` itself must agree, metadata included."""
     import datasets
 
-    from mieb_ray.mieb_train import SCHEMA
+    from mieb_ray.formats import TRAIN_SCHEMA as SCHEMA
 
     features = datasets.Features({"key": datasets.Value("string"), "image": datasets.Image(),
                                   "text": datasets.Value("string"), "label": datasets.Value("int64"),

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 from mieb_ray.audit import job
-from mieb_ray.audit.matches import METHODS
 from mieb_ray.cli import parser, reference
 from mieb_ray.evals.registry import SUITES
+from mieb_ray.formats import DETECTORS as METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

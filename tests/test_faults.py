@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from test_preprocess import encode, i16_png, palette_png, picture, png_claiming, with_orientation
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.build import BuildConfig, build
@@ -277,7 +277,7 @@ def test_texts_that_are_not_utf8_or_empty_are_error_rows(ray_local, tiny_clip, t
 
 def test_an_embedding_output_with_two_dimensions_is_refused(tmp_path):
     for n, dim in enumerate((16, 32)):
-        schema = embeddings.schema(dim, "float32", None, {"model": {}})
+        schema = formats.embedding_schema(dim, "float32", None, {"model": {}})
         embeddings.write_ipc(str(tmp_path / f"{n}.arrow"), embeddings.shard_table(
             schema, [f"k{n}"], np.ones((1, dim), np.float32), {}))
     storage.write_manifest(str(tmp_path), {"shards": [{"path": "0.arrow"}, {"path": "1.arrow"}]})

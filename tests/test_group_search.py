@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from numerics import lattice_vectors
 
+from mieb_ray import formats
 from mieb_ray.io import embeddings
 from mieb_ray.topk.engine import group_topk
 from mieb_ray.topk.groupmax import merge_topk, normalize, rank_of, ranked
@@ -82,7 +83,7 @@ def test_engine_streams_embedding_shards(ray_local, corpus, tmp_path):
     queries, docs, groups, n_groups = corpus
     import pyarrow as pa
 
-    schema = embeddings.schema(16, "float32", pa.schema([("label", pa.int64())]), {"model": {}})
+    schema = formats.embedding_schema(16, "float32", pa.schema([("label", pa.int64())]), {"model": {}})
     uris = []
     for n, i in enumerate(range(0, len(docs), 1000)):
         uri = str(tmp_path / f"{n:06d}.arrow")

@@ -13,6 +13,7 @@ import pytest
 import ray
 from numerics import assert_topk_close, lattice_vectors
 
+from mieb_ray import formats
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import tasks
 from mieb_ray.topk import engine
@@ -109,7 +110,7 @@ def tied():
 
 
 def write_shards(folder, docs, groups, per, dtype="float32", keys=None):
-    schema = embeddings.schema(docs.shape[1], dtype, pa.schema([("label", pa.int64())]), {"model": {}})
+    schema = formats.embedding_schema(docs.shape[1], dtype, pa.schema([("label", pa.int64())]), {"model": {}})
     keys = keys if keys is not None else [f"d/{i}" for i in range(len(docs))]
     uris = []
     for n, i in enumerate(range(0, len(docs), per)):

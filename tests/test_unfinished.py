@@ -71,7 +71,9 @@ def test_an_unfinished_build_of_an_older_format_is_refused_naming_its_version(mi
     """mieb-train 3 keys rows by their place in `datasets`' order, 2 did not: a resume would mix the two."""
     import json
 
-    from mieb_ray.pipelines.build import FORMAT_VERSION
+    from mieb_ray.formats import MIEB_TRAIN
+
+    FORMAT_VERSION = MIEB_TRAIN.version
 
     for record in (unfinished / "_progress").rglob("*.json"):
         data = json.loads(record.read_text())

@@ -14,10 +14,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mieb_ray.audit import matches
-from mieb_ray.io.contamination import DUPLICATES, Components, left_out
+from mieb_ray import formats
+from mieb_ray.io.contamination import Components, left_out
 
-FILE = DUPLICATES
 SCHEMA = pa.schema([("key", pa.string()), ("method", pa.string()), ("group", pa.string()), ("keep", pa.bool_())])
 
 
@@ -52,7 +51,7 @@ def pdq_links(pairs: pa.Table) -> list[tuple[str, str, str]]:
 def table(links: list[tuple[str, str, str]]) -> pa.Table:
     """duplicates.parquet's rows: per method, every row of every group."""
     rows = []
-    for method in matches.METHODS[:-1]:
+    for method in formats.HASH_DETECTORS:
         found = Components()
         for m, a, b in links:
             if m == method:
@@ -66,9 +65,9 @@ def table(links: list[tuple[str, str, str]]) -> pa.Table:
 def summary(duplicates: pa.Table, rows: int) -> dict:
     """Per detector: its groups, the rows in them and the rows build --exclude would leave out."""
     out = {"train_rows": rows}
-    for method in matches.METHODS[:-1]:
+    for method in formats.HASH_DETECTORS:
         mine = duplicates.filter(pc.equal(duplicates["method"], method))
         groups = pc.sum(mine["keep"]).as_py() or 0
         out[method] = {"groups": groups, "rows_in_groups": mine.num_rows, "left_out": mine.num_rows - groups}
-    out["left_out_by_default"] = len(left_out(duplicates, matches.METHODS[:-1]))
+    out["left_out_by_default"] = len(left_out(duplicates, formats.HASH_DETECTORS))
     return out

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.audit import duplicates, matches, report
 from mieb_ray.audit.report import thumbnail
 from mieb_ray.errors import UserError
@@ -50,7 +50,6 @@ from mieb_ray.runtime.units import Stage
 from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import TopRows
 
-FORMAT = "mieb-audit"
 MIEB = "mieb"  # --against mieb: the MIEB eval splits of the sources
 SELF = "self"  # --against self: the train table's rows that are copies of each other (audit/duplicates.py)
 BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
@@ -187,7 +186,7 @@ def _against(config: AuditConfig, log) -> Side:
         return Side("against", config.against, tuple(u.rstrip("/").rsplit("/", 1)[-1] for u in config.against))
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
-    slugs = settings.get("datasets") if train.get("format") == "mieb-train" else None
+    slugs = settings.get("datasets") if formats.MIEB_TRAIN.holds(train) else None
     uris, task_of, keys = [build_eval_splits(config.sources, config.out, log, slugs)], [BY_SLUG], ["key"]
     try:  # and the BioVITA corpus, keyed by photo id
         uris.append(biovita.corpus_files(config.sources, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
@@ -400,21 +399,21 @@ def _self_links(config, results, partitions, log) -> tuple[list, pa.Table]:
 def _write_self(config, links: list, errors: pa.Table, results, job: Job, log) -> dict:
     found = duplicates.table(links)
     rows = sum(r["rows"] for r in results["train"])
-    for name, table in ((duplicates.FILE, found), ("errors.parquet", errors)):
+    for name, table in ((formats.DUPLICATES, found), (formats.AUDIT_ERRORS, errors)):
         storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
     summary = duplicates.summary(found, rows)
-    storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+    storage.write_bytes(storage.join(config.out, formats.SUMMARY), (json.dumps(summary, indent=2) + "\n").encode())
     manifest = job.finish({
-        "format": FORMAT, "format_version": 1, "version": __version__,
+        **formats.AUDIT.stamp(), "version": __version__,
         "config": {"train": storage.display(config.train), "against": [SELF], "pdq_threshold": matches.PDQ_THRESHOLD,
-                   "detectors": list(matches.METHODS[:-1])},
-        "files": [duplicates.FILE, "errors.parquet", "summary.json"],
+                   "detectors": list(formats.HASH_DETECTORS)},
+        "files": [formats.DUPLICATES, formats.AUDIT_ERRORS, formats.SUMMARY],
         "counts": {"train_rows": rows, "errors": errors.num_rows,
-                   **{m: summary[m] for m in matches.METHODS[:-1]}},
+                   **{m: summary[m] for m in formats.HASH_DETECTORS}},
         "seconds": round(time.time() - job.t0, 3)}, {r["path"] for r in results["train"]})
     storage.delete_tree(storage.join(config.out, _HASHES))
     log("[audit] groups of copies: " + ", ".join(f"{summary[m]['groups']:,} {m} ({summary[m]['rows_in_groups']:,} "
-                                                  f"rows)" for m in matches.METHODS[:-1]))
+                                                  f"rows)" for m in formats.HASH_DETECTORS))
     log(f"[audit] done: build --exclude would leave out {summary['left_out_by_default']:,} of {rows:,} rows, one "
         f"kept per group; {time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
     return manifest
@@ -530,22 +529,22 @@ def _write(config, pairs, groups, errors, results, planned, sides, near_info, jo
         for dataset, n in r["datasets"].items():
             train_rows[dataset] = train_rows.get(dataset, 0) + n
     summary = matches.summary(pairs, eval_rows, train_rows, groups)
-    files = {"contamination.parquet": pairs, "errors.parquet": errors}
+    files = {formats.PAIRS: pairs, formats.AUDIT_ERRORS: errors}
     for name, table in files.items():
         storage.commit_file(storage.join(config.out, name), lambda local, t=table: pq.write_table(t, local))
     summary = {**summary, "pdq_threshold": matches.PDQ_THRESHOLD,
                "threshold": config.threshold if config.near else None, "near": near_info or None}
-    storage.write_bytes(storage.join(config.out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
+    storage.write_bytes(storage.join(config.out, formats.SUMMARY), (json.dumps(summary, indent=2) + "\n").encode())
     page = report.render(summary, _gallery(config, pairs, results, planned, sides))
-    storage.write_bytes(storage.join(config.out, "report.html"), page.encode())
+    storage.write_bytes(storage.join(config.out, formats.REPORT), page.encode())
     manifest = job.finish({
-        "format": FORMAT, "format_version": 1, "version": __version__,
+        **formats.AUDIT.stamp(), "version": __version__,
         "config": {"train": storage.display(config.train), "against": list(config.against),
                    "sources": storage.display(config.sources) if config.against == (MIEB,) else None,
                    "model": config.model, "threshold": config.threshold if config.near else None,
                    "pdq_threshold": matches.PDQ_THRESHOLD,
-                   "detectors": list(matches.METHODS if config.near else matches.METHODS[:-1])},
-        "files": ["contamination.parquet", "errors.parquet", "summary.json", "report.html"],
+                   "detectors": list(formats.DETECTORS if config.near else formats.HASH_DETECTORS)},
+        "files": [formats.PAIRS, formats.AUDIT_ERRORS, formats.SUMMARY, formats.REPORT],
         "counts": {"train_rows": sum(train_rows.values()), "eval_rows": sum(eval_rows.values()),
                    "pairs": summary["totals"]["pairs"], "groups": summary["totals"]["groups"],
                    "train_rows_flagged": summary["totals"]["train_rows_flagged"],
@@ -553,7 +552,7 @@ def _write(config, pairs, groups, errors, results, planned, sides, near_info, jo
         "seconds": round(time.time() - job.t0, 3)}, {r["path"] for rs in results.values() for r in rs})
     storage.delete_tree(storage.join(config.out, _HASHES))  # after the manifest: a resume may still need them
     totals = summary["totals"]
-    counts = [f"{totals['pairs'][m]:,} {m}" if m in report.ran(summary) else f"{m} not run" for m in matches.METHODS]
+    counts = [f"{totals['pairs'][m]:,} {m}" if m in report.ran(summary) else f"{m} not run" for m in formats.DETECTORS]
     groups = sum(totals["groups"].values())
     log(f"[audit] pairs: {', '.join(counts)}" + (f"; {groups} groups of more than {matches.GROUP_CAP:,} pairs, listed "
                                                   "once each (summary.json)" if groups else ""))
@@ -577,7 +576,7 @@ def _thumbnails(unit: reader.Unit, columns: reader.TableColumns, rows: list[int]
 def _gallery(config, pairs: pa.Table, results, planned, sides: dict[str, Side]) -> list[dict]:
     """The first REPORT_PAIRS pairs of each detector, with both images as thumbnails."""
     single = pairs.filter(pc.is_null(pairs["group"]))
-    shown = [r for m in matches.METHODS for r in single.filter(pc.equal(single["method"], m)).slice(0, REPORT_PAIRS)
+    shown = [r for m in formats.DETECTORS for r in single.filter(pc.equal(single["method"], m)).slice(0, REPORT_PAIRS)
              .to_pylist()]
     if not shown:
         return []

@@ -18,11 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mieb_ray import formats
 from mieb_ray.audit import hamming
 from mieb_ray.audit.fingerprints import fingerprint
-from mieb_ray.io import contamination
 
-METHODS = contamination.DETECTORS  # one tuple for the audit and the jobs that read its output; the report's order
 PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
 # (train hash, eval hash) compared: the pictures, one the mirror of the other, one a centred crop of the other
 PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
@@ -221,9 +220,9 @@ def error_rows(side: str, rows: pa.Table) -> pa.Table:
 
 
 def sort_pairs(pairs: pa.Table) -> pa.Table:
-    """By detector (in METHODS' order: exact, pixels, pdq, near), then score (highest first), then eval task,
+    """By detector (in formats.DETECTORS' order: exact, pixels, pdq, near), then score (highest first), then eval task,
     eval key, train key."""
-    order = pc.index_in(pairs["method"], value_set=pa.array(METHODS))
+    order = pc.index_in(pairs["method"], value_set=pa.array(formats.DETECTORS))
     pairs = pairs.append_column("_m", order)
     pairs = pairs.sort_by([("_m", "ascending"), ("score", "descending"), ("eval_task", "ascending"),
                            ("eval_key", "ascending"), ("train_key", "ascending")])
@@ -247,7 +246,7 @@ def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, in
     tasks = {}
     for task, n in sorted(eval_rows.items()):
         tasks[task] = {"eval_rows": n}
-        for method in (*METHODS, "any"):
+        for method in (*formats.DETECTORS, "any"):
             found = hits(method, lambda r: r["eval_task"] == task and r["eval_key"] is not None)
             affected = len({r["eval_key"] for r in found})
             tasks[task][method] = {**({"pairs": sum(r["group"] is None for r in found)} if method != "any" else {}),
@@ -255,12 +254,13 @@ def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, in
     datasets = {}
     for dataset, n in sorted(train_rows.items()):
         datasets[dataset] = {"train_rows": n}
-        for method in (*METHODS, "any"):
+        for method in (*formats.DETECTORS, "any"):
             found = hits(method, lambda r: r["train_key"] is not None and dataset_of(r["train_key"]) == dataset)
             datasets[dataset][method] = len({r["train_key"] for r in found})
     return {"eval_tasks": tasks, "train_datasets": datasets,
-            "totals": {"pairs": {m: sum(r["method"] == m and r["group"] is None for r in rows) for m in METHODS},
-                       "groups": {m: sum(g["method"] == m for g in groups) for m in METHODS},
+            "totals": {"pairs": {m: sum(r["method"] == m and r["group"] is None for r in rows)
+                                 for m in formats.DETECTORS},
+                       "groups": {m: sum(g["method"] == m for g in groups) for m in formats.DETECTORS},
                        "train_rows_flagged": len({r["train_key"] for r in rows} - {None}),
                        "eval_images_affected": len({(r["eval_task"], r["eval_key"]) for r in rows
                                                     if r["eval_key"] is not None})},

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from mieb_ray.audit.matches import METHODS
+from mieb_ray import formats
 from mieb_ray.page import CSS as BASE_CSS
 from mieb_ray.page import thumbnail
 
@@ -32,7 +32,7 @@ WHY_NOT = {"near": "not run: it needs --model, or --train-embeddings and --again
 
 def ran(summary: dict) -> tuple[str, ...]:
     """The detectors this audit ran: the hashes always, near when it had embeddings (a threshold)."""
-    return METHODS if summary.get("threshold") is not None else tuple(m for m in METHODS if m != "near")
+    return formats.DETECTORS if summary.get("threshold") is not None else formats.HASH_DETECTORS
 
 
 def render(summary: dict, pairs: list[dict]) -> str:
@@ -44,7 +44,7 @@ def render(summary: dict, pairs: list[dict]) -> str:
             f"<span>train rows flagged <b>{totals['train_rows_flagged']:,}</b></span>"
             f"<span>eval images affected <b>{totals['eval_images_affected']:,}</b></span>"
             + "".join(f"<span>{m} pairs <b>{totals['pairs'].get(m, 0):,}</b></span>" if m in done else
-                      f"<span>{m} pairs <b>{NOT_RUN}</b></span>" for m in METHODS)
+                      f"<span>{m} pairs <b>{NOT_RUN}</b></span>" for m in formats.DETECTORS)
             + f"<span>pdq threshold <b>distance ≤ {summary.get('pdq_threshold')}</b></span>"
             + f"<span>near threshold <b>{'not run' if threshold is None else f'cosine ≥ {threshold}'}</b></span>"
             "</div>",
@@ -52,7 +52,7 @@ def render(summary: dict, pairs: list[dict]) -> str:
             "not a proof: look at the pairs below, lowest scores last, and choose the threshold where they stop being "
             "copies.</p>",
             _tasks(summary["eval_tasks"], done), _datasets(summary["train_datasets"], done), _groups(summary)]
-    for method in METHODS:
+    for method in formats.DETECTORS:
         if method not in done:
             body.append(f"<h2>{method}: {escape(WHAT[method])} ({NOT_RUN})</h2><p>{escape(WHY_NOT[method])}</p>")
             continue
@@ -66,10 +66,10 @@ def render(summary: dict, pairs: list[dict]) -> str:
 
 
 def _tasks(tasks: dict, done: tuple[str, ...]) -> str:
-    head = "".join(f"<th>{m}</th>" for m in (*METHODS, "any"))
+    head = "".join(f"<th>{m}</th>" for m in (*formats.DETECTORS, "any"))
     rows = "".join(f"<tr><td>{escape(t)}</td><td>{e['eval_rows']:,}</td>"
                    + "".join(f"<td>{e[m]['eval_images']:,} ({e[m]['percent']:.2f}%)</td>" if m in (*done, "any")
-                             else f"<td>{NOT_RUN}</td>" for m in (*METHODS, "any"))
+                             else f"<td>{NOT_RUN}</td>" for m in (*formats.DETECTORS, "any"))
                    + "</tr>" for t, e in tasks.items())
     return (f'<h2>Eval images affected, per task</h2><div class="panel"><table><thead><tr><th>eval task</th>'
             f"<th>eval rows</th>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
@@ -91,10 +91,10 @@ def _groups(summary: dict) -> str:
 
 
 def _datasets(datasets: dict, done: tuple[str, ...]) -> str:
-    head = "".join(f"<th>{m}</th>" for m in (*METHODS, "any"))
+    head = "".join(f"<th>{m}</th>" for m in (*formats.DETECTORS, "any"))
     rows = "".join(f"<tr><td>{escape(d or '(no dataset)')}</td><td>{e['train_rows']:,}</td>"
                    + "".join(f"<td>{e[m]:,}</td>" if m in (*done, "any") else f"<td>{NOT_RUN}</td>"
-                             for m in (*METHODS, "any")) + "</tr>" for d, e in datasets.items())
+                             for m in (*formats.DETECTORS, "any")) + "</tr>" for d, e in datasets.items())
     return (f'<h2>Train rows flagged, per dataset</h2><div class="panel"><table><thead><tr><th>train dataset</th>'
             f"<th>train rows</th>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals import protocol
@@ -149,7 +149,7 @@ class _Run:
 class BioVITASuite:
     """BioVITAT2IReranking as an EvalSuite: one task, its subsets scored together."""
 
-    kind = "mieb-biovita-eval"
+    kind = formats.suite_kind("biovita")
     needs_texts = True
 
     def __init__(self, sources: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,

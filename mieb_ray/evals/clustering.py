@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.evals import metrics, run_report, split_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result
 from mieb_ray.evals.source_task import SourceTask
@@ -74,7 +74,7 @@ class _Pending:
 class ClusteringSuite:
     """The chosen clustering tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
-    kind = "mieb-clustering-eval"
+    kind = formats.suite_kind("clustering")
     needs_texts = False
 
     def __init__(self, tasks_: list[SourceTask], sources: str, exclude: str | None = None):

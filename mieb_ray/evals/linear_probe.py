@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.evals import run_report, split_rows
 from mieb_ray.evals.metrics import classification
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
@@ -114,7 +114,7 @@ class _Pending:
 class LinearProbeSuite:
     """The chosen linear-probe tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
-    kind = "mieb-linear-probe-eval"
+    kind = formats.suite_kind("linear_probe")
     needs_texts = False
 
     def __init__(self, tasks_: list[ProbeTask], sources: str, exclude: str | None = None):

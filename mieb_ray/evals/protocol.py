@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.embed import embed_table
@@ -40,7 +40,7 @@ class EmbedInputs:
 
 
 class EvalSuite(Protocol):
-    kind: str  # the manifest's format
+    kind: formats.Kind  # what its manifest says it is
     needs_texts: bool  # False: scored from image embeddings alone (texts is None)
 
     def task_names(self) -> list[str]: ...
@@ -174,7 +174,7 @@ def _run(suite: EvalSuite, out: str, images: str, texts: str | None, log, t0: fl
         storage.write_bytes(storage.join(out, f"{name}.json"), (json.dumps(result, indent=2) + "\n").encode())
         files.append(f"{name}.json")
     own, extra = suite.write(out, results, pending, log)
-    storage.write_manifest(out, {"format": suite.kind, "format_version": 1, "version": __version__,
+    storage.write_manifest(out, {**suite.kind.stamp(), "version": __version__,
                                  "files": files + own, "image_embeddings": storage.display(images),
                                  "text_embeddings": storage.display(texts) if texts else None, **extra,
                                  "executor": which,

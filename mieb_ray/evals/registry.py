@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, results_repo, retrieval, run_report
 from mieb_ray.evals.biovita import BioVITASuite
@@ -109,7 +109,7 @@ def evaluate_tasks(selected: list[tuple[Suite, list[str]]], options: Options, ou
         sections = [(suite.name, f"{suite.name}/report.html", {n: results[n] for n in names})
                     for suite, names in selected]
         storage.write_bytes(storage.join(out, "report.html"), run_report.render(sections, model).encode())
-        storage.write_manifest(out, {"format": "mieb-eval", "format_version": 1, "version": __version__,
+        storage.write_manifest(out, {**formats.EVAL.stamp(), "version": __version__,
                                      "tasks": list(results), "suites": folders, "files": ["report.html"],
                                      "seconds": round(time.time() - t0, 3)})
     if results_dir:

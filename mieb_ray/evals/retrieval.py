@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import metrics, run_report, split_rows
 from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
@@ -167,7 +167,7 @@ def search(queries, corpus, n: int) -> list:
 class RetrievalSuite:
     """The chosen SciMMIR retrieval tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
-    kind = "mieb-retrieval-eval"
+    kind = formats.suite_kind("retrieval")
     needs_texts = True
 
     def __init__(self, tasks_: list[RetrievalTask], sources: str, exclude: str | None = None):

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.errors import UserError
 from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
@@ -147,7 +147,7 @@ class _Pending:
 class ZeroShotSuite:
     """The chosen zero-shot tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
-    kind = "mieb-zeroshot-eval"
+    kind = formats.suite_kind("zeroshot")
     needs_texts = True
 
     def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS,

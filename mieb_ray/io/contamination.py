@@ -11,18 +11,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-
-FILE = "contamination.parquet"
-DUPLICATES = "duplicates.parquet"  # of a self audit: key, method, group, keep
-DETECTORS = ("exact", "pixels", "pdq", "near")
-BUILD_DETECTORS = ("exact", "pixels", "pdq")  # build --exclude's default: the near (CLIP) threshold is a placeholder
 
 
 def _manifest(audit: str) -> dict:
     manifest = storage.read_manifest(audit)
-    if manifest is None or manifest.get("format") != "mieb-audit":
+    if not formats.AUDIT.holds(manifest):
         raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
                         "of mieb-ray audit)")
     return manifest
@@ -33,11 +28,11 @@ def is_self(manifest: dict) -> bool:
     return (manifest.get("config") or {}).get("against") == ["self"]
 
 
-def read(audit: str, columns: list[str], file: str = FILE) -> pa.Table:
+def read(audit: str, columns: list[str], file: str = formats.PAIRS) -> pa.Table:
     """Columns of an audit output's pairs (train_key, eval_task, eval_key, method, score, group), or of its
-    DUPLICATES; one line when `audit` is not a complete audit output, or not of the kind the job needs."""
+    formats.DUPLICATES; one line when `audit` is not a complete audit output, or not of the kind the job needs."""
     manifest = _manifest(audit)
-    if is_self(manifest) != (file == DUPLICATES):
+    if is_self(manifest) != (file == formats.DUPLICATES):
         raise UserError(f"--exclude {storage.display(audit)} is an audit of a table against "
                         + ("itself: it flags no eval image" if is_self(manifest) else "eval images, not itself"))
     with storage.open_input(storage.join(audit, file)) as f:
@@ -47,18 +42,18 @@ def read(audit: str, columns: list[str], file: str = FILE) -> pa.Table:
 def detectors(text: str) -> tuple[str, ...]:
     """A comma-separated list of detectors; one line naming the valid ones for an unknown name."""
     chosen = tuple(d.strip() for d in text.split(",") if d.strip())
-    unknown = [d for d in chosen if d not in DETECTORS]
+    unknown = [d for d in chosen if d not in formats.DETECTORS]
     if unknown or not chosen:
-        raise UserError(f"unknown detector {unknown[0]!r}; valid: {', '.join(DETECTORS)}" if unknown
-                        else f"no detector given; valid: {', '.join(DETECTORS)}")
+        raise UserError(f"unknown detector {unknown[0]!r}; valid: {', '.join(formats.DETECTORS)}" if unknown
+                        else f"no detector given; valid: {', '.join(formats.DETECTORS)}")
     return chosen
 
 
-def flagged_train_keys(audit: str, by: tuple[str, ...] = DETECTORS) -> pa.Array:
+def flagged_train_keys(audit: str, by: tuple[str, ...] = formats.DETECTORS) -> pa.Array:
     """The distinct train keys the audit flagged by any of the detectors `by`; of a self audit, every row of
     its groups but the one each keeps (`left_out`)."""
     if is_self(_manifest(audit)):
-        return pa.array(left_out(read(audit, ["key", "method", "group"], DUPLICATES), by), pa.string())
+        return pa.array(left_out(read(audit, ["key", "method", "group"], formats.DUPLICATES), by), pa.string())
     pairs = read(audit, ["train_key", "method"])
     pairs = pairs.filter(pc.and_(pc.is_in(pairs["method"], value_set=pa.array(by, pa.string())),
                                  pc.is_valid(pairs["train_key"])))

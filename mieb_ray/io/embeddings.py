@@ -19,15 +19,7 @@ import pyarrow.compute as pc
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-
-ERROR_SCHEMA = pa.schema([("key", pa.string()), ("error", pa.string())])
-DTYPES = {"float16": pa.float16(), "float32": pa.float32()}
-SHARD_SUFFIXES = (".arrow", ".ipc", ".feather", ".arrows")  # IPC files, when no manifest lists the shards
-
-
-def schema(dim: int, dtype: str, carry: pa.Schema | None, metadata: dict) -> pa.Schema:
-    fields = [pa.field("key", pa.string()), pa.field("embedding", pa.list_(DTYPES[dtype], dim))]
-    return pa.schema(fields + list(carry or []), metadata={"mieb_ray": json.dumps(metadata, sort_keys=True)})
+from mieb_ray.formats import EMBEDDING_ERROR_SCHEMA, SHARD_SUFFIXES
 
 
 def shard_table(schema_: pa.Schema, keys: list[str], embeddings: np.ndarray, carry: dict[str, list]) -> pa.Table:
@@ -57,7 +49,7 @@ def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, 
     if bad.any():
         result["error_file"] = f"_errors/{name}"
         table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in rows["__error"][bad]]},
-                         schema=ERROR_SCHEMA)
+                         schema=EMBEDDING_ERROR_SCHEMA)
         storage.commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
     table = shard_table(schema_, [str(k) for k in rows[key][~bad]], rows["embedding"][~bad],
                         {c: list(rows[c][~bad]) for c in carry})

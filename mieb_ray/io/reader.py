@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import FormatError, UserError
 from mieb_ray.io import datafiles, parquet, tar
 from mieb_ray.io.parquet import IMAGE_TYPE
@@ -297,7 +297,7 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
 def _built(manifest: dict) -> tuple[str, list[dict]] | None:
     """(format, shards) of a mieb-train build's manifest; None for any other."""
     config, shards = manifest.get("config"), manifest.get("shards")
-    if manifest.get("format") != "mieb-train" or not isinstance(config, dict) or not isinstance(shards, list) \
+    if not formats.MIEB_TRAIN.holds(manifest) or not isinstance(config, dict) or not isinstance(shards, list) \
             or config.get("format") not in (PARQUET, WEBDATASET):
         return None
     if not all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)

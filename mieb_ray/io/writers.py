@@ -10,7 +10,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray.mieb_train import SCHEMA
+from mieb_ray.formats import TRAIN_SCHEMA as SCHEMA
 
 # Image bytes are already compressed: squeezing them again, dictionary-encoding them or keeping their
 # min/max costs CPU for nothing. The small columns get all three.

@@ -11,7 +11,7 @@ build     ShardBuilder, one unit per call: read, caption, write and commit its s
           record (shard_builder.py); an actor pool on Ray (each actor holds the class tables once), or in this
           process for a small build (runtime/placement.py)
 manifest  driver, last: built from the units' results (runtime/job.py); before it, for WebDataset, a sizes.json
-          in each dataset folder (mieb_train.shard_sizes)
+          in each dataset folder (formats.shard_sizes)
 
 `--resume` skips the units whose progress record an earlier run committed with the same settings.
 """
@@ -29,11 +29,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mieb_ray import __version__, hubfs, storage
+from mieb_ray import __version__, formats, hubfs, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import contamination, reader
-from mieb_ray.mieb_train import SIZES, shard_sizes
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.runtime import identity, placement
@@ -43,8 +42,6 @@ from mieb_ray.runtime.pools import cpu_pool
 from mieb_ray.runtime.units import Stage
 from mieb_ray.sources import EVAL_TOTAL_ROWS, SOURCES, TOTAL_ROWS, Source, select
 
-FORMAT = "mieb-train"
-FORMAT_VERSION = 3  # 2: tars named <slug>/<slug>-000000.tar, with sizes.json; 3: rows in `datasets`' order
 FORMATS = ("parquet", "webdataset")
 SPLITS = ("train", "eval")  # eval: each source's `eval_split`
 LOCAL_ROWS = 100_000  # at most this many rows build in this process under --executor auto (a second or two)
@@ -65,7 +62,7 @@ class BuildConfig:
     cpus_per_worker: float = 1.0
     split: str = "train"  # one of SPLITS
     exclude: str | None = None  # an audit output: its flagged train rows are left out
-    exclude_detectors: tuple[str, ...] = contamination.BUILD_DETECTORS  # the detectors whose pairs count
+    exclude_detectors: tuple[str, ...] = formats.BUILD_DETECTORS  # the detectors whose pairs count
     executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
     reuse: bool = False  # a complete build of the same identity is kept, one of another replaced (eval's splits)
 
@@ -80,7 +77,7 @@ class BuildConfig:
             raise UserError("--exclude applies to the train split only")
 
 
-def excluded_keys(audit: str, by: tuple[str, ...] = contamination.BUILD_DETECTORS) -> pa.Array:
+def excluded_keys(audit: str, by: tuple[str, ...] = formats.BUILD_DETECTORS) -> pa.Array:
     """The distinct train keys an audit output flagged by any of the detectors `by`."""
     return contamination.flagged_train_keys(audit, by)
 
@@ -117,7 +114,7 @@ def build(config: BuildConfig, log=print) -> dict:
     # sizes are stale at the end); sizes.json in any dataset's folder, since each one lists the whole build
     every = "|".join(s.slug for s in SOURCES)
     ours = re.compile(rf"^(?P<slug>{slugs})/((?P=slug)-)?\d{{6}}\.(parquet|tar)$|^_errors/({slugs})/\d{{12}}\.parquet$"
-                      rf"|^({every})/{re.escape(SIZES)}$")
+                      rf"|^({every})/{re.escape(formats.SIZES)}$")
     job = Job("build", config.out, "a complete build", ours, config.resume, config.overwrite, log, made_of,
               config.reuse)
     if (reused := job.reusable()) is not None:
@@ -126,7 +123,8 @@ def build(config: BuildConfig, log=print) -> dict:
     job.start()
     settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
                 "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
-                "version": __version__, "format_version": FORMAT_VERSION, "exclude": _exclusion(config, exclude)}
+                "version": __version__, "format_version": formats.MIEB_TRAIN.version,
+                "exclude": _exclusion(config, exclude)}
 
     t0 = time.time()
     units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
@@ -169,7 +167,7 @@ def _identity(config: BuildConfig, selected: list[Source], exclusion: dict | Non
 
     with ThreadPoolExecutor(8) as pool:
         inputs = dict(zip((s.slug for s in selected), pool.map(one, selected)))
-    return {"format": f"{FORMAT}/{FORMAT_VERSION}", "sources": storage.display(config.sources), "inputs": inputs,
+    return {"format": formats.MIEB_TRAIN.stamp(), "sources": storage.display(config.sources), "inputs": inputs,
             "split": config.split, "layout": config.fmt, "rows_per_shard": config.rows_per_shard,
             "exclude": exclusion["sha256"] if exclusion else None}
 
@@ -244,7 +242,7 @@ def dataset_card(splits: dict[str, str], fmt: str, exclusion: dict | None = None
             lines += [f"  - split: {split}", f"    path: {path}"]
     for slug, split in splits.items():
         lines += [f"- config_name: {slug}", "  data_files:", f"  - split: {split}", f"    path: {slug}/*.{ext}"]
-    title = "mieb-train" if set(by_split) == {"train"} else "MIEB eval splits in the mieb-train layout"
+    title = formats.MIEB_TRAIN.name if set(by_split) == {"train"} else "MIEB eval splits in the mieb-train layout"
     lines += ["---", "", f"# {title} ({fmt})", "",
               f"Built by mieb-ray {__version__}. Rows, shards and checksums: `{storage.MANIFEST}`.", ""]
     if set(by_split) == {"train"}:
@@ -261,8 +259,8 @@ def dataset_card(splits: dict[str, str], fmt: str, exclusion: dict | None = None
 def write_sizes(out: str, shards: list[dict]) -> list[str]:
     """The same sizes.json (every shard of the build) in each folder holding shards: a WebDataset trainer reads the
     one beside the first shard it is given (open_clip: get_dataset_size). Returns their paths."""
-    body = json.dumps(shard_sizes(shards), indent=0).encode()
-    paths = sorted({f"{s['path'].rsplit('/', 1)[0]}/{SIZES}" for s in shards})
+    body = json.dumps(formats.shard_sizes(shards), indent=0).encode()
+    paths = sorted({f"{s['path'].rsplit('/', 1)[0]}/{formats.SIZES}" for s in shards})
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda path: storage.write_bytes(storage.join(out, path), body), paths))
     return paths
@@ -290,9 +288,9 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
                      TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
     splits = {s.slug: source_split(s, config.split) for s in selected}
     sizes = write_sizes(config.out, shards) if config.fmt == "webdataset" else []
-    storage.write_bytes(storage.join(config.out, "README.md"), dataset_card(splits, config.fmt, exclusion).encode())
+    storage.write_bytes(storage.join(config.out, formats.CARD), dataset_card(splits, config.fmt, exclusion).encode())
     manifest = job.finish({
-        "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
+        **formats.MIEB_TRAIN.stamp(), "package": "mieb-ray", "version": __version__,
         "config": {"sources": storage.display(config.sources), "datasets": slugs, "format": config.fmt,
                    "rows_per_shard": config.rows_per_shard, "split": config.split, "check_counts": verify,
                    "exclude": exclusion},

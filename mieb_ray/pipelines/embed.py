@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from mieb_ray import __version__, storage
+from mieb_ray import __version__, formats, storage
 from mieb_ray.encode import gpu_decode
 from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
@@ -40,8 +40,6 @@ from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import encoder_pool
 from mieb_ray.runtime.units import Stage
 
-FORMAT = "mieb-embeddings"
-FORMAT_VERSION = 2
 MODALITIES = ("image", "text")
 UNIT_BYTES = 256 << 20  # a unit's decoded pixels: one block in the object store
 DECODE_MEMORY = 768 << 20  # a read task's memory hint: a unit's pixels, one chunk of source bytes, headroom
@@ -81,8 +79,8 @@ class EmbedConfig:
     def check(self) -> None:
         if self.modality not in MODALITIES:
             raise UserError(f"unknown modality {self.modality!r}; valid: {', '.join(MODALITIES)}")
-        if self.dtype not in embeddings.DTYPES:
-            raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(embeddings.DTYPES)}")
+        if self.dtype not in formats.DTYPES:
+            raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(formats.DTYPES)}")
         if self.decode not in gpu_decode.MODES:
             raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(gpu_decode.MODES)}")
         if self.decode == "gpu" and self.modality == "image" and (why := gpu_decode.torchvision_problem()):
@@ -173,7 +171,7 @@ def _model(config: EmbedConfig):
 def _identity(config: EmbedConfig, info, path: str) -> dict:
     """What decides the embeddings (runtime/identity.py): the model, the input, and the settings that change a
     row's vector; not the shard size or the pools."""
-    return {"format": f"{FORMAT}/{FORMAT_VERSION}", "model": model_identity(config.model, path, info),
+    return {"format": formats.EMBEDDINGS.stamp(), "model": model_identity(config.model, path, info),
             "input": identity.of_input(config.input), "modality": config.modality,
             "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
             "decode": config.decode if config.modality == "image" else None,
@@ -199,7 +197,7 @@ def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
                 "preprocessing": spec, "rows_per_unit": rows, "decode": config.decode if spec is not None else None,
                 "unit_bytes": raw_bytes, "columns": [config.key_column, config.columns.data, *config.columns.carry]}
     return Plan(fmt, table_units(files, rows, raw_bytes), info, spec,
-                embeddings.schema(info.dim, config.dtype, carry_schema, meta), settings)
+                formats.embedding_schema(info.dim, config.dtype, carry_schema, meta), settings)
 
 
 def _image_spec(info) -> dict:
@@ -306,7 +304,7 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
     settings = {k: v for k, v in dataclasses.asdict(config).items()
                 if k not in ("out", "resume", "overwrite", "reuse")}
     manifest = job.finish({
-        "format": FORMAT, "format_version": FORMAT_VERSION, "package": "mieb-ray", "version": __version__,
+        **formats.EMBEDDINGS.stamp(), "package": "mieb-ray", "version": __version__,
         "config": {**settings, "input": storage.display(config.input), "input_format": plan.fmt,
                    "data_column": config.columns.data, "rows_per_unit": plan.settings["rows_per_unit"]},
         "model": plan.info.to_dict(), "dim": plan.info.dim, "preprocessing": plan.spec,

@@ -3,7 +3,7 @@
 ShardBuilder is the build's one stage (runtime/units.py): a Ray actor pool, each actor holding the class tables
 once and streaming units through, or one instance in this process; image bytes go from the source file to the
 output shard without crossing the object store. A unit (at most --rows-per-shard rows) makes one shard, named by
-the unit's place in its split (mieb_train.shard_path of `unit.shard`), so a retried or repeated unit rewrites the
+the unit's place in its split (formats.shard_path of `unit.shard`), so a retried or repeated unit rewrites the
 same shard with the same bytes. Once a unit's shards are committed, its record (`_progress/<slug>/<lo>.json`, or
 `_progress/<slug>/<split>/<lo>.json` for an eval split: the unit, the settings and its result) is
 committed too: what `--resume` skips.
@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 from mieb_ray import storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.errors import FormatError
+from mieb_ray.formats import shard_path
 from mieb_ray.io.reader import Unit, read, source_columns
 from mieb_ray.io.writers import WRITERS
-from mieb_ray.mieb_train import shard_path, train_rows
+from mieb_ray.mieb_train import train_rows
 from mieb_ray.runtime.output import Progress
 from mieb_ray.sources import by_slug
 
