@@ -39,20 +39,36 @@ class Suite:
     name: str  # its folder when several suites run
     tasks: tuple[str, ...]  # the mteb task names it scores
     make: Callable[[list[str], Options], protocol.EvalSuite]
+    sources: tuple[str | None, ...] = ()  # per task: the catalog source whose eval split it scores, if any
+
+
+def _suite(name: str, tasks, make) -> Suite:
+    """A suite of SourceTasks (evals/source_task.py): each task scores its catalog source's eval split."""
+    return Suite(name, tuple(t.name for t in tasks), make, tuple(t.slug for t in tasks))
 
 
 SUITES = (
     Suite("biovita", (biovita_data.TASK,),
           lambda names, o: BioVITASuite(o.sources, query_block=o.query_block, partitions=o.partitions)),
-    Suite("zeroshot", tuple(t.name for t in TASKS),
-          lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),
-    Suite("linear_probe", tuple(t.name for t in probe_tasks.TASKS),
-          lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources, exclude=o.exclude)),
-    Suite("clustering", tuple(t.name for t in clustering.TASKS),
-          lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources, exclude=o.exclude)),
-    Suite("retrieval", tuple(t.name for t in retrieval.TASKS),
-          lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
+    _suite("zeroshot", TASKS, lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),
+    _suite("linear_probe", probe_tasks.TASKS,
+           lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources, exclude=o.exclude)),
+    _suite("clustering", clustering.TASKS,
+           lambda names, o: clustering.ClusteringSuite(clustering.select_tasks(names), o.sources, exclude=o.exclude)),
+    _suite("retrieval", retrieval.TASKS,
+           lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
 )
+
+
+def tasks_by_source() -> dict[str, list[str]]:
+    """Catalog source slug -> every registered task that scores its eval split, in registry order (what an
+    audit against MIEB names as the tasks an eval image belongs to)."""
+    found: dict[str, list[str]] = {}
+    for suite in SUITES:
+        for task, slug in zip(suite.tasks, suite.sources):
+            if slug:
+                found.setdefault(slug, []).append(task)
+    return found
 
 # Other names of mteb tasks, accepted so that a name copied from a dataset's card works: BioVITA's card says
 # mteb.get_task("BioVITAT2IRetrieval"), a name mteb 2.26.24 refuses (its task is BioVITAT2IReranking).
