@@ -14,12 +14,14 @@ from mieb_ray import __version__, flags
 from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
+from mieb_ray.evals.job import evaluate
 from mieb_ray.formats import AUDIT_ERRORS, BUILD_DETECTORS, DETECTORS, PAIRS, REPORT, SUMMARY
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
 from mieb_ray.runtime import cluster
 from mieb_ray.runtime.output import no_empty_folder_on_failure
+from mieb_ray.runtime.pools import PoolRequest
 from mieb_ray.sources import SOURCES, TOTAL_ROWS, select
 
 DESCRIPTION = (f"mieb-ray: build the mieb-train CLIP training set from the {len(SOURCES)} MIEB zero-shot "
@@ -196,6 +198,11 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
     p.add_argument("--trained-on-mieb-train", action="store_true",
                    help="the model was trained on mieb-train: model_meta.json's training_datasets names the MIEB "
                         "tasks drawn from its sources, so a leaderboard does not count them as zero-shot")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run: skip the suites it scored from the same inputs and settings "
+                        "(an unfinished output needs --resume or --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace complete results already at --out (their embeddings stay, reused when they fit)")
     add_mixed_models_flag(p)
     add_executor_flag(p)
     add_pool_flags(p, "with --model: ")
@@ -232,12 +239,10 @@ def run_eval(args: argparse.Namespace) -> None:
     options = registry.Options(args.sources, getattr(args, "query_block", 256), getattr(args, "partitions", None),
                                exclude=args.exclude)
     cluster.configure(args.address)
-    registry.evaluate_tasks(selected, options, args.out, model=args.model, revision=args.revision,
-                            images=args.image_embeddings, texts=args.text_embeddings,
-                            allow_mixed_models=args.allow_mixed_models, executor=args.executor,
-                            results_dir=args.results_dir, trained_on_mieb_train=args.trained_on_mieb_train,
-                            workers=args.workers, gpus_per_worker=args.gpus_per_worker,
-                            cpus_per_worker=args.cpus_per_worker)
+    evaluate(selected, options, args.out, model=args.model, revision=args.revision, images=args.image_embeddings,
+             texts=args.text_embeddings, allow_mixed_models=args.allow_mixed_models, executor=args.executor,
+             results_dir=args.results_dir, trained_on_mieb_train=args.trained_on_mieb_train, resume=args.resume,
+             overwrite=args.overwrite, pool=PoolRequest(args.workers, args.gpus_per_worker, args.cpus_per_worker))
 
 
 def add_audit_flags(p: argparse.ArgumentParser) -> None:
@@ -422,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
     except KeyboardInterrupt:
-        print("mieb-ray: interrupted; " + ("committed shards are complete, run again with --resume to finish"
-                                           if hasattr(args, "resume") else  # eval, check-sources, demo: start over
+        print("mieb-ray: interrupted; " + ("what was committed is complete, run again with --resume to finish"
+                                           if hasattr(args, "resume") else  # check-sources, demo: start over
                                            f"{args.command} has no --resume: run it again"), file=sys.stderr)
         return 130
     except UserError as user:  # a user's mistake is one line; anything else keeps its traceback

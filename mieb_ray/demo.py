@@ -8,6 +8,7 @@ import time
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import registry
+from mieb_ray.evals.job import evaluate
 from mieb_ray.evals.zeroshot_tasks import select_tasks
 from mieb_ray.fixtures.biovita import CANDIDATES, make_biovita_mirror
 from mieb_ray.fixtures.mirror import make_mirror
@@ -42,8 +43,8 @@ def demo(out: str, rows: int = 40, overwrite: bool = False, log=print) -> dict:
         target = os.path.join(out, f"embeddings-{modality}")
         outputs[target] = embed(EmbedConfig(train, target, model, modality=modality, carry_columns=("dataset_name",),
                                             overwrite=True), log=log)
-    outputs[evaluated] = results = registry.evaluate_tasks(registry.select(TASKS), registry.Options(mirror),
-                                                           evaluated, model=model, log=log)
+    outputs[evaluated] = results = evaluate(registry.select(TASKS), registry.Options(mirror), evaluated,
+                                            model=model, overwrite=True, log=log)
     dropped = {slug: n for slug, n in built["counts"]["dropped"].items() if n}
     log("[demo] outputs:")
     log(f"  {mirror}: the fixture mirror, {sum(written.values()):,} train rows of the {len(written)} sources and a "

@@ -99,6 +99,9 @@ BUILD_DETECTORS = HASH_DETECTORS  # build --exclude's default: the near (CLIP) t
 # ---------------------------------------------------------------------------------------------- eval
 
 EVAL = Kind("mieb-eval", 1)  # a run of several suites, each in its folder
+PREDICTIONS = "predictions.parquet"  # zero-shot: each image's label and predictions
+RANKS = "ranks.parquet"  # BioVITA: each query's rank of its correct taxon
+EVAL_FILES = (SUMMARY, REPORT, PREDICTIONS, RANKS)  # besides the tasks' TaskResults
 
 
 def suite_kind(suite: str) -> Kind:

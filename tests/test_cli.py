@@ -71,15 +71,19 @@ def test_a_cluster_address_that_takes_no_connection_is_one_line(mirror, tmp_path
 
 
 def test_an_interrupted_command_is_told_to_resume_only_if_it_can(monkeypatch, tmp_path, capsys):
-    """build, embed and audit take --resume; eval does not, so its interrupt line must not send the user there."""
+    """build, embed, audit and eval take --resume; the demo does not, so its interrupt line must not send the user
+    there."""
     from mieb_ray import cli
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    for name in ("run_build", "run_eval"):
+    for name in ("run_build", "run_eval", "run_demo"):
         monkeypatch.setattr(cli, name, interrupted)
-    assert main(["build", "--sources", str(tmp_path), "--out", str(tmp_path / "b")]) == 130
-    assert capsys.readouterr().err.strip().endswith("run again with --resume to finish")
-    assert main(["eval", "--tasks", "CIFAR10ZeroShot", "--out", str(tmp_path / "e")]) == 130
-    assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; eval has no --resume: run it again"
+    for argv in (["build", "--sources", str(tmp_path), "--out", str(tmp_path / "b")],
+                 ["eval", "--tasks", "CIFAR10ZeroShot", "--out", str(tmp_path / "e")]):
+        assert main(argv) == 130
+        assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; what was committed is complete, run " \
+                                                  "again with --resume to finish"
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 130
+    assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; demo has no --resume: run it again"

@@ -10,6 +10,7 @@ from embedding_fixtures import write_embeddings
 from mteb_reference import mteb_clustering
 
 from mieb_ray.evals import clustering, registry
+from mieb_ray.evals.job import evaluate
 from mieb_ray.fixtures.mirror import label_of, make_mirror
 
 ROWS, DIM = 120, 8
@@ -42,7 +43,7 @@ def test_each_task_equals_mteb(tmp_path):
     order = rng.permutation(len(keys))
     write_embeddings(images, [keys[i] for i in order], np.stack(rows)[order], "image", "float32", 2, {})
     out = str(tmp_path / "out")
-    results = registry.evaluate_tasks(registry.select("CIFAR10Clustering,CIFAR100Clustering"),
+    results = evaluate(registry.select("CIFAR10Clustering,CIFAR100Clustering"),
                                       registry.Options(mirror), out, images=images, executor="local", log=print)
     for task in clustering.TASKS:
         theirs = mteb_clustering(task.name, os.path.join(mirror, task.source.repo), task.split, by_task[task.name])
@@ -64,7 +65,7 @@ def test_results_dir_round_trips_through_mtebs_loader(tmp_path):
     images = str(tmp_path / "images")
     write_embeddings(images, keys, rng.normal(size=(30, DIM)).astype(np.float32), "image", "float32", 1, {})
     cache = tmp_path / "cache"
-    results = registry.evaluate_tasks(registry.select(task.name), registry.Options(mirror), str(tmp_path / "out"),
+    results = evaluate(registry.select(task.name), registry.Options(mirror), str(tmp_path / "out"),
                                       images=images, executor="local", results_dir=str(cache / "results"),
                                       trained_on_mieb_train=True, log=print)
     folder = cache / "results" / "fixture__biovita-random" / "no_revision_available"
@@ -97,7 +98,7 @@ def test_clean_scores_equal_mteb_without_the_flagged_images(tmp_path):
                      "float32", 1, {})
     gone = {3, 7, 50, 51}
     audit = audit_output(tmp_path / "audit", [(f"cifar10/{i}", f"cifar10/test/{i}", "pixels") for i in gone])
-    results = registry.evaluate_tasks(registry.select(task.name), registry.Options(mirror, exclude=audit),
+    results = evaluate(registry.select(task.name), registry.Options(mirror, exclude=audit),
                                       str(tmp_path / "out"), images=images, executor="local", log=print)
     theirs = mteb_clustering(task.name, os.path.join(mirror, task.source.repo), task.split, vectors,
                              drop={"eval": gone})["scores"][task.split][0]

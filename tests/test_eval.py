@@ -14,14 +14,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from embedding_fixtures import make_biovita_embeddings
+from evaluation import run_suite
 from mteb_reference import mteb_scores, rank_bounds
 
 from mieb_ray import storage
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
-from mieb_ray.evals.biovita import RESULTS_FILE, EvalConfig, chance_scores
-from mieb_ray.evals.biovita import evaluate as evaluate_config
+from mieb_ray.evals.biovita import RESULTS_FILE, BioVITASuite, chance_scores
 from mieb_ray.fixtures.biovita import make_biovita_mirror
 from mieb_ray.io import embeddings
 
@@ -39,8 +39,14 @@ def lookup(uri: str) -> dict[str, np.ndarray]:
     return dict(zip(*embeddings.read_all(uri)))
 
 
+_SUITE = ("subsets", "query_block", "partitions", "gallery")  # BioVITASuite's settings; the rest the eval job's
+
+
 def evaluate(data, images, texts, out, log=print, **settings):
-    return evaluate_config(EvalConfig(data, images, texts, out, **settings), log=log)
+    """BioVITA's TaskResult, scored by the eval job from a suite made with these settings."""
+    suite = BioVITASuite(data, **{k: v for k, v in settings.items() if k in _SUITE})
+    job = {k: v for k, v in settings.items() if k not in _SUITE}
+    return run_suite(suite, out, images, texts, log=log, **job)[biovita.TASK]
 
 
 @pytest.mark.parametrize("grid", [256, None], ids=["exact-grid-vectors", "plain-float-vectors"])
@@ -183,7 +189,7 @@ def test_outputs_and_report(ray_local, data, tmp_path):
     html = (out / "report.html").read_text()
     assert html.count('class="card"') == 8 and "<svg" in html and "data:image/jpeg;base64," in html
     assert result["mieb_ray"]["image_embeddings"]["model"] is not None
-    again = evaluate(root, images, texts, str(out), gallery=2, log=lambda _: None)  # a rerun replaces them whole
+    again = evaluate(root, images, texts, str(out), gallery=2, overwrite=True, log=lambda _: None)  # replaced whole
     assert again["mieb_ray"]["task_score"] == result["mieb_ray"]["task_score"]
     assert (out / "report.html").read_text().count('class="card"') == 4
     assert sorted(os.listdir(out)) == sorted([RESULTS_FILE, "_manifest.json", "ranks.parquet", "report.html"])

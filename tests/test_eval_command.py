@@ -122,3 +122,66 @@ def test_missing_embeddings_are_named_in_one_line(tmp_path, capsys):
         f"mieb-ray: error: --image-embeddings is needed (and --text-embeddings: {ZS} needs both)")
     assert error("--tasks", f"CIFAR10,{ZS}", "--image-embeddings", images) == (
         f"mieb-ray: error: {ZS} needs --text-embeddings too")
+
+
+@pytest.fixture
+def two_suites(tmp_path):
+    """A mirror of cifar10 and image embeddings for two image-only suites: CIFAR10 (linear probe) and
+    CIFAR10Clustering, keyed as mieb-train and the eval splits key their rows."""
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows=40, datasets=["cifar10"], files=1, eval_rows=30)
+    keys = [f"cifar10/{i}" for i in range(40)] + [f"cifar10/test/{i}" for i in range(30)]
+    vectors = np.random.default_rng(0).normal(size=(len(keys), 8)).astype(np.float32)
+    images = str(tmp_path / "images")
+    write_embeddings(images, keys, vectors, "image", "float32", 2, {})
+    return mirror, images
+
+
+def eval_argv(mirror: str, images: str, out, tasks: str = "CIFAR10,CIFAR10Clustering") -> list[str]:
+    return ["eval", "--tasks", tasks, "--data", mirror, "--image-embeddings", images, "--out", str(out),
+            "--executor", "local"]
+
+
+def test_an_interrupted_eval_resumes_the_suites_it_had_not_scored(two_suites, tmp_path, monkeypatch, capsys):
+    """The one job lifecycle: a run stopped after its first suite is unfinished (refused without --resume or
+    --overwrite); --resume scores the other suite only, and ends where an uninterrupted run ends."""
+    from mieb_ray.evals import protocol
+
+    mirror, images = two_suites
+    whole = tmp_path / "whole"
+    assert main(eval_argv(mirror, images, whole)) == 0
+    score, scored = protocol.score, []
+
+    def stop_at_the_second(suite, *args, **kwargs):
+        if scored:
+            raise KeyboardInterrupt
+        scored.append(suite.kind.name)
+        return score(suite, *args, **kwargs)
+
+    monkeypatch.setattr(protocol, "score", stop_at_the_second)
+    out = tmp_path / "out"
+    assert main(eval_argv(mirror, images, out)) == 130
+    assert not (out / "_manifest.json").exists() and (out / "linear_probe" / "CIFAR10.json").exists()
+    capsys.readouterr()
+    assert main(eval_argv(mirror, images, out)) == 1
+    assert capsys.readouterr().err.startswith(f"mieb-ray: error: {out} holds an unfinished run of eval (")
+    monkeypatch.setattr(protocol, "score", score)
+    assert main([*eval_argv(mirror, images, out), "--resume"]) == 0
+    logged = capsys.readouterr().out
+    assert "[eval] linear_probe: scored by the run being resumed (CIFAR10)" in logged
+    assert logged.count("[eval] in this process") == 1  # one suite scored: the clustering
+    for name in ("linear_probe/CIFAR10.json", "clustering/CIFAR10Clustering.json"):
+        assert json.loads((out / name).read_text())["scores"] == json.loads((whole / name).read_text())["scores"]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["suites"] == {"linear_probe": "linear_probe", "clustering": "clustering"}
+    assert not (out / "_progress").exists()
+
+
+def test_a_rerun_with_other_tasks_leaves_none_of_the_old_ones(two_suites, tmp_path, capsys):
+    """--overwrite replaces a complete output whole: a task the new run does not score is gone, not left stale."""
+    mirror, images = two_suites
+    out = tmp_path / "out"
+    assert main(eval_argv(mirror, images, out, "CIFAR10")) == 0
+    assert (out / "CIFAR10.json").exists()
+    assert main([*eval_argv(mirror, images, out, "CIFAR10Clustering"), "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["CIFAR10Clustering.json", "_manifest.json", "report.html", "summary.json"]

@@ -15,6 +15,7 @@ from mteb_reference import load_like_mteb, mteb_probe
 
 from mieb_ray.errors import UserError
 from mieb_ray.evals import probe_tasks, registry
+from mieb_ray.evals.job import evaluate
 from mieb_ray.evals.probe_tasks import BY_NAME, samples
 from mieb_ray.fixtures.mirror import label_of, make_mirror
 
@@ -130,7 +131,7 @@ def mteb_draws(name: str, repo: str, tmp: str) -> tuple:
 def test_each_task_equals_mteb(probe_data, mteb_results, tmp_path):
     mirror, images, _, _ = probe_data
     out = str(tmp_path / "out")
-    results = registry.evaluate_tasks(registry.select(",".join(TASKS)), registry.Options(mirror), out,
+    results = evaluate(registry.select(",".join(TASKS)), registry.Options(mirror), out,
                                       images=images, executor="local", log=print)
     for name in TASKS:
         assert_scores_equal(results[name], mteb_results[name], name)
@@ -160,7 +161,7 @@ def test_missing_train_rows_are_one_line_naming_them(probe_data, tmp_path):
     examples = ", ".join(f"'caltech101/{i}'" for i in missing[:5])
     with pytest.raises(UserError, match=rf"^Caltech101: {len(missing)} of the {len(drawn)} train rows it samples have "
                                         rf"no embedding in .*partial \(e\.g\. {examples}\)$"):
-        registry.evaluate_tasks(registry.select("Caltech101"), registry.Options(mirror), str(tmp_path / "o"),
+        evaluate(registry.select("Caltech101"), registry.Options(mirror), str(tmp_path / "o"),
                                 images=partial, executor="local", log=print)
 
 
@@ -187,7 +188,7 @@ def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_cli
     make_mirror(mirror, rows=rows, datasets=list(rows), eval_rows=EVAL)
     names = "CIFAR10,Caltech101,GTSRB"
     out = tmp_path / "out"
-    first = registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(out), model=tiny_clip,
+    first = evaluate(registry.select(names), registry.Options(mirror), str(out), model=tiny_clip,
                                     executor="local", log=print)
     train_emb, eval_emb = str(out / "embeddings" / "images"), str(out / "embeddings" / "images-1")
     from mieb_ray.io import embeddings
@@ -210,7 +211,7 @@ def test_with_a_model_it_embeds_only_the_drawn_rows_and_the_eval_splits(tiny_cli
                             {i: train_vectors[task.train_key(i)] for i in drawn[name]},
                             {i: eval_vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL)})
         assert_scores_equal(first[name], theirs, name)
-    again = registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(tmp_path / "again"),
+    again = evaluate(registry.select(names), registry.Options(mirror), str(tmp_path / "again"),
                                     images=f"{train_emb},{eval_emb}", executor="local", log=print)
     for name in names.split(","):
         split = BY_NAME[name].split
@@ -222,7 +223,7 @@ def test_on_ray_as_in_process(ray_local, probe_data, tmp_path):
     """The label reads, shard reads, gathers and fits as Ray tasks: the same TaskResults."""
     mirror, images, _, _ = probe_data
     names = "CIFAR10,Birdsnap,GTSRB"
-    runs = {where: registry.evaluate_tasks(registry.select(names), registry.Options(mirror), str(tmp_path / where),
+    runs = {where: evaluate(registry.select(names), registry.Options(mirror), str(tmp_path / where),
                                            images=images, executor=where, log=print) for where in ("ray", "local")}
     for name in names.split(","):
         split = BY_NAME[name].split
@@ -255,7 +256,7 @@ def test_clean_scores_equal_mteb_on_the_filtered_splits(probe_data, tmp_path):
              (cifar.train_key(40), f"{cifar.key_prefix()}9", "exact"),
              (gtsrb.train_key(1), f"{gtsrb.key_prefix()}2", "near")]
     audit = audit_output(tmp_path / "audit", pairs)
-    results = registry.evaluate_tasks(registry.select("CIFAR10,GTSRB"), registry.Options(mirror, exclude=audit),
+    results = evaluate(registry.select("CIFAR10,GTSRB"), registry.Options(mirror, exclude=audit),
                                       str(tmp_path / "out"), images=images, executor="local", log=print)
     for name in ("CIFAR10", "GTSRB"):
         task = BY_NAME[name]
@@ -290,7 +291,7 @@ def test_one_page_for_the_whole_run(probe_data, tmp_path):
     audit = audit_output(tmp_path / "audit", [(cifar.train_key(1), f"{cifar.key_prefix()}{i}", "exact")
                                               for i in (2, 3)])
     out = tmp_path / "out"
-    results = registry.evaluate_tasks(registry.select("CIFAR10,Birdsnap"), registry.Options(mirror, exclude=audit),
+    results = evaluate(registry.select("CIFAR10,Birdsnap"), registry.Options(mirror, exclude=audit),
                                       str(out), images=images, executor="local", log=print)
     page = (out / "report.html").read_text()
     assert "<h1>MIEB eval run</h1>" in page and "Linear probe" in page

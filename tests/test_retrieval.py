@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ from embedding_fixtures import write_embeddings
 from mteb_reference import mteb_retrieval
 
 from mieb_ray.evals import metrics, registry, retrieval
+from mieb_ray.evals.job import evaluate
 from mieb_ray.fixtures import mirror as fixture_mirror
 from mieb_ray.fixtures.mirror import make_mirror
 
@@ -122,10 +124,31 @@ def _embeddings(tmp_path, mirror: str, lattice: bool, dtype: str = "float32", dr
     return image_uri, text_uri, images, dict(zip(texts, text_vectors))
 
 
+@contextmanager
+def one_thread():
+    """numpy's BLAS and torch on one thread each: random-float cosines summed in one order on both sides, so that
+    near-tied confidences (the nAUCs rank queries by them) break alike in mteb and here."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("lattice", [True, False], ids=["lattice", "random"])
 def test_each_task_equals_mteb(mirror, tmp_path, lattice):
+    with one_thread():
+        _each_task_equals_mteb(mirror, tmp_path, lattice)
+
+
+def _each_task_equals_mteb(mirror, tmp_path, lattice):
     image_uri, text_uri, images, by_text = _embeddings(tmp_path, mirror, lattice, "float32" if lattice else "float16")
-    results = registry.evaluate_tasks(registry.select(",".join(TASKS)), registry.Options(mirror), str(tmp_path / "out"),
+    results = evaluate(registry.select(",".join(TASKS)), registry.Options(mirror), str(tmp_path / "out"),
                                       images=image_uri, texts=text_uri, executor="local", log=print)
     for task in retrieval.TASKS:
         theirs = mteb_retrieval(task.name, os.path.join(mirror, task.source.repo), images, by_text)
@@ -167,7 +190,7 @@ def test_clean_scores_are_mtebs_on_the_filtered_split(mirror, tmp_path):
     image_uri, text_uri, images, by_text = _embeddings(tmp_path, mirror, True)
     flagged = [3, 4, 500, 1_029]
     audit = audit_output(tmp_path / "audit", [(f"scimmir/{i}", f"scimmir/test/{i}", "exact") for i in flagged])
-    results = registry.evaluate_tasks(registry.select(",".join(TASKS)), registry.Options(mirror, exclude=audit),
+    results = evaluate(registry.select(",".join(TASKS)), registry.Options(mirror, exclude=audit),
                                       str(tmp_path / "out"), images=image_uri, texts=text_uri, executor="local",
                                       log=print)
     repo = os.path.join(mirror, "mteb/SciMMIR")

@@ -23,6 +23,7 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import registry
 from mieb_ray.evals.clustering import BY_NAME as CLUSTERING
+from mieb_ray.evals.job import evaluate
 from mieb_ray.evals.probe_tasks import BY_NAME as PROBES
 from mieb_ray.fixtures.mirror import make_mirror
 from mieb_ray.io import reader
@@ -108,7 +109,7 @@ def test_probe_and_clustering_equal_mteb_on_many_unpadded_shards(mirror, tmp_pat
     images = str(tmp_path / "images")
     write_embeddings(images, keys, np.stack(rows), "image", "float32", 3, {})
     names = ["PatchCamelyon", "CIFAR10", "CIFAR10Clustering"]
-    results = registry.evaluate_tasks(registry.select(",".join(names)), registry.Options(mirror),
+    results = evaluate(registry.select(",".join(names)), registry.Options(mirror),
                                       str(tmp_path / "out"), images=images, executor="local", log=lambda _: None)
     for name in names:
         if name in PROBES:

@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from embedding_fixtures import make_zeroshot_embeddings, write_embeddings, zeroshot_vectors
+from evaluation import run_suite
 from mteb_reference import mteb_zeroshot
 
 from mieb_ray import storage
 from mieb_ray.cli import main
 from mieb_ray.errors import UserError
-from mieb_ray.evals import protocol
 from mieb_ray.evals.zeroshot import ZeroShotSuite
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 from mieb_ray.fixtures.mirror import hub_names, make_mirror
@@ -89,8 +89,8 @@ def test_scores_equal_mteb_and_outputs(ray_local, data, tmp_path, where):
     images, texts = _embed(tmp_path)
     out = str(tmp_path / "out")
     lines = []
-    results = protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), out, images, texts, log=lines.append,
-                           executor_name=where)
+    results = run_suite(ZeroShotSuite(select_tasks(CHOSEN), data), out, images, texts, log=lines.append,
+                           executor=where)
     chosen = select_tasks(CHOSEN)
     image_vectors, text_vectors = zeroshot_vectors(chosen, {t.slug: EVAL_ROWS for t in chosen})
     # exactly unit (or zero) vectors on a lattice: every cosine exact, so mteb's ties are ties on any CPU
@@ -140,8 +140,8 @@ def test_in_process_equals_ray(ray_local, data, tmp_path):
     outputs = {}
     for where in ("local", "ray"):
         out = tmp_path / where
-        protocol.run(ZeroShotSuite(select_tasks(CHOSEN), data), str(out), images, texts, log=lambda _: None,
-                     executor_name=where)
+        run_suite(ZeroShotSuite(select_tasks(CHOSEN), data), str(out), images, texts, log=lambda _: None,
+                     executor=where)
         outputs[where] = ({t: json.loads((out / f"{t}.json").read_text())["scores"] for t in CHOSEN},
                           pq.read_table(out / "predictions.parquet").to_pylist(),
                           json.loads((out / "summary.json").read_text())["tasks"])
@@ -153,29 +153,29 @@ def test_bad_input_is_one_line(ray_local, data, tmp_path, where):
     images, texts = _embed(tmp_path, rows=EVAL_ROWS - 3)  # the last 3 images of each task have no embedding
     suite = ZeroShotSuite(select_tasks("CIFAR10ZeroShot"), data)
     with pytest.raises(UserError, match=r"no cifar10 test files|mteb/cifar10"):  # a mirror without the repo
-        protocol.run(suite, str(tmp_path / "o1"), images, texts, executor_name=where)
+        run_suite(suite, str(tmp_path / "o1"), images, texts, executor=where)
     suite = ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data)
     with pytest.raises(UserError, match=r"CIFAR100ZeroShot: 3 of 40 images have no embedding in .*'cifar100/test/37'"):
-        protocol.run(suite, str(tmp_path / "o2"), images, texts, executor_name=where)
+        run_suite(suite, str(tmp_path / "o2"), images, texts, executor=where)
     assert storage.read_manifest(str(tmp_path / "o2")) is None
 
     images, texts = _embed(tmp_path / "b", tasks=["CIFAR100ZeroShot"])
     other, _ = _embed(tmp_path / "c", tasks=["CIFAR100ZeroShot"], dim=8)
     with pytest.raises(UserError, match="text embeddings have dim 16 but image embeddings dim 8"):
-        protocol.run(ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data), str(tmp_path / "o3"), other, texts,
-                     executor_name=where)
+        run_suite(ZeroShotSuite(select_tasks("CIFAR100ZeroShot"), data), str(tmp_path / "o3"), other, texts,
+                     executor=where)
 
 
 def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
-    """The command scores as mteb scores the same embeddings; a rerun into the same folder replaces its outputs
-    whole: the second run's scores, nothing left of the first."""
+    """The command scores as mteb scores the same embeddings; a rerun into the same folder is refused without
+    --overwrite and with it replaces its outputs whole: the second run's scores, nothing left of the first."""
     task = select_tasks("RenderedSST2")[0]
     out = str(tmp_path / "out")
 
-    def run(images, texts) -> tuple[dict, dict]:
+    def run(images, texts, *flags) -> tuple[dict, dict]:
         """The command's TaskResult, and mteb's (the expectation) on the same embeddings."""
         assert main(["eval-zeroshot", "--tasks", task.name, "--data", data, "--image-embeddings", images,
-                     "--text-embeddings", texts, "--out", out]) == 0
+                     "--text-embeddings", texts, "--out", out, *flags]) == 0
         vectors = dict(zip(*embeddings.read_all(images)))
         rows = np.stack([vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL_ROWS)])
         theirs = mteb_zeroshot(task.name, os.path.join(data, task.source.repo), task.split,
@@ -197,7 +197,12 @@ def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
     by_text = dict(zip(keys, vectors))
     swapped = str(tmp_path / "swapped")
     write_embeddings(swapped, list(keys), np.stack([by_text[swap.get(k, k)] for k in keys]), "text", "float32", 1, {})
-    second, theirs = run(images, swapped)
+    capsys.readouterr()
+    assert main(["eval-zeroshot", "--tasks", task.name, "--data", data, "--image-embeddings", images,
+                 "--text-embeddings", swapped, "--out", out]) == 1
+    assert capsys.readouterr().err == (f"mieb-ray: error: {out} already holds complete eval results "
+                                       "(_manifest.json); pass --overwrite to replace it\n")
+    second, theirs = run(images, swapped, "--overwrite")
     assert second["scores"][task.split][0] == theirs["scores"][task.split][0]
     assert second["scores"][task.split][0]["accuracy"] < first["scores"][task.split][0]["accuracy"]
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
@@ -227,7 +232,7 @@ def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data,
         ours = json.loads(open(os.path.join(out, f"{task.name}.json")).read())
         assert ours["scores"][task.split][0] == theirs["scores"][task.split][0], task.name
     capsys.readouterr()
-    assert main(argv) == 0
+    assert main([*argv, "--overwrite"]) == 0  # the results replaced, their embeddings and eval splits reused
     logged = capsys.readouterr().out
     (built,) = os.listdir(os.path.join(out, "eval-data"))  # the one eval-data build, reused
     reused = [line.split(": made from the same ")[0] for line in logged.splitlines() if " reusing " in line]
@@ -250,8 +255,8 @@ def test_clean_scores_are_the_scores_of_the_images_the_audit_did_not_flag(data, 
     audit = audit_output(tmp_path / "audit", [(f"{task.slug}/{i}", f"{task.key_prefix()}{i}", m)
                                               for i, m in gone.items()])
     out = tmp_path / "out"
-    results = protocol.run(ZeroShotSuite([task], data, exclude=audit), str(out), images, texts,
-                           log=lambda _: None, executor_name="local")
+    results = run_suite(ZeroShotSuite([task], data, exclude=audit), str(out), images, texts,
+                           log=lambda _: None, executor="local")
     clean = results[task.name]["mieb_ray"]["clean"]
     rows = pq.read_table(out / "predictions.parquet").to_pylist()
     kept = [r for i, r in enumerate(rows) if i not in gone]

@@ -46,6 +46,7 @@ from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.output import Progress
+from mieb_ray.runtime.pools import PoolRequest
 from mieb_ray.runtime.units import Stage
 from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import TopRows
@@ -426,13 +427,13 @@ def _embeddings(config: AuditConfig, train: Side, against: Side, log) -> tuple[s
     if config.train_embeddings:
         return config.train_embeddings, [config.against_embeddings]
     # images that do not decode are the audit's error rows already: they must not stop the embedding
-    pools = dict(workers=config.workers, gpus_per_worker=config.gpus_per_worker,
-                 cpus_per_worker=config.cpus_per_worker, max_error_rate=1.0)
+    pool = PoolRequest(config.workers, config.gpus_per_worker, config.cpus_per_worker)
     root = storage.join(config.out, "embeddings")
     train_out = embed_table(train.uris[0], "key", storage.join(root, "train"), config.model, config.revision,
-                            "image", log, **pools)
+                            "image", log, pool, config.executor, max_error_rate=1.0)
     return train_out, [embed_table(uri, "key", storage.join(root, f"against-{n}"), config.model, config.revision,
-                                   "image", log, **pools) for n, uri in enumerate(against.uris)]
+                                   "image", log, pool, config.executor, max_error_rate=1.0)
+                       for n, uri in enumerate(against.uris)]
 
 
 @tasks.remote(num_cpus=1, num_returns=3)

@@ -35,22 +35,6 @@ K_VALUES = (1, 5, 10)
 RESULTS_FILE = f"{biovita.TASK}.json"
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """One eval-biovita job's settings (evaluate): the suite's, the embeddings and where to write."""
-
-    sources: str  # "hf" or a mirror root
-    image_embeddings: str  # embed output of the corpus photos, keyed by corpus id
-    text_embeddings: str  # embed output of the query texts, keyed by the text
-    out: str
-    subsets: tuple[str, ...] = biovita.SUBSETS
-    query_block: int = 256  # queries per score task
-    partitions: int | None = None  # taxon-aligned corpus partitions (None: the engine's default)
-    gallery: int = 12  # query cards per subset in the report
-    allow_mixed_models: bool = False  # score image and text embeddings whose manifests name different models
-    executor: str = "auto"  # ray, local (in this process, no Ray) or auto (local for a small corpus, no cluster)
-
-
 def scored_queries(q: biovita.Queries) -> biovita.Queries:
     """The queries mteb counts: those with qrels (`_filter_queries_without_positives`)."""
     keep = [i for i, qid in enumerate(q.query_ids) if qid in q.qrels]
@@ -256,29 +240,11 @@ class BioVITASuite:
         result = results[biovita.TASK]
         _write_report(self, out, {n: r.queries for n, r in runs.items()}, self.tops,
                       {n: {**s, **self.chance[n]} for n, s in self.scores.items()}, result)
-        return ["ranks.parquet", "report.html"], {"task_score": result["mieb_ray"]["task_score"]}
-
-
-def evaluate(config: EvalConfig, log=print) -> dict:
-    """Score the embeddings on the subsets; write results JSON, per-query ranks and the HTML report."""
-    t0 = time.time()
-    storage.check_output(config.out)
-    suite = BioVITASuite(config.sources, config.subsets, config.query_block, config.partitions, config.gallery)
-    result = protocol.run(suite, config.out, config.image_embeddings, config.text_embeddings,
-                          log, config.allow_mixed_models, config.executor)[biovita.TASK]
-    log(f"[eval] total {time.time() - t0:.1f}s -> {storage.display(config.out)}")
-    return result
-
-
-def embed_biovita(data: str, model: str, revision: str | None, out: str, log=print, **pools) -> tuple[str, str]:
-    """Embed the corpus images (keyed by id) and the distinct query texts (keyed by the text) with the embed
-    pipeline, into OUT/embeddings/; an output already complete there for this model is reused. `pools`: the
-    embed job's workers, gpus_per_worker, cpus_per_worker."""
-    return protocol.embed(BioVITASuite(data), out, model, revision, log, **pools)
+        return [formats.RANKS, formats.REPORT], {"task_score": result["mieb_ray"]["task_score"]}
 
 
 def _write_ranks(out: str, rows: list[dict]) -> None:
-    dest = storage.join(out, "ranks.parquet")
+    dest = storage.join(out, formats.RANKS)
     local = storage.staging_path(dest)
     pq.write_table(pa.Table.from_pylist(rows), local)
     storage.commit(local, dest)

@@ -3,9 +3,9 @@
 An eval implements `EvalSuite`: the tasks it scores together from one set of embeddings (BioVITA's subsets,
 the zero-shot tasks chosen), what to embed with which keys, how to score blocks on the top-k engine (refs
 only: workers read the embeddings), how to gather and merge the blocks into mteb's TaskResult per task, and
-what else to write. `run()` does the rest the same way for all: output checks, embedding first (reusing
-complete embeddings of the same identity: runtime/identity.py), scoring, `OUT/<task>.json` per task, the suite's own
-files, and `_manifest.json` last (dropped first, so a rerun replaces the outputs whole).
+what else to write. `embed()` embeds what it needs (reused by identity: runtime/identity.py), `score()` scores it
+the same way for all: placement, submit, collect, `OUT/<task>.json` per task and the suite's own files. The eval
+job (evals/job.py) makes that an output: its lifecycle, the manifest last.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import __version__, formats, storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.embed import embed_table
 from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.pools import PoolRequest
 from mieb_ray.topk import engine
 
 MTEB_VERSION = "2.26.24"  # the scorers we equal
@@ -130,27 +131,37 @@ def placement_of(requested: str, images: str, texts: str | None) -> placement.Pl
     return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings")
 
 
-def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print,
-          **pools) -> tuple[str, str | None]:
+def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, executor: str = "auto",
+          pool: PoolRequest = PoolRequest()) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
-    of the same identity are reused, any others replaced). pools: the embed job's workers, gpus_per_worker,
-    cpus_per_worker."""
+    of the same identity are reused, any others replaced)."""
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)
     images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
-                          revision, "image", log, **pools) for n, table in enumerate(tables)]
-    texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, **pools) \
-        if inputs.texts else None
+                          revision, "image", log, pool, executor) for n, table in enumerate(tables)]
+    texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, pool,
+                        executor) if inputs.texts else None
     return ",".join(images), texts
 
 
-def run(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
-        allow_mixed_models: bool = False, executor_name: str = "auto") -> dict[str, dict]:
-    """Score the suite from embedding outputs; write OUT/<task>.json per task, the suite's files, the manifest.
-    Image and text embeddings given the wrong way round are refused (check_sides), and of different models
-    unless allow_mixed_models. executor_name: "ray", "local" (the same tasks inline in this process, Ray never
-    started) or "auto" (placement_of)."""
+@dataclass(frozen=True)
+class Scored:
+    """A suite scored into a folder: its TaskResults, the files it wrote (relative), what its manifest adds."""
+
+    results: dict[str, dict]
+    files: list[str]
+    extra: dict
+    executor: str  # where it ran: ray or local
+    seconds: float
+
+
+def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
+          allow_mixed_models: bool = False, executor_name: str = "auto") -> Scored:
+    """Score the suite from embedding outputs; write OUT/<task>.json per task and the suite's files (the eval job,
+    evals/job.py, makes them an output). Image and text embeddings given the wrong way round are refused
+    (check_sides), and of different models unless allow_mixed_models. executor_name: "ray", "local" (the same
+    tasks inline in this process, Ray never started) or "auto" (placement_of)."""
     t0 = time.time()
     outputs = {f"image ({n})" if n else "image": root for n, root in enumerate(embeddings.roots(images))}
     if texts:
@@ -162,21 +173,11 @@ def run(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
     where = placement_of(executor_name, images, texts)
     log(f"[eval] {where.describe()}")
     with tasks.using(where.mode):
-        return _run(suite, out, images, texts, log, t0, where.mode)
-
-
-def _run(suite: EvalSuite, out: str, images: str, texts: str | None, log, t0: float, which: str) -> dict[str, dict]:
-    pending = suite.submit(images, texts, log)
-    results = suite.collect(pending, log)
-    storage.delete(storage.join(out, storage.MANIFEST))  # a rerun replaces the outputs: none complete until it ends
-    files = []
-    for name, result in results.items():
-        storage.write_bytes(storage.join(out, f"{name}.json"), (json.dumps(result, indent=2) + "\n").encode())
-        files.append(f"{name}.json")
-    own, extra = suite.write(out, results, pending, log)
-    storage.write_manifest(out, {**suite.kind.stamp(), "version": __version__,
-                                 "files": files + own, "image_embeddings": storage.display(images),
-                                 "text_embeddings": storage.display(texts) if texts else None, **extra,
-                                 "executor": which,
-                                 "seconds": round(time.time() - t0, 3)})
-    return results
+        pending = suite.submit(images, texts, log)
+        results = suite.collect(pending, log)
+        files = []
+        for name, result in results.items():
+            files.append(formats.result_file(name))
+            storage.write_bytes(storage.join(out, files[-1]), (json.dumps(result, indent=2) + "\n").encode())
+        own, extra = suite.write(out, results, pending, log)
+    return Scored(results, files + own, extra, where.mode, round(time.time() - t0, 3))

@@ -14,17 +14,14 @@ import json
 import os
 
 from mieb_ray import storage
-from mieb_ray.evals import clustering, probe_tasks, retrieval
-from mieb_ray.evals.zeroshot_tasks import TASKS as ZEROSHOT_TASKS
+from mieb_ray.evals import registry
 from mieb_ray.io import embeddings
-from mieb_ray.sources import SOURCES
 
 NO_REVISION = "no_revision_available"  # what mteb names a model folder without a revision
 
-# The MIEB tasks whose data come from mieb-train's sources (their train splits are mieb-train's rows)
-MIEB_TRAIN_TASKS = tuple(sorted({t.name for t in ZEROSHOT_TASKS} | {t.name for t in probe_tasks.TASKS}
-                                | {t.name for t in clustering.TASKS} | {t.name for t in retrieval.TASKS}
-                                | {s.mteb_task for s in SOURCES if s.mteb_task}))
+# The MIEB tasks whose data come from mieb-train's sources (their train splits are mieb-train's rows): every
+# registered task over a catalog source
+MIEB_TRAIN_TASKS = tuple(sorted({task for tasks in registry.tasks_by_source().values() for task in tasks}))
 
 
 def model_folder(model: dict) -> tuple[str, str]:

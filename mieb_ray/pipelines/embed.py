@@ -37,7 +37,7 @@ from mieb_ray.io import embeddings, reader, tar
 from mieb_ray.runtime import cluster, identity, placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
-from mieb_ray.runtime.pools import encoder_pool
+from mieb_ray.runtime.pools import PoolRequest, encoder_pool
 from mieb_ray.runtime.units import Stage
 
 MODALITIES = ("image", "text")
@@ -135,12 +135,11 @@ def embed(config: EmbedConfig, log=print) -> dict:
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
-                **pools) -> str:
+                pool: PoolRequest = PoolRequest(), executor: str = "auto", max_error_rate: float = 0.01) -> str:
     """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output complete there of
-    the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target.
-    pools: more EmbedConfig settings."""
+    the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target."""
     embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
-                      **pools), log=log)
+                      executor=executor, max_error_rate=max_error_rate, **dataclasses.asdict(pool)), log=log)
     return target
 
 

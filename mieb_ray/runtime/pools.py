@@ -22,6 +22,16 @@ GPU_ENCODER_CPUS = 2.0  # a GPU encoder that decodes JPEGs on its device (--deco
 
 
 @dataclass(frozen=True)
+class PoolRequest:
+    """What a command asks of an encoder pool (--workers, --gpus-per-worker, --cpus-per-worker); None: the pool
+    decides from the cluster (encoder_pool)."""
+
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+    cpus_per_worker: float | None = None
+
+
+@dataclass(frozen=True)
 class Cluster:
     cpus: float  # up now
     gpus: float

@@ -1,0 +1,114 @@
+"""The eval job, `mieb-ray eval`: the chosen suites scored into OUT on the one job lifecycle (runtime/job.py) that
+build, embed and the audit share.
+
+start     the output checked: a complete one refused without --overwrite, an unfinished one without --resume or
+          --overwrite (the same rule and words as every job)
+units     one per suite, run in turn by the driver: with --model, embed what it needs into OUT[/<suite>]/ first
+          (embeddings and eval splits reused only when of the same identity: runtime/identity.py); score it on the
+          top-k engine (its tasks on Ray or in this process, evals/protocol.py); write its `<Task>.json` files and
+          its own files (and, of several suites, its folder's manifest); then its progress record
+manifest  last: a single suite's kind, or `mieb-eval` listing the suite folders beside OUT/report.html; files of
+          this kind an earlier run left (a task no longer chosen) are removed first
+
+--resume skips the suites an earlier, unfinished run scored from the same inputs and settings; --overwrite
+replaces a complete output (its embeddings and eval splits stay, and are reused when they fit).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from mieb_ray import __version__, formats, storage
+from mieb_ray.encode.model import identity as model_identity
+from mieb_ray.encode.model import load_info, resolve
+from mieb_ray.errors import UserError
+from mieb_ray.evals import protocol, registry, results_repo, run_report
+from mieb_ray.io import embeddings
+from mieb_ray.runtime import identity
+from mieb_ray.runtime.job import Job
+from mieb_ray.runtime.pools import PoolRequest
+
+# what an eval writes itself; its embeddings and eval splits are outputs of their own, never removed here
+_FILES = "|".join(re.escape(f) for f in (*formats.EVAL_FILES, storage.MANIFEST))
+OURS = re.compile(rf"^(?:(?:{'|'.join(s.name for s in registry.SUITES)})/)?(?:[\w.-]+\.json|{_FILES})$")
+
+
+def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry.Options, out: str,
+             model: str | None = None, revision: str | None = None, images: str | None = None,
+             texts: str | None = None, allow_mixed_models: bool = False, executor: str = "auto",
+             results_dir: str | None = None, trained_on_mieb_train: bool = False, resume: bool = False,
+             overwrite: bool = False, pool: PoolRequest = PoolRequest(), log=print,
+             scorers: list[protocol.EvalSuite] | None = None) -> dict[str, dict]:
+    """Score the chosen tasks from `images` and `texts` (embed outputs; texts only where a task needs them), or
+    embed what they need with `model` first; {task name: its TaskResult}. scorers: the suites already made (one
+    per entry of `selected`; default: each Suite's `make`). results_dir: also every TaskResult in the layout of
+    mteb's results repository (evals/results_repo.py)."""
+    scorers = scorers or [suite.make(names, options) for suite, names in selected]
+    if bool(model) == bool(images or texts):
+        raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
+    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts for n in names]
+    if not model and not images:
+        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
+                                                          if needing else ""))
+    if not model and needing and not texts:
+        raise UserError(f"{needing[0]} needs --text-embeddings too")
+    several = len(selected) > 1
+    job = Job("eval", out, "complete eval results", OURS, resume, overwrite, log)
+    job.start()
+    settings = _settings(options, model, revision, images, texts)
+    planned = {suite.name: {"tasks": names} for suite, names in selected}
+    done = job.earlier(planned, settings)
+    t0, results, keep, scored_from, manifest = time.time(), {}, set(), None, {}
+    for (suite, names), scorer in zip(selected, scorers):
+        folder = f"{suite.name}/" if several else ""
+        where = storage.join(out, suite.name) if several else out
+        if suite.name in done:
+            log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
+            record = done[suite.name]
+        else:
+            inputs = protocol.embed(scorer, where, model, revision, log, executor=executor, pool=pool) if model \
+                else (images, texts if scorer.needs_texts else None)
+            scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=allow_mixed_models,
+                                    executor_name=executor)
+            record = {"files": scored.files, "images": inputs[0],
+                      "manifest": {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
+                                   "image_embeddings": storage.display(inputs[0]),
+                                   "text_embeddings": storage.display(inputs[1]) if inputs[1] else None,
+                                   **scored.extra, "executor": scored.executor, "seconds": scored.seconds}}
+            if several:  # each suite's folder says what it holds, as a single suite's OUT does
+                storage.write_manifest(where, record["manifest"])
+            job.progress.record(suite.name, planned[suite.name], record)
+        results |= {n: json.loads(storage.read_text(storage.join(where, formats.result_file(n)))) for n in names}
+        keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
+        scored_from, manifest = scored_from or record["images"], record["manifest"]
+    if several:  # the run's page, then its manifest, last
+        sections = [(suite.name, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
+                    for suite, names in selected]
+        storage.write_bytes(storage.join(out, formats.REPORT),
+                            run_report.render(sections, embeddings.model_of(scored_from)).encode())
+        keep.add(formats.REPORT)
+        manifest = {**formats.EVAL.stamp(), "version": __version__, "tasks": list(results),
+                    "suites": {suite.name: suite.name for suite, _ in selected}, "files": [formats.REPORT],
+                    "seconds": round(time.time() - t0, 3)}
+    job.finish(manifest, keep)
+    if results_dir:
+        results_repo.write(results_dir, scored_from, results, trained_on_mieb_train, log)
+    log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
+    return results
+
+
+def _settings(options: registry.Options, model: str | None, revision: str | None, images: str | None,
+              texts: str | None) -> dict:
+    """What a suite scored by an earlier run must have been scored from to count on --resume: the same data and
+    options, and the same embeddings (by their identity) or the same model (its commit or files)."""
+    made_by = None
+    if model:
+        path = resolve(model, revision)
+        made_by = model_identity(model, path, load_info(path, model, revision))
+    return {"version": __version__, "sources": storage.display(options.sources), "model": made_by,
+            "images": [identity.of_input(r) for r in embeddings.roots(images)] if images else None,
+            "texts": identity.of_input(texts) if texts else None,
+            "exclude": identity.of_input(options.exclude) if options.exclude else None,
+            "query_block": options.query_block, "partitions": options.partitions}
