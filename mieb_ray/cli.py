@@ -183,12 +183,8 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
     p.add_argument("--out", required=True, type=flags.output,
                    help="output folder: <Task>.json per task (mteb's TaskResult layout), report.html, per-query ranks "
                         "or predictions")
-    if any(suite.name == "biovita" for suite in within):
-        p.add_argument("--query-block", type=flags.count, default=256,
-                       help="BioVITA queries per scoring task (default: 256)")
-        p.add_argument("--partitions", type=flags.count, default=None,
-                       help="BioVITA's taxon-aligned corpus partitions, each scored by its own tasks (default: one "
-                            "per 256 MB of image embeddings)")
+    for setting in dict.fromkeys(s for suite in within for s in suite.settings):  # the suites' own settings
+        p.add_argument(setting.flag, type=getattr(flags, setting.check), default=setting.default, help=setting.help)
     p.add_argument("--exclude", type=flags.existing_folder,
                    help="an audit output (mieb-ray audit --out): every task also scored without the eval images it "
                         "flagged (the linear probe also without the train rows it flagged), under mieb_ray.clean")
@@ -236,8 +232,8 @@ def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 def run_eval(args: argparse.Namespace) -> None:
     selected = registry.select(getattr(args, "tasks", None), args.within)  # unknown names fail before Ray starts
-    options = registry.Options(args.sources, getattr(args, "query_block", 256), getattr(args, "partitions", None),
-                               exclude=args.exclude)
+    options = registry.Options(args.sources, args.exclude,
+                               {s.name: getattr(args, s.name) for suite in args.within for s in suite.settings})
     cluster.configure(args.address)
     evaluate(selected, options, args.out, model=args.model, revision=args.revision, images=args.image_embeddings,
              texts=args.text_embeddings, allow_mixed_models=args.allow_mixed_models, executor=args.executor,
@@ -322,14 +318,13 @@ def parser() -> argparse.ArgumentParser:
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
     add_embed_flags(e)
     e.set_defaults(run=run_embed)
-    biovita, zeroshot, *_ = registry.SUITES
-    add_eval_flags(command("eval", help="score embeddings on MIEB tasks (--tasks: BioVITA, the zero-shot and the "
-                                        "linear-probe classification tasks, image clustering, SciMMIR "
-                                        "retrieval), equal to mteb's scores"),
+    add_eval_flags(command("eval", help="score embeddings on MIEB tasks by mteb's names (--tasks; every one: "
+                                        "docs/evals.md), equal to mteb's scores"),
                    registry.SUITES)
-    add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"), (biovita,))
+    add_eval_flags(command("eval-biovita", help="eval limited to BioVITA text-to-image taxon retrieval"),
+                   (registry.BY_NAME["biovita"],))
     add_eval_flags(command("eval-zeroshot", help="eval limited to the MIEB zero-shot classification tasks, with "
-                                                 "mteb's prompts and with fixed ones"), (zeroshot,))
+                                                 "mteb's prompts and with fixed ones"), (registry.BY_NAME["zeroshot"],))
     a = command("audit", help=f"find the train rows that duplicate an eval image (detectors: {', '.join(DETECTORS)})")
     add_audit_flags(a)
     a.set_defaults(run=run_audit)

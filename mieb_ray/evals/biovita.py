@@ -134,6 +134,7 @@ class BioVITASuite:
     """BioVITAT2IReranking as an EvalSuite: one task, its subsets scored together."""
 
     kind = formats.suite_kind("biovita")
+    title = "BioVITA text-to-image retrieval"  # its section of a run's page
     needs_texts = True
 
     def __init__(self, sources: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,

@@ -75,6 +75,7 @@ class ClusteringSuite:
     """The chosen clustering tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = formats.suite_kind("clustering")
+    title = "Image clustering"  # its section of a run's page
     needs_texts = False
 
     def __init__(self, tasks_: list[SourceTask], sources: str, exclude: str | None = None):
@@ -142,7 +143,7 @@ class ClusteringSuite:
                    "model": embeddings.model_of(pending.images_uri)}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         storage.write_bytes(storage.join(out, "report.html"),
-                            run_report.render([("clustering", None, results)], summary["model"]).encode())
+                            run_report.render([(self.title, None, results)], summary["model"]).encode())
         mean = float(np.mean([r["nmi"] for r in rows])) if rows else 0.0
         log(f"[eval] mean NMI over {len(rows)} clustering tasks: {mean:.4f} -> {storage.display(out)}")
         return ["summary.json", "report.html"], {"mean_nmi": mean}

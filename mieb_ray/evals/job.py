@@ -84,8 +84,8 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
         scored_from, manifest = scored_from or record["images"], record["manifest"]
     if several:  # the run's page, then its manifest, last
-        sections = [(suite.name, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
-                    for suite, names in selected]
+        sections = [(scorer.title, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
+                    for (suite, names), scorer in zip(selected, scorers)]
         storage.write_bytes(storage.join(out, formats.REPORT),
                             run_report.render(sections, embeddings.model_of(scored_from)).encode())
         keep.add(formats.REPORT)
@@ -111,4 +111,4 @@ def _settings(options: registry.Options, model: str | None, revision: str | None
             "images": [identity.of_input(r) for r in embeddings.roots(images)] if images else None,
             "texts": identity.of_input(texts) if texts else None,
             "exclude": identity.of_input(options.exclude) if options.exclude else None,
-            "query_block": options.query_block, "partitions": options.partitions}
+            "settings": options.settings}

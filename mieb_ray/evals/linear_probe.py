@@ -115,6 +115,7 @@ class LinearProbeSuite:
     """The chosen linear-probe tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = formats.suite_kind("linear_probe")
+    title = "Linear probe"  # its section of a run's page
     needs_texts = False
 
     def __init__(self, tasks_: list[ProbeTask], sources: str, exclude: str | None = None):
@@ -248,6 +249,6 @@ class LinearProbeSuite:
                    "model": embeddings.model_of(pending.images_uri)}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         storage.write_bytes(storage.join(out, "report.html"),
-                            run_report.render([("linear_probe", None, results)], summary["model"]).encode())
+                            run_report.render([(self.title, None, results)], summary["model"]).encode())
         log(f"[eval] mean linear-probe accuracy over {len(rows)} tasks: {mean:.4f} -> {storage.display(out)}")
         return ["summary.json", "report.html"], {"mean_accuracy": mean}

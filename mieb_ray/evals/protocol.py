@@ -42,6 +42,7 @@ class EmbedInputs:
 
 class EvalSuite(Protocol):
     kind: formats.Kind  # what its manifest says it is
+    title: str  # its section of a run's page
     needs_texts: bool  # False: scored from image embeddings alone (texts is None)
 
     def task_names(self) -> list[str]: ...

@@ -8,7 +8,7 @@ outputs of one suite go to OUT, of several each to OUT/<suite>/ (a Suite's name)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, retrieval
@@ -21,13 +21,31 @@ ALL = "all"
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A setting of a suite's own that the command line takes: its flag, the flags.py check of its value (by
+    name), its default and help. The CLI adds it to a command whose suites have it."""
+
+    flag: str
+    check: str
+    default: object
+    help: str
+
+    @property
+    def name(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class Options:
-    """Settings of the suites that use them: BioVITA's query blocks and corpus partitions."""
+    """What every suite is made with: where the data is, an audit to score clean against, and the suites' own
+    settings by name (Setting.name; a setting not given takes its default)."""
 
     sources: str  # "hf" or a mirror root
-    query_block: int = 256
-    partitions: int | None = None
     exclude: str | None = None  # an audit output: each task also scored without what it flagged (mieb_ray.clean)
+    settings: dict = field(default_factory=dict)
+
+    def get(self, setting: Setting):
+        return self.settings.get(setting.name, setting.default)
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,7 @@ class Suite:
     tasks: tuple[str, ...]  # the mteb task names it scores
     make: Callable[[list[str], Options], protocol.EvalSuite]
     sources: tuple[str | None, ...] = ()  # per task: the catalog source whose eval split it scores, if any
+    settings: tuple[Setting, ...] = ()  # its own command-line settings
 
 
 def _suite(name: str, tasks, make) -> Suite:
@@ -43,10 +62,16 @@ def _suite(name: str, tasks, make) -> Suite:
     return Suite(name, tuple(t.name for t in tasks), make, tuple(t.slug for t in tasks))
 
 
+QUERY_BLOCK = Setting("--query-block", "count", 256, "BioVITA queries per scoring task (default: 256)")
+PARTITIONS = Setting("--partitions", "count", None, "BioVITA's taxon-aligned corpus partitions, each scored by its "
+                                                    "own tasks (default: one per 256 MB of image embeddings)")
+
 SUITES = (
     Suite("biovita", (biovita_data.TASK,),
-          lambda names, o: BioVITASuite(o.sources, query_block=o.query_block, partitions=o.partitions)),
-    _suite("zeroshot", TASKS, lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),
+          lambda names, o: BioVITASuite(o.sources, query_block=o.get(QUERY_BLOCK), partitions=o.get(PARTITIONS)),
+          settings=(QUERY_BLOCK, PARTITIONS)),
+    _suite("zeroshot", TASKS,
+           lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),
     _suite("linear_probe", probe_tasks.TASKS,
            lambda names, o: LinearProbeSuite(probe_tasks.select_tasks(names), o.sources, exclude=o.exclude)),
     _suite("clustering", clustering.TASKS,
@@ -54,6 +79,7 @@ SUITES = (
     _suite("retrieval", retrieval.TASKS,
            lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
 )
+BY_NAME = {suite.name: suite for suite in SUITES}
 
 
 def tasks_by_source() -> dict[str, list[str]]:

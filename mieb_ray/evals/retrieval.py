@@ -168,6 +168,7 @@ class RetrievalSuite:
     """The chosen SciMMIR retrieval tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = formats.suite_kind("retrieval")
+    title = "SciMMIR retrieval"  # its section of a run's page
     needs_texts = True
 
     def __init__(self, tasks_: list[RetrievalTask], sources: str, exclude: str | None = None):
@@ -262,7 +263,7 @@ class RetrievalSuite:
         summary = {"title": "MIEB SciMMIR retrieval", "tasks": rows, "model": embeddings.model_of(pending.images_uri)}
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())
         storage.write_bytes(storage.join(out, "report.html"),
-                            run_report.render([("retrieval", None, results)], summary["model"]).encode())
+                            run_report.render([(self.title, None, results)], summary["model"]).encode())
         mean = float(np.mean([r["ndcg_at_10"] for r in rows])) if rows else 0.0
         log(f"[eval] mean nDCG@10 over {len(rows)} retrieval tasks: {mean:.4f} -> {storage.display(out)}")
         return ["summary.json", "report.html"], {"mean_ndcg_at_10": mean}

@@ -8,10 +8,6 @@ import html
 
 from mieb_ray.page import CSS, num
 
-TITLES = {"biovita": "BioVITA text-to-image retrieval", "zeroshot": "Zero-shot classification",
-          "linear_probe": "Linear probe", "clustering": "Image clustering",
-          "retrieval": "SciMMIR retrieval"}
-
 
 def _fmt(v) -> str:
     v = num(v)
@@ -19,12 +15,12 @@ def _fmt(v) -> str:
 
 
 def render(sections: list[tuple[str, str | None, dict[str, dict]]], model: dict) -> str:
-    """sections: (suite name, the link to its own page or None, {task: TaskResult})."""
+    """sections: (a suite's title, the link to its own page or None, {task: TaskResult})."""
     parts = [f"<!doctype html><meta charset=utf-8><title>MIEB eval run</title><style>{CSS}</style>",
              "<h1>MIEB eval run</h1>",
              f"<div class=meta><span>model <b>{html.escape(str(model.get('name') or 'unknown'))}</b></span>"
              f"<span>revision <b>{html.escape(str(model.get('revision') or '—'))}</b></span></div>"]
-    for suite, link, results in sections:
+    for title, link, results in sections:
         rows = []
         for name, result in results.items():
             entry = next(iter(result["scores"].values()))[0]
@@ -36,7 +32,7 @@ def render(sections: list[tuple[str, str | None, dict[str, dict]]], model: dict)
                         f"<td>{'—' if delta is None else f'{delta:+.4f}'}</td>"
                         f"<td>{'—' if left is None else f'{left:,}'}</td></tr>")
         see = f" <a href=\"{html.escape(link)}\">its page</a>" if link else ""
-        parts.append(f"<h2>{html.escape(TITLES.get(suite, suite))}{see}</h2><div class=panel><table><thead><tr>"
+        parts.append(f"<h2>{html.escape(title)}{see}</h2><div class=panel><table><thead><tr>"
                      "<th>task</th><th>main score (mteb)</th><th>clean</th><th>clean - mteb</th>"
                      "<th>eval images left out</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
     return "\n".join(parts) + "\n"

@@ -148,6 +148,7 @@ class ZeroShotSuite:
     """The chosen zero-shot tasks over one mirror (`sources`: "hf" or a mirror root)."""
 
     kind = formats.suite_kind("zeroshot")
+    title = "Zero-shot classification"  # its section of a run's page
     needs_texts = True
 
     def __init__(self, tasks: list[ZeroShotTask], sources: str, gallery_tasks: int = GALLERY_TASKS,
