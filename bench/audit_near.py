@@ -11,25 +11,28 @@ Contenders, one after the other in this process (Ray started before timing; a 2-
              group) and scores each eval shard as a query block; workers read the shards, the driver gets
              the pairs.
 
-Prints seconds, pairs/s, the ratio, and whether both found the same pairs (a pair within 1e-5 of the threshold
+Prints the harness table (bench/harness.py: seconds, comparisons/s, the ratio), writes
+bench/records/audit_near.json, and says whether both found the same pairs (a pair within 1e-5 of the threshold
 may fall either side of it: such ties are counted apart). Run from the repository root:
     .venv/bin/python bench/audit_near.py [--train 1000000] [--eval 200000]
+    .venv/bin/python bench/audit_near.py --train 20000 --eval 2000 --records /tmp/records    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
-from embedding_fixtures import write_embeddings
 
-from mieb_ray.audit.job import NEAR_K, near_pairs
-from mieb_ray.io import embeddings
+h.use_test_fixtures()
+from embedding_fixtures import write_embeddings  # noqa: E402
+
+from mieb_ray.audit.job import NEAR_K, near_pairs  # noqa: E402
+from mieb_ray.io import embeddings  # noqa: E402
 
 DIM, SHARD_ROWS, THRESHOLD = 512, 10_000, 0.95
 
@@ -71,7 +74,9 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=1_000_000)
     ap.add_argument("--eval", type=int, default=200_000)
     ap.add_argument("--planted", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("bench/_work/audit_near"))
+    h.add_records_option(ap)
     args = ap.parse_args()
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -82,40 +87,40 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f}s", flush=True)
     import faiss
 
-    faiss.omp_set_num_threads(b.CORES)
-    b.start_ray(work, num_cpus=b.CORES)
-    load = os.getloadavg()[0]
+    faiss.omp_set_num_threads(h.CORES)
+    h.start_ray(work, num_cpus=h.CORES)
+    found = {}
 
-    t0 = time.perf_counter()
-    theirs = faiss_pairs(train_uri, eval_uri)
-    t_faiss = time.perf_counter() - t0
-    print(f"[faiss] {len(theirs):,} pairs in {t_faiss:.1f}s", flush=True)
-    t0 = time.perf_counter()
-    rows, info = near_pairs(train_uri, [eval_uri], THRESHOLD)
-    t_ours = time.perf_counter() - t0
-    ours = {(e, t, s) for e, t, s in zip(*(rows[c].to_pylist() for c in ("eval_key", "train_key", "score")))}
-    print(f"[mieb-ray] {len(ours):,} pairs in {t_ours:.1f}s ({info['partitions']} partitions x "
-          f"{info['query_blocks']} query blocks)", flush=True)
+    def with_faiss(i):
+        found["faiss"] = faiss_pairs(train_uri, eval_uri)
 
-    a, c = {p[:2]: p[2] for p in ours}, {p[:2]: p[2] for p in theirs}
+    def ours(i):
+        rows, info = near_pairs(train_uri, [eval_uri], THRESHOLD)
+        found["ours"] = {(e, t, s) for e, t, s in zip(*(rows[c].to_pylist() for c in ("eval_key", "train_key",
+                                                                                       "score")))}
+        return {"partitions": info["partitions"], "query_blocks": info["query_blocks"]}
+
+    comparisons = args.train * args.eval
+    bench = h.Benchmark(
+        "audit_near", f"Audit near-duplicate stage: {args.train:,} train x {args.eval:,} eval embeddings, {DIM}-d "
+        f"float32, top-{NEAR_K}, cosine >= {THRESHOLD}", [
+            h.Contender("faiss", "faiss IndexFlatIP: read shards, normalise, add, search, threshold", call=with_faiss),
+            h.Contender("mieb-ray", "the audit's near stage (top-k engine: layout, score, merge, keys of the pairs)",
+                        call=ours, baseline="faiss")],
+        group="Audit", ratio=("mieb-ray", "faiss"), repeat=args.repeat,
+        columns=[("comparisons/s (fastest)", lambda r: f"{comparisons / r.fastest:.3g}")])
+    record = h.run(bench)
+    a, c = {p[:2]: p[2] for p in found["ours"]}, {p[:2]: p[2] for p in found["faiss"]}
     differ = set(a) ^ set(c)
     ties = {p for p in differ if abs(a.get(p, c.get(p)) - THRESHOLD) < 1e-5}
     worst = max((abs(a[p] - c[p]) for p in set(a) & set(c)), default=0.0)
-    pairs_per_s = args.train * args.eval
-    print("\n" + "=" * 100)
-    print(f"### Audit near-duplicate stage: {args.train:,} train x {args.eval:,} eval embeddings, {DIM}-d float32, "
-          f"top-{NEAR_K}, cosine >= {THRESHOLD}\n")
-    print(b.markdown_table(["contender", "seconds", "comparisons/s", "x faster than faiss"], [
-        ["faiss IndexFlatIP (read shards, normalise, add, search, threshold)", f"{t_faiss:.1f}",
-         f"{pairs_per_s / t_faiss:.3g}", "1.0"],
-        ["mieb-ray audit near stage (top-k engine: layout, score, merge, keys of the pairs)", f"{t_ours:.1f}",
-         f"{pairs_per_s / t_ours:.3g}", f"{t_faiss / t_ours:.2f}"]]))
-    print(f"\n**mieb-ray {t_ours:.1f}s vs faiss {t_faiss:.1f}s = {t_faiss / t_ours:.2f}x**; pairs found: "
-          f"{len(ours):,} vs {len(theirs):,}; differing pairs {len(differ)} (of which {len(ties)} within 1e-5 of the "
-          f"threshold); largest score difference on common pairs {worst:.2e}\n")
-    b.footer("Ray start-up excluded; both contenders on the same 2 cores (faiss OpenMP threads = cores, Ray CPUs = "
-             "cores); shards on local disk, page cache warm from writing them.",
-             f"Load average (1 min) before / after: {load:.2f} / {os.getloadavg()[0]:.2f}.")
+    record.finish(figures={
+        "pairs found (mieb-ray, faiss)": [len(a), len(c)],
+        "differing pairs": len(differ), "of them within 1e-5 of the threshold": len(ties),
+        "largest score difference on common pairs": f"{worst:.2e}",
+        "engine layout (last run)": record["mieb-ray"].extras[-1]}, notes=[
+        "Ray start-up excluded; both contenders on the same cores (faiss OpenMP threads = cores, Ray CPUs = cores); "
+        "shards on local disk, page cache warm from writing them."])
 
 
 if __name__ == "__main__":

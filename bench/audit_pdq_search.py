@@ -17,22 +17,22 @@ eval side of the whole of MIEB (about 1M pictures).
 One comparison (hash against hash); the detector makes six per pair of images (matches.PDQ_COMPARED), so its
 search costs six of these. Prints pairs/s of each and the ratio, and projects the detector's full-size search.
 
-With --distributions, instead: how many candidates multi-index hashing makes on the PDQ hashes of pictures, of
-the full-size rehearsal's 8x8 noise PNGs (bench/full_size.py) and of uniform random bits, as a share of all pairs
-(uniform: 272 / 65,536 = 0.0042) and searched both ways: its speed-up depends on it, and at 1/16 of the pairs
-(hamming.CANDIDATE_COST) `within` searches by brute force instead.
+Prints the harness table (bench/harness.py; CPU seconds, pairs/s) and writes bench/records/audit_pdq_search.json.
+With --distributions, instead the calibration study bench/calibration/audit_pdq_candidates.py (how many candidates
+multi-index hashing makes by kind of hash).
 
-    .venv/bin/python bench/audit_pdq_search.py [--train 20000] [--eval 1000000] [--distributions]
+    .venv/bin/python bench/audit_pdq_search.py [--train 20000] [--eval 1000000] [--repeat 1]
+    .venv/bin/python bench/audit_pdq_search.py --train 2000 --eval 20000 --records /tmp/records    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
+import harness as h
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -56,56 +56,20 @@ def baseline(train: np.ndarray, evals: np.ndarray, threshold: int, block_bytes: 
     return np.concatenate(out[0]), np.concatenate(out[1])
 
 
-def distributions(total: int = 12_000, train_rows: int = 1_500) -> None:
-    """Candidates a pair, and each search's CPU time, on three kinds of hashes (see the docstring)."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from full_size import noise_png
-    from preprocess import KINDS, make_kind, mix_weights
-
-    from mieb_ray.audit.fingerprints import fingerprint
-
-    def words(prints) -> np.ndarray:
-        packed = np.frombuffer(b"".join(p.pdq for p in prints if p.pdq), np.uint8).reshape(-1, 32)
-        return packed.view(">u8").astype(np.uint64).reshape(-1, 4)
-
-    weights = mix_weights()
-    pictures = words([fingerprint(b) for i, kind in enumerate(KINDS)
-                      for b in make_kind(kind, max(50, int(total * weights[kind])), seed=200 + i)])
-    rng = np.random.default_rng(0)
-    kinds = {"pictures: bench/preprocess.py's mix (crops of the fixture pictures at mieb-train's sizes)": pictures,
-             "8x8 noise PNGs (the full-size rehearsal's images)": words([fingerprint(noise_png(f"x/{i}"))
-                                                                         for i in range(len(pictures))]),
-             "uniform random bits": np.frombuffer(rng.bytes(len(pictures) * 32), np.uint64).reshape(-1, 4).copy()}
-    probes = hamming._probes(THRESHOLD)
-    print(f"### Candidates of multi-index hashing by kind of hash, {train_rows:,} train x "
-          f"{len(pictures) - train_rows:,} eval, threshold {THRESHOLD}\n")
-    print("| hashes | candidates / pairs | x uniform's | multi-index CPU s | brute force CPU s | pairs found (equal) |")
-    print("|---|---|---|---|---|---|")
-    for name, hashes in kinds.items():
-        order = rng.permutation(len(hashes))
-        train, evals = hashes[order[:train_rows]], hashes[order[train_rows:]]
-        t0 = time.process_time()
-        index = hamming.Index(evals)
-        found = hamming._indexed(train, index, THRESHOLD)
-        indexed = time.process_time() - t0
-        t0 = time.process_time()
-        brute = hamming.brute_force(train, evals, THRESHOLD)
-        brute_s = time.process_time() - t0
-        share = sum(int(hamming._buckets(train, index, c, probes)[1].sum()) for c in range(hamming.CHUNKS))
-        share /= len(train) * len(evals)
-        same = sorted(zip(*(x.tolist() for x in found))) == sorted(zip(*(x.tolist() for x in brute)))
-        print(f"| {name} | {share:.4f} | {share * 65536 / len(probes) / hamming.CHUNKS:.1f} | {indexed:.3f} | "
-              f"{brute_s:.3f} | {len(found[0]):,} ({same}) |")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", type=int, default=20_000)
     ap.add_argument("--eval", type=int, default=1_000_000)
-    ap.add_argument("--distributions", action="store_true", help="candidates by kind of hash (the docstring)")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--distributions", action="store_true",
+                    help="instead: bench/calibration/audit_pdq_candidates.py, candidates by kind of hash")
+    h.add_records_option(ap)
     args = ap.parse_args()
     if args.distributions:
-        return distributions()
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration"))
+        import audit_pdq_candidates
+
+        return audit_pdq_candidates.run()
     rng = np.random.default_rng(0)
     train = np.frombuffer(rng.bytes(args.train * 32), np.uint64).reshape(-1, 4).copy()
     evals = np.frombuffer(rng.bytes(args.eval * 32), np.uint64).reshape(-1, 4).copy()
@@ -117,32 +81,44 @@ def main() -> None:
             copy[f // 64] ^= np.uint64(1) << np.uint64(f % 64)
         evals[n] = copy
     pairs = args.train * args.eval
-    t0 = time.process_time()
-    i, j, _ = hamming.within(train, hamming.Index(evals), THRESHOLD)
-    ours = time.process_time() - t0
-    t0 = time.process_time()
-    ci, cj, _ = hamming.brute_force(train, evals, THRESHOLD)
-    cache = time.process_time() - t0
-    t0 = time.process_time()
-    bi, bj = baseline(train, evals, THRESHOLD)
-    base = time.process_time() - t0
-    want = set(zip(bi.tolist(), bj.tolist()))
-    same = set(zip(i.tolist(), j.tolist())) == want == set(zip(ci.tolist(), cj.tolist())) and len(i) == len(want)
-    found = {(int(t), n) for n, t in enumerate(planted)} <= want
-    print(f"### pdq pair search: {args.train:,} train x {args.eval:,} eval hashes ({pairs:,} pairs), threshold "
-          f"{THRESHOLD}\n")
-    print("| contender | CPU seconds | pairs/s | x faster than the baseline |\n|---|---|---|---|")
-    for name, sec in (("baseline: numpy brute force (64 MiB blocks, four words)", base),
-                      ("brute force: hamming.brute_force (cache blocks, two words first)", cache),
-                      ("mieb-ray: hamming.within (multi-index hashing, index built in the time)", ours)):
-        print(f"| {name} | {sec:.2f} | {pairs / sec / 1e9:.3f} G | {base / sec:.1f} |")
-    print(f"\nsame pair sets, each pair once: {same}; every planted copy found: {found}; pairs found: {len(want):,}")
+    found = {}
+
+    def timed(name, search):
+        def call(i):
+            t0 = time.process_time()
+            out = search()
+            seconds = time.process_time() - t0
+            found[name] = set(zip(out[0].tolist(), out[1].tolist())), len(out[0])
+            return seconds
+        return call
+
+    base = "baseline"
+    bench = h.Benchmark(
+        "audit_pdq_search", f"pdq pair search: {args.train:,} train x {args.eval:,} eval hashes ({pairs:,} pairs), "
+        f"threshold {THRESHOLD}, one core, CPU seconds", [
+            h.Contender(base, "numpy brute force: 64 MiB blocks of distances, four words",
+                        call=timed(base, lambda: baseline(train, evals, THRESHOLD))),
+            h.Contender("brute force", "hamming.brute_force: cache blocks, two words first", baseline=base,
+                        call=timed("brute force", lambda: hamming.brute_force(train, evals, THRESHOLD))),
+            h.Contender("mieb-ray", "hamming.within: multi-index hashing, the index built in the time", baseline=base,
+                        call=timed("mieb-ray", lambda: hamming.within(train, hamming.Index(evals), THRESHOLD)))],
+        group="Audit", ratio=("mieb-ray", base), repeat=args.repeat, unit="CPU s",
+        columns=[("pairs/s (fastest)", lambda r: f"{pairs / r.fastest / 1e9:.3f} G")])
+    record = h.run(bench)
+    want = found[base][0]
+    same = all(found[n][0] == want and found[n][1] == len(want) for n in found)
     full = 4_434_196 * 986_207 * len(matches.PDQ_COMPARED)  # mieb-train x the eval splits of its 23 sources
-    for name, sec in (("brute force", cache), ("mieb-ray", ours)):
-        rate = pairs / sec
-        print(f"the full audit's search (4,434,196 train x 986,207 eval, six comparisons) at {name}'s rate: "
-              f"{full / rate / 3600:,.1f} core-hours, {full / rate / 256 / 60:,.1f} minutes on 256 cores")
-    print(f"CPU: {platform.processor() or platform.machine()}, one core; numpy {np.__version__}")
+    projected = {}
+    for name in ("brute force", "mieb-ray"):
+        rate = pairs / record[name].fastest
+        projected[name] = f"{full / rate / 3600:,.1f} core-hours, {full / rate / 256 / 60:,.1f} minutes on 256 cores"
+    record.finish(figures={
+        "same pair sets, each pair once": same,
+        "every planted copy found": {(int(t), n) for n, t in enumerate(planted)} <= want,
+        "pairs found": len(want),
+        "the full audit's search (4,434,196 train x 986,207 eval, six comparisons) at the fastest rate": projected},
+        notes=["One comparison (hash against hash); the detector makes six per pair of images "
+               "(matches.PDQ_COMPARED)."])
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ random hash rows of those shapes (PDQ_HASHES columns, keys, quality 100), one co
               PDQ_COMPARED, the pairs as rows
 and the same search with hamming.within replaced by hamming.brute_force (the search before multi-index hashing):
 the baseline. The pair tables must be equal. Then the full audit's pdq step projected: 512 x (shipped + search).
+Prints the harness table (bench/harness.py; CPU seconds) and writes bench/records/audit_pdq_task.json.
 
-    .venv/bin/python bench/audit_pdq_task.py [--eval 1000000] [--train 8661]
+    .venv/bin/python bench/audit_pdq_task.py [--eval 1000000] [--train 8661] [--repeat 1]
+    .venv/bin/python bench/audit_pdq_task.py --eval 20000 --train 500 --records /tmp/records    # a smoke run
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import platform
 import sys
 import time
 
+import harness as h
 import numpy as np
 import pyarrow as pa
 
@@ -65,34 +67,58 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eval", type=int, default=1_000_000)
     ap.add_argument("--train", type=int, default=8_661)
+    ap.add_argument("--repeat", type=int, default=1)
+    h.add_records_option(ap)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     evals, train = table(rng, args.eval, "imagenet1k/test", "ImageNet1k"), table(rng, args.train, "imagenet1k", "")
     train = planted(rng, train, evals)
-    built, side = cpu(lambda: matches.pdq_side(evals))
-    blob = pickle.dumps(side, protocol=5)
-    shipped, side = cpu(lambda: pickle.loads(blob))
-    ours, pairs = cpu(lambda: matches.pdq_pairs(train, side))
-    within = hamming.within
-    hamming.within = lambda t, index, threshold: hamming.brute_force(t, index.words, threshold)
-    try:
-        base, base_pairs = cpu(lambda: matches.pdq_pairs(train, side))
-    finally:
-        hamming.within = within
-    same = matches.sort_pairs(pairs[0]).equals(matches.sort_pairs(base_pairs[0]))
+    kept = {}
+
+    def eval_side(i):
+        seconds, kept["side"] = cpu(lambda: matches.pdq_side(evals))
+        kept["blob"] = pickle.dumps(kept["side"], protocol=5)
+        return seconds
+
+    def shipped(i):
+        seconds, kept["side"] = cpu(lambda: pickle.loads(kept["blob"]))
+        return seconds
+
+    def search(i):
+        seconds, kept["pairs"] = cpu(lambda: matches.pdq_pairs(train, kept["side"]))
+        return seconds
+
+    def brute_force(i):
+        within = hamming.within
+        hamming.within = lambda t, index, threshold: hamming.brute_force(t, index.words, threshold)
+        try:
+            seconds, kept["base"] = cpu(lambda: matches.pdq_pairs(train, kept["side"]))
+        finally:
+            hamming.within = within
+        return seconds
+
     comparisons = args.train * args.eval * len(matches.PDQ_COMPARED)
-    print(f"### One pdq task of the full audit: {args.train:,} train x {args.eval:,} eval hash rows "
-          f"({comparisons:,} hash comparisons), one core\n")
-    print("| step | CPU seconds |\n|---|---|")
-    print(f"| eval side made ready (once per audit) | {built:.2f} |")
-    print(f"| eval side shipped to the task (pickle read, {len(blob) / 2**20:,.0f} MiB) | {shipped:.2f} |")
-    print(f"| search, brute force (the baseline) | {base:.2f} |")
-    print(f"| search, multi-index hashing (mieb-ray) | {ours:.2f} ({base / ours:.1f}x faster) |")
-    print(f"\nsame pairs: {same} ({pairs[0].num_rows:,})")
-    print(f"the full audit's pdq step ({TASKS} such tasks): {TASKS * (shipped + ours):,.0f} CPU-s "
-          f"({TASKS * (shipped + base):,.0f} by brute force), {TASKS * (shipped + ours) / 256 / 60:.1f} minutes on "
-          f"256 cores")
-    print(f"CPU: {platform.processor() or platform.machine()}; numpy {np.__version__}, pyarrow {pa.__version__}")
+    base = "search, brute force"
+    bench = h.Benchmark(
+        "audit_pdq_task", f"One pdq task of the full audit: {args.train:,} train x {args.eval:,} eval hash rows "
+        f"({comparisons:,} hash comparisons), one core, CPU seconds", [
+            h.Contender("eval side made ready", "matches.pdq_side of the eval rows: once per audit", call=eval_side),
+            h.Contender("eval side shipped", "its pickle (protocol 5) read back: what each task pays to receive it",
+                        call=shipped),
+            h.Contender(base, "matches.pdq_pairs with hamming.brute_force (the search before multi-index hashing): "
+                        "the baseline", call=brute_force),
+            h.Contender("search, multi-index hashing", "matches.pdq_pairs: the train side made ready, the six "
+                        "comparisons of PDQ_COMPARED, the pairs as rows", call=search, baseline=base)],
+        group="Audit", ratio=("search, multi-index hashing", base), repeat=args.repeat, unit="CPU s")
+    record = h.run(bench)
+    ship, ours, brute = (record[c].median for c in ("eval side shipped", "search, multi-index hashing", base))
+    same = matches.sort_pairs(kept["pairs"][0]).equals(matches.sort_pairs(kept["base"][0]))
+    record.finish(figures={
+        "same pairs": f"{same} ({kept['pairs'][0].num_rows:,})",
+        "eval side pickled (MiB)": round(len(kept["blob"]) / 2**20),
+        f"the full audit's pdq step ({TASKS} such tasks)": f"{TASKS * (ship + ours):,.0f} CPU-s "
+        f"({TASKS * (ship + brute):,.0f} by brute force), {TASKS * (ship + ours) / 256 / 60:.1f} minutes on 256 "
+        "cores"})
 
 
 if __name__ == "__main__":

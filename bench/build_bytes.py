@@ -9,12 +9,13 @@ writing to a fresh output folder (deleted after it is measured), in this order:
                        (the baseline named in the issue);
   3. mieb-ray build    build(BuildConfig(mirror, out, datasets=..., rows_per_shard=10_000)), parquet output.
 Ray starts once before any timing (its start-up is excluded); each contender's own actor start-up is included.
-Prints seconds, GB/s (input bytes / s), rows and the ratio to the copy floor, checks that the three outputs hold
-the same rows, and ends with a Markdown block for bench/RESULTS.md. The mirror is cached in --work.
+Prints the harness table (bench/harness.py: seconds of every run, GB/s (input bytes / s), rows out, the ratio
+to the copy floor), writes bench/records/build_bytes.json, and checks that the three outputs hold the same rows.
+The mirror is cached in --work.
 
 Run from the repository root:
-    .venv/bin/python bench/build_bytes.py                 # full size: ~4 GB mirror, ~100k rows
-    .venv/bin/python bench/build_bytes.py --gb 0.2        # a quick check
+    .venv/bin/python bench/build_bytes.py --repeat 3      # full size: ~4 GB mirror, ~100k rows
+    .venv/bin/python bench/build_bytes.py --gb 0.2 --records /tmp/records    # a quick check
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import time
 import zlib
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import _baselines as b
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 
 from mieb_ray.fixtures.mirror import hub_rows, make_mirror
@@ -74,9 +75,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=4.0, help="mirror size in GB at --scale 1.0 (default 4.0)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies --gb (default 1.0)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each contender; the fastest is reported")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each contender, interleaved")
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work",
                     help="work folder: mirror, outputs, Ray session files (default bench/_work, git-ignored)")
+    h.add_records_option(ap)
     args = ap.parse_args()
     gb = args.gb * args.scale
     work = args.work.resolve() / "bytes"
@@ -90,55 +92,45 @@ def main() -> None:
     print(f"[input] {len(files)} train files, {in_bytes / 1e9:.2f} GB, {in_rows:,} rows")
 
     print("[ray] starting (not timed)", flush=True)
-    b.start_ray(work)
+    h.start_ray(work)
 
     def run_build(files: list[str], out: Path) -> int:  # the build finds the same train files itself
         manifest = build(BuildConfig(str(mirror), str(out), datasets=SLUGS, rows_per_shard=10_000, workers=b.CORES),
                          log=lambda line: print("   ", line, flush=True))
         return manifest["counts"]["total"]
 
-    contenders = [("copy floor (pyarrow read_table + write_table, 1 process)", b.copy_floor),
-                  ("minimal Ray Data pipeline (read_parquet -> take in as many actors as the build -> write_parquet)",
-                   b.minimal_pipeline),
-                  ("mieb-ray build (parquet, rows_per_shard=10,000)", run_build)]
-    times = {name: [] for name, _ in contenders}
-    rows_out = {}
-    for k in range(args.repeat):  # rounds, so that no contender always runs on a warmer machine
-        for name, fn in contenders:
+    def timed(fn):
+        def call(i):
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
-            print(f"[run] {name}, run {k + 1}/{args.repeat} ...", flush=True)
-            seconds, _ = b.timed(fn, files, out)
-            rows_out[name] = b.parquet_rows(out)  # rows actually in the output files, from their footers
+            seconds, _ = h.timed(fn, files, out)
+            rows_out = b.parquet_rows(out)  # rows actually in the output files, from their footers
             shutil.rmtree(out)
-            times[name].append(seconds)
-            print(f"[run]   {seconds:.2f}s, {in_bytes / seconds / 1e9:.3f} GB/s, {rows_out[name]:,} rows out",
-                  flush=True)
-    results = {name: (min(times[name]), rows_out[name], times[name]) for name, _ in contenders}
+            return {"seconds": seconds, "rows_out": rows_out}
+        return call
 
-    floor = results[contenders[0][0]][0]
-    table = [[name, f"{s:.2f}", f"{in_bytes / s / 1e9:.3f}", f"{rows:,}", f"{s / floor:.2f}"]
-             for name, (s, rows, _) in results.items()]
-    row_counts = {rows for _, rows, _ in results.values()}
-    same = len(row_counts) == 1 and row_counts == {in_rows}
-    build_ratio = results[contenders[2][0]][0] / floor
-    minimal_ratio = results[contenders[1][0]][0] / floor
-
-    print("\n" + "=" * 100)
-    print(f"### Bytes: {in_bytes / 1e9:.2f} GB of parquet ({len(files)} train files of "
-          f"{', '.join(SLUGS)}; {in_rows:,} rows, images 10-70 KB random bytes)\n")
-    print(b.markdown_table(["contender", "seconds", "GB/s (input)", "rows out", "x copy floor"], table))
-    print()
-    if args.repeat > 1:
-        print(f"Fastest of {args.repeat} runs each; all runs: " + "; ".join(
-            f"{name.split(' (')[0]}: {', '.join(f'{t:.2f}' for t in ts)} s (median {statistics.median(ts):.2f})"
-            for name, (_, _, ts) in results.items()) + "\n")
-    print(f"Row counts: all three outputs hold the {in_rows:,} input rows.\n" if same else
-          f"Row counts: MISMATCH, {sorted(row_counts)} vs {in_rows:,} input rows.\n")
-    print(f"**build / copy = {build_ratio:.2f} (target <= 1.5); "
-          f"minimal Ray Data pipeline / copy = {minimal_ratio:.2f}**\n")
-    b.footer("Ray start-up excluded from all timings; each contender's own actor start-up included; "
-             "outputs to local disk, page cache not dropped.")
+    floor = "copy floor"
+    bench = h.Benchmark(
+        "build_bytes", f"{in_bytes / 1e9:.2f} GB of parquet ({len(files)} train files of {', '.join(SLUGS)}; "
+        f"{in_rows:,} rows, images 10-70 KB random bytes)", [
+            h.Contender(floor, "pyarrow read_table + write_table of each file, unchanged, 1 process",
+                        call=timed(b.copy_floor)),
+            h.Contender("minimal Ray Data pipeline", "read_parquet -> pyarrow take in as many actors as the build -> "
+                        "write_parquet; its actors' start-up", call=timed(b.minimal_pipeline), baseline=floor),
+            h.Contender("mieb-ray build", "build(BuildConfig(..., rows_per_shard=10,000)), parquet output, sha256 of "
+                        "every shard, manifest; its actors' start-up", call=timed(run_build), baseline=floor)],
+        group="Build", ratio=("mieb-ray build", floor), repeat=args.repeat,
+        columns=[("GB/s (input, fastest)", lambda r: f"{in_bytes / r.fastest / 1e9:.3f}"),
+                 ("rows out", lambda r: f"{r.extra('rows_out')[-1]:,}")])
+    record = h.run(bench)
+    row_counts = {n for r in record.results.values() for n in r.extra("rows_out")}
+    same = row_counts == {in_rows}
+    record.finish(figures={
+        "row counts": f"every output holds the {in_rows:,} input rows" if same else
+                      f"MISMATCH: {sorted(row_counts)} vs {in_rows:,} input rows",
+        "target": "build / copy <= 1.5"}, notes=[
+        "Ray start-up excluded from all timings; each contender's own actor start-up included; outputs to local "
+        "disk, page cache not dropped; contenders interleaved, round by round."])
     if not same:
         raise SystemExit("row counts differ")
 

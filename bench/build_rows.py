@@ -20,9 +20,12 @@ in a fresh process that starts its own Ray (untimed) and imports mieb_ray from i
 CPU seconds (the process and Ray's workers: steadier than wall time on a shared machine), peak memory, and
 the ratios old / new.
 
+Either way: the harness table (bench/harness.py) and a record, bench/records/build_rows.json, or
+bench/records/build_old_vs_new.json with --baseline-rev.
+
 Run from the repository root:
     .venv/bin/python bench/build_rows.py                         # scales 0.1 and 1.0
-    .venv/bin/python bench/build_rows.py --scales 0.002,0.02     # a quick check
+    .venv/bin/python bench/build_rows.py --scales 0.002,0.02 --records /tmp/records    # a quick check
     .venv/bin/python bench/build_rows.py --scales 1.0 --baseline-rev 259a486   # the full build, old vs new
 """
 
@@ -37,8 +40,9 @@ import sys
 import time
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
-import ray  # noqa: E402  after _baselines, which sets RAY_AUTH_MODE
+import _baselines as b
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
+import ray  # noqa: E402  after harness, which sets RAY_AUTH_MODE
 
 from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
 from mieb_ray.pipelines.build import BuildConfig, build
@@ -69,15 +73,17 @@ def ensure_mirror(root: Path, scale: float, files: int) -> dict[str, int]:
 
 
 def measure(name: str, fn, out: Path) -> dict:
+    """One timed run with its memory: the seconds, the rows in the output, the peak memory (not timed: the wait for
+    the previous run's workers to exit, counting the rows)."""
     shutil.rmtree(out, ignore_errors=True)
     time.sleep(2)  # let the previous run's workers exit before the memory baseline is taken
     print(f"[run] {name} ...", flush=True)
-    with b.MemorySampler() as mem:
-        seconds, _ = b.timed(fn, out)
+    with h.MemorySampler() as mem:
+        seconds, _ = h.timed(fn, out)
     rows_out = b.parquet_rows(out)  # from the output footers
     shutil.rmtree(out)
-    print(f"[run]   {seconds:.2f}s, {rows_out:,} rows out, system used +{b.gib(mem.used_delta)}, "
-          f"Ray workers RSS {b.gib(mem.ray_rss)}", flush=True)
+    print(f"[run]   {seconds:.2f}s, {rows_out:,} rows out, system used +{h.gib(mem.used_delta)}, "
+          f"Ray workers RSS {h.gib(mem.ray_rss)}", flush=True)
     return {"seconds": seconds, "rows_out": rows_out, "used": mem.used_delta, "rss": mem.ray_rss}
 
 
@@ -103,7 +109,7 @@ def _child(args) -> None:
     import mieb_ray
 
     mirror, out = Path(args.child_mirror), Path(args.child_out)
-    b.start_ray(Path(args.child_ray))
+    h.start_ray(Path(args.child_ray))
 
     @ray.remote
     def workers_code() -> str:
@@ -121,8 +127,8 @@ def _child(args) -> None:
 
     shutil.rmtree(out, ignore_errors=True)
     time.sleep(2)
-    with b.MemorySampler() as mem, b.CpuClock() as cpu:
-        seconds, _ = b.timed(run_build, out)
+    with h.MemorySampler() as mem, h.CpuClock() as cpu:
+        seconds, _ = h.timed(run_build, out)
     rows_out = b.parquet_rows(out)
     shutil.rmtree(out)
     print(json.dumps({"seconds": seconds, "cpu": cpu.seconds, "rows_out": rows_out, "used": mem.used_delta,
@@ -158,31 +164,44 @@ def compare(args, work: Path, scales: list[float]) -> None:
                     raise SystemExit(f"the {which} build ran the code in {m['code']}, not {tree}")
                 m |= {"rows_in": sum(written.values()), "expected": expected}
                 print(f"[run]   {m['seconds']:.2f}s, CPU {m['cpu']:.1f}s, {m['rows_out']:,} rows out, "
-                      f"system used +{b.gib(m['used'])}, Ray workers RSS {b.gib(m['rss'])}", flush=True)
+                      f"system used +{h.gib(m['used'])}, Ray workers RSS {h.gib(m['rss'])}", flush=True)
                 runs.append((scale, which, m))
 
     bad = [f"{label[w]} at scale {s:g}: {m['rows_out']:,} rows out, expected {m['expected']:,}" for s, w, m in runs
            if m["rows_out"] != m["expected"]]
-    print("\n" + "=" * 100)
-    print(f"### Build, all 23 sources: {args.baseline_rev} vs this checkout ({args.files} parquet files per source, "
-          f"tars of {TAR_ROWS:,} rows, 80-byte images, rows_per_shard={args.rows_per_shard:,})\n")
-    print(b.markdown_table(
-        ["scale", "code", "rows in", "seconds", "rows/s", "CPU seconds", "peak system used (rise)",
-         "peak Ray workers RSS"],
-        [[f"{s:g}", label[w], f"{m['rows_in']:,}", f"{m['seconds']:.2f}", f"{m['rows_in'] / m['seconds']:,.0f}",
-          f"{m['cpu']:.1f}", b.gib(m["used"]), b.gib(m["rss"])] for s, w, m in runs]))
-    print()
-    for scale in scales:
-        def best(which, key):
-            return min(m[key] for s, w, m in runs if s == scale and w == which)
-        print(f"- scale {scale:g}: **old / new seconds = {best('old', 'seconds') / best('new', 'seconds'):.2f}** "
-              f"(best of {args.repeat}: {best('old', 'seconds'):.2f}s vs {best('new', 'seconds'):.2f}s); "
-              f"old / new CPU seconds = {best('old', 'cpu') / best('new', 'cpu'):.2f}")
-    print(f"- rows out: {'as expected in every run' if not bad else 'MISMATCH: ' + '; '.join(bad)}")
-    print("- CPU seconds: user + system of the driver and of Ray's worker processes during the build")
-    print(f"- {b.MemorySampler.METHOD}\n")
-    b.footer("Each build in a fresh process with its own Ray (start-up excluded; num_cpus="
-             f"{runs[0][2]['num_cpus']}); its actors' start-up included; outputs to local disk.")
+    name = {(s, w): f"{label[w]} [scale {s:g}]" for s in scales for w in label}
+    contenders = []
+    for s in scales:
+        contenders += [h.Contender(name[s, "old"], f"the all-23 build of {args.baseline_rev}, a fresh process with its "
+                                   "own Ray (start-up excluded), its actors' start-up"),
+                       h.Contender(name[s, "new"], "the same of this checkout", baseline=name[s, "old"])]
+    bench = h.Benchmark(
+        "build_old_vs_new", f"Build, all 23 sources: {args.baseline_rev} vs this checkout ({args.files} parquet files "
+        f"per source, tars of {TAR_ROWS:,} rows, 80-byte images, rows_per_shard={args.rows_per_shard:,})",
+        contenders, group="Build", repeat=args.repeat, ratio=(name[scales[-1], "new"], name[scales[-1], "old"]),
+        columns=[("rows in", lambda r: f"{r.extra('rows_in')[0]:,}"),
+                 ("rows/s (fastest)", lambda r: f"{r.extra('rows_in')[0] / r.fastest:,.0f}"),
+                 ("CPU seconds (runs)", lambda r: ", ".join(f"{c:.1f}" for c in r.extra("cpu"))),
+                 ("peak system used (rise)", lambda r: h.gib(max(r.extra("used")))),
+                 ("peak Ray workers RSS", lambda r: h.gib(max(r.extra("rss"))))])
+    record = h.measured(bench, {name[s, w]: [m["seconds"] for s2, w2, m in runs if (s2, w2) == (s, w)]
+                                for s in scales for w in label},
+                        {name[s, w]: [m for s2, w2, m in runs if (s2, w2) == (s, w)] for s in scales for w in label})
+
+    def best(scale, which, key):
+        return min(m[key] for s, w, m in runs if s == scale and w == which)
+
+    record.finish(figures={
+        **{f"scale {s:g}": {"old / new seconds (fastest)": round(best(s, "old", "seconds") / best(s, "new", "seconds"),
+                                                                 2),
+                            "old / new CPU seconds (least)": round(best(s, "old", "cpu") / best(s, "new", "cpu"), 2)}
+           for s in scales},
+        "rows out": "as expected in every run" if not bad else "MISMATCH: " + "; ".join(bad)}, notes=[
+        "Each build in a fresh process, outside the repository, with its own Ray (start-up excluded; num_cpus="
+        f"{runs[0][2]['num_cpus']}) importing the mieb_ray of its own tree (checked); its actors' start-up "
+        "included; outputs to local disk; old and new alternate run by run.",
+        "CPU seconds: user + system of the driver and of Ray's worker processes during the build.",
+        h.MemorySampler.METHOD])
     if bad:
         raise SystemExit("row counts differ")
 
@@ -197,7 +216,8 @@ def main() -> None:
     ap.add_argument("--baseline-rev", metavar="REV",
                     help="measure the all-23 build of git revision REV against this checkout's instead (e.g. 259a486)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="with --baseline-rev: builds of each, alternating (default 1)")
+                    help="runs of each contender, interleaved (with --baseline-rev: alternating) (default 1)")
+    h.add_records_option(ap)
     for hidden in ("--child-mirror", "--child-out", "--child-ray"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -213,59 +233,61 @@ def main() -> None:
 
     mirrors = {s: (work / f"mirror-{s:g}", ensure_mirror(work / f"mirror-{s:g}", s, args.files)) for s in scales}
     print("[ray] starting (not timed)", flush=True)
-    b.start_ray(work)
+    h.start_ray(work)
 
-    results = []  # (scale, contender, rows in, expected rows out, measurement)
+    out = work / "out"
+    contenders, expected = [], {}
     for scale, (mirror, written) in mirrors.items():
         files = b.train_files(mirror, PARQUET_SLUGS)
         pq_in = sum(written[s] for s in PARQUET_SLUGS)
         pq_expected = sum(expected_rows({s: written[s] for s in PARQUET_SLUGS}).values())
 
-        def run_build(out, datasets=None):
+        def run_build(out, datasets=None, mirror=mirror):
             build(BuildConfig(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard,
                               workers=b.CORES),
                   log=lambda line: print("   ", line, flush=True))
 
-        out = work / "out"
-        results.append((scale, "minimal pipeline, parquet sources", pq_in, pq_in,
-                        measure(f"scale {scale:g}: minimal pipeline on {len(files)} parquet files",
-                                lambda o: b.minimal_pipeline(files, o), out)))
-        results.append((scale, "build, parquet sources", pq_in, pq_expected,
-                        measure(f"scale {scale:g}: build, {len(PARQUET_SLUGS)} parquet sources",
-                                lambda o: run_build(o, PARQUET_SLUGS), out)))
-        results.append((scale, "build, all 23 sources", sum(written.values()), sum(expected_rows(written).values()),
-                        measure(f"scale {scale:g}: build, all 23 sources", run_build, out)))
+        def timed(label, fn, rows_in):
+            return lambda i: {**measure(label, fn, out), "rows_in": rows_in}
 
-    def get(scale, contender):
-        return next(m | {"rows_in": n} for s, c, n, _, m in results if s == scale and c == contender)
-
-    bad = [f"{c} at scale {s:g}: {m['rows_out']:,} rows out, expected {e:,}" for s, c, _, e, m in results
-           if m["rows_out"] != e]
-    table = [[f"{s:g}", c, f"{n:,}", f"{m['seconds']:.2f}", f"{n / m['seconds']:,.0f}", b.gib(m["used"]),
-              b.gib(m["rss"])] for s, c, n, _, m in results]
-
-    print("\n" + "=" * 100)
-    print(f"### Rows: 23 sources, {args.files} parquet files each, tars of {TAR_ROWS:,} rows, 80-byte images, "
-          f"rows_per_shard={args.rows_per_shard:,}\n")
-    print(b.markdown_table(["scale", "contender", "rows in", "seconds", "rows/s", "peak system used (rise)",
-                            "peak Ray workers RSS"], table))
-    print()
-    for s in scales:
-        minimal, ours = get(s, "minimal pipeline, parquet sources"), get(s, "build, parquet sources")
-        print(f"- scale {s:g}, parquet sources: build {ours['rows_in'] / ours['seconds']:,.0f} rows/s vs minimal "
-              f"pipeline {minimal['rows_in'] / minimal['seconds']:,.0f} rows/s: "
-              f"**build / minimal (rows/s) = {minimal['seconds'] / ours['seconds']:.2f}**")
-    lo, hi = get(scales[0], "build, all 23 sources"), get(scales[-1], "build, all 23 sources")
+        minimal, ours, every = (f"{c} [scale {scale:g}]" for c in ("minimal pipeline, parquet sources",
+                                                                    "build, parquet sources", "build, all 23 sources"))
+        expected |= {minimal: pq_in, ours: pq_expected, every: sum(expected_rows(written).values())}
+        contenders += [
+            h.Contender(minimal, f"read_parquet -> pyarrow take in {b.CORES} actors -> write_parquet, on the "
+                        f"{len(files)} train files of the {len(PARQUET_SLUGS)} parquet sources; its actors' start-up",
+                        call=timed(minimal, lambda o, files=files: b.minimal_pipeline(files, o), pq_in)),
+            h.Contender(ours, f"build(BuildConfig(mirror, out, datasets=<the same {len(PARQUET_SLUGS)}>)); its "
+                        "actors' start-up", call=timed(ours, lambda o, rb=run_build: rb(o, PARQUET_SLUGS), pq_in),
+                        baseline=minimal),
+            h.Contender(every, "build(BuildConfig(mirror, out)): all 23 sources, WebDataset tars too",
+                        call=timed(every, run_build, sum(written.values())))]
+    bench = h.Benchmark(
+        "build_rows", f"Rows: 23 sources, {args.files} parquet files each, tars of {TAR_ROWS:,} rows, 80-byte images, "
+        f"rows_per_shard={args.rows_per_shard:,}, at scales {', '.join(f'{s:g}' for s in scales)} of the hub's rows",
+        contenders, group="Build", repeat=args.repeat,
+        ratio=(f"build, parquet sources [scale {scales[-1]:g}]", f"minimal pipeline, parquet sources [scale "
+                                                                 f"{scales[-1]:g}]"),
+        columns=[("rows in", lambda r: f"{r.extra('rows_in')[0]:,}"),
+                 ("rows/s (fastest)", lambda r: f"{r.extra('rows_in')[0] / r.fastest:,.0f}"),
+                 ("peak system used (rise)", lambda r: h.gib(max(r.extra("used")))),
+                 ("peak Ray workers RSS", lambda r: h.gib(max(r.extra("rss"))))])
+    record = h.run(bench)
+    bad = [f"{name}: {n:,} rows out, expected {expected[name]:,}" for name, r in record.results.items()
+           for n in r.extra("rows_out") if n != expected[name]]
+    lo, hi = (record[f"build, all 23 sources [scale {s:g}]"].extras for s in (scales[0], scales[-1]))
+    used_lo, used_hi = max(e["used"] for e in lo), max(e["used"] for e in hi)
     # a rise under 64 MiB at the smaller scale is sampling noise: no ratio from it
-    used_ratio = (f"{hi['used'] / lo['used']:.2f}x" if lo["used"] >= 64 << 20
-                  else "n/a (rise < 64 MiB at the smaller scale)")
-    print(f"- build, all 23 sources, peak memory at scale {scales[-1]:g} / scale {scales[0]:g} "
-          f"({hi['rows_in'] / lo['rows_in']:.1f}x the rows): "
-          f"**system used rise {used_ratio}, Ray workers RSS {hi['rss'] / max(lo['rss'], 1):.2f}x**")
-    print("- rows out: " + ("as expected in every run (footers of the output files)" if not bad
-                            else "MISMATCH: " + "; ".join(bad)))
-    print(f"- {b.MemorySampler.METHOD}\n")
-    b.footer("Ray start-up excluded from all timings; each run's own actor start-up included; outputs to local disk.")
+    record.finish(figures={
+        f"build, all 23 sources, peak memory at scale {scales[-1]:g} / scale {scales[0]:g} "
+        f"({hi[0]['rows_in'] / lo[0]['rows_in']:.1f}x the rows)": {
+            "system used rise": f"{used_hi / used_lo:.2f}x" if used_lo >= 64 << 20 else
+                                "n/a (rise < 64 MiB at the smaller scale)",
+            "Ray workers RSS": f"{max(e['rss'] for e in hi) / max(max(e['rss'] for e in lo), 1):.2f}x"},
+        "rows out": "as expected in every run (footers of the output files)" if not bad else
+                    "MISMATCH: " + "; ".join(bad)}, notes=[
+        "Ray start-up excluded from all timings; each run's own actor start-up included; outputs to local disk.",
+        h.MemorySampler.METHOD])
     if bad:
         raise SystemExit("row counts differ")
 

@@ -16,7 +16,8 @@ After each chaos run (verify_build, verify_embed, also used by tests/test_chaos.
 twice, counted in the shard files on disk; the content equal to the reference's (the sha256 of every file for
 build, every vector within 1e-6 for embed); the same files as the reference (no staging `.*.tmp`, no
 `_progress/`, no stray shard); each shard's sha256 as the manifest records it; the manifest's shards and counts
-equal. Prints a table and a Markdown block for bench/RESULTS.md. A few minutes on 2 cores; never in CI.
+equal. Prints a table and a Markdown block, kept as bench/records/chaos.json by the harness (wrapped; --records DIR
+puts it elsewhere). A few minutes on 2 cores; never in CI.
 
     .venv/bin/python bench/chaos.py [--rows 12] [--kills 5] [--seed 0] [--formats parquet,webdataset]
                                     [--jobs build,embed] [--health-check PERIOD_MS,FAILURES] [--work DIR]
@@ -461,4 +462,6 @@ def report(rows: list[tuple], a, seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import harness  # here, not above: tests/test_chaos.py imports this module as bench.chaos
+
+    harness.wrap(main, "chaos", "Build and embed on three Ray nodes under node and driver kills", group="Chaos")

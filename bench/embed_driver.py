@@ -12,13 +12,13 @@ between stages, writing and committing shards, and the driver's own work.
 
 Each contender runs in a fresh Python process that starts a local Ray (num_cpus=4; not timed) and embeds the
 same table; the process reports the embed call's wall time, its own CPU seconds (user + system, the whole
-process: Ray's start-up included, which is the same for both) and its peak RSS (ru_maxrss). Printed, for the
-fastest of --repeat alternating runs of each: rows/s, driver CPU seconds per million rows and driver peak RSS,
-at each table size, and after / before.
+process: Ray's start-up included, which is the same for both) and its peak RSS (ru_maxrss). The harness table
+(bench/harness.py) has every run of each, --repeat alternating runs, with rows/s, driver CPU seconds per million
+rows and driver peak RSS at each table size; the record is bench/records/embed_driver.json.
 
 Run from the repository root:
     .venv/bin/python bench/embed_driver.py                        # 20,000 and 300,000 rows
-    .venv/bin/python bench/embed_driver.py --rows 20000           # a quick check
+    .venv/bin/python bench/embed_driver.py --rows 20000 --repeat 1 --records /tmp/records    # a quick check
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _baselines as b
+import harness as h
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -75,7 +75,7 @@ def make_table(path: Path, rows: int) -> str:
 
 def run(code_root: Path, table: str, out: Path, model: str, new: bool, work: Path) -> dict:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(b.BENCH / "instant"), str(code_root)])}
+           "PYTHONPATH": os.pathsep.join([str(h.BENCH / "instant"), str(code_root)])}
     shutil.rmtree(out, ignore_errors=True)
     done = subprocess.run([sys.executable, "-c", RUN, table, str(out), model, "1" if new else "0",
                            str(work / "ray")], env=env, capture_output=True, text=True, timeout=3600, cwd=code_root)
@@ -87,8 +87,9 @@ def run(code_root: Path, table: str, out: Path, model: str, new: bool, work: Pat
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[20_000, 300_000])
-    ap.add_argument("--repeat", type=int, default=2, help="runs per contender, alternating; the fastest is kept")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per contender, alternating")
     ap.add_argument("--work", type=Path, default=Path("bench/_work/embed_driver"))
+    h.add_records_option(ap)
     args = ap.parse_args()
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -98,39 +99,44 @@ def main() -> None:
                    capture_output=True)
     try:
         model = make_model(work / "clip-1024")
-        rows_out, results = [], {}
+        contenders = []
         for n in args.rows:
             table = make_table(work / f"table-{n}.parquet", n)
             print(f"[setup] one Parquet file of {n:,} text rows", flush=True)
-            for _ in range(args.repeat):  # alternating, so that a slow spell of this VM hits both
-                for name, root, new in (("before", before, False), ("after", REPO, True)):
-                    r = run(root, table, work / f"out-{name}", model, new, work)
-                    print(f"[run] {name}, {n:,} rows: {r}", flush=True)
-                    if (name, n) not in results or r["seconds"] < results[name, n]["seconds"]:
-                        results[name, n] = r
-            for name in ("before", "after"):
-                r = results[name, n]
-                rows_out.append([f"{name} ({BEFORE if name == 'before' else 'this checkout'})", f"{n:,}",
-                                 f"{r['shards']}", f"{r['seconds']:.2f}", f"{n / r['seconds']:,.0f}",
-                                 f"{r['cpu'] / n * 1e6:,.1f}", b.gib(r["peak_rss"])])
+            for name, root, new in (("before", before, False), ("after", REPO, True)):
+                def call(i, root=root, new=new, name=name, table=table):
+                    return run(root, table, work / f"out-{name}", model, new, work)
+
+                contenders.append(h.Contender(
+                    f"{name} [{n:,} rows]", f"the embed call of {BEFORE if name == 'before' else 'this checkout'} "
+                    "in a fresh process with its own local Ray (start-up not timed)", call=call,
+                    baseline=f"before [{n:,} rows]" if name == "after" else None))
+        big, small = max(args.rows), min(args.rows)
+        bench = h.Benchmark(
+            "embed_driver", "Embed pipeline ceiling, instant encoder (1024-d), one Parquet file of text rows",
+            contenders, group="Embed", repeat=args.repeat, ratio=(f"after [{big:,} rows]", f"before [{big:,} rows]"),
+            columns=[("shards", lambda r: str(r.extra("shards")[0])),
+                     ("rows/s (fastest)", lambda r: f"{r.extra('rows')[0] / r.fastest:,.0f}"),
+                     ("driver CPU s per 1M rows (least)",
+                      lambda r: f"{min(r.extra('cpu')) / r.extra('rows')[0] * 1e6:,.1f}"),
+                     ("driver peak RSS (least)", lambda r: h.gib(min(r.extra("peak_rss"))))])
+        record = h.run(bench)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, capture_output=True)
-    print("\n" + "=" * 100)
-    print("### Embed pipeline ceiling, instant encoder (1024-d), one Parquet file of text rows\n")
-    print(b.markdown_table(["contender", "rows", "shards", "embed call s", "rows/s", "driver CPU s per 1M rows",
-                            "driver peak RSS"], rows_out))
-    big = max(args.rows)
-    a, z = results["before", big], results["after", big]
-    print(f"\n**at {big:,} rows: after / before: rows/s {(big / z['seconds']) / (big / a['seconds']):.2f}x, "
-          f"driver CPU {z['cpu'] / a['cpu']:.2f}x, driver peak RSS {z['peak_rss'] / a['peak_rss']:.2f}x**")
+    a, z = record[f"before [{big:,} rows]"], record[f"after [{big:,} rows]"]
+    figures = {f"at {big:,} rows, after / before": {
+        "rows/s (fastest)": f"{a.fastest / z.fastest:.2f}x",
+        "driver CPU (least)": f"{min(z.extra('cpu')) / min(a.extra('cpu')):.2f}x",
+        "driver peak RSS (least)": f"{min(z.extra('peak_rss')) / min(a.extra('peak_rss')):.2f}x"}}
     if len(args.rows) > 1:
-        small = min(args.rows)
         for name in ("before", "after"):
-            grow = results[name, big]["peak_rss"] - results[name, small]["peak_rss"]
-            print(f"- {name}: driver peak RSS grows by {b.gib(grow)} from {small:,} to {big:,} rows")
-    b.footer("Instant encoder: bench/instant/sitecustomize.py. Each run: a fresh process, its own local Ray "
-             "(num_cpus=4), not in the embed call's time; driver CPU is the whole driver process (Ray start-up "
-             "included, alike for both). The fastest of the alternating runs of each contender.")
+            grow = min(record[f"{name} [{big:,} rows]"].extra("peak_rss")) - min(
+                record[f"{name} [{small:,} rows]"].extra("peak_rss"))
+            figures[f"{name}: driver peak RSS growth from {small:,} to {big:,} rows"] = h.gib(grow)
+    record.finish(figures=figures, notes=[
+        "Instant encoder: bench/instant/sitecustomize.py. Each run: a fresh process, its own local Ray (num_cpus=4), "
+        "not in the embed call's time; driver CPU is the whole driver process (Ray start-up included, alike for "
+        "both)."])
 
 
 if __name__ == "__main__":

@@ -10,18 +10,19 @@ in our shard format (tests/embedding_fixtures.py), as two embed outputs: the tra
 (`<slug>/<split>/<index>`, as build --split eval).
 
 Contenders, each a fresh process timed from spawn to exit, one after the other:
-  1. mteb 2.26.24   bench/mteb_probe_call.py: import mteb; read the embeddings into lookup tables; per task, load
-                    its train and eval splits with `datasets` (a warm cache, as a user's hub cache: one untimed
-                    warm-up run first), `mteb.evaluate` with an encoder that looks the embeddings up, write the
-                    TaskResult JSON.
+  1. mteb 2.26.24   bench/contenders/mteb_probe_call.py: import mteb; read the embeddings into lookup tables; per
+                    task, load its train and eval splits with `datasets` (a warm cache, as a user's hub cache: one
+                    untimed warm-up run first), `mteb.evaluate` with an encoder that looks the embeddings up, write
+                    the TaskResult JSON.
   2. mieb-ray       `python -m mieb_ray eval --tasks ... --sources MIRROR --image-embeddings TRAIN,EVAL --out ...`
                     (--executor auto: it decides whether to start Ray; the manifest says which it took).
 
-Prints a table with the ratio, and checks that every metric mteb reports (the means and every experiment's
-scores) is identical in ours.
+Prints the harness table (bench/harness.py) and writes bench/records/eval_probe.json; checks that every metric
+mteb reports (the means and every experiment's scores) is identical in ours.
 
 Run from the repository root:
     .venv/bin/python bench/eval_probe.py [--tasks A,B] [--scale 1.0] [--repeat 2] [--work DIR]
+    .venv/bin/python bench/eval_probe.py --tasks CIFAR10 --scale 0.01 --repeat 1 --records /tmp/records  # smoke
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import shutil
 import struct
 import sys
@@ -38,12 +38,14 @@ import time
 import zlib
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
-from embedding_fixtures import write_embeddings
 
-from mieb_ray.evals.probe_tasks import TASKS, ProbeTask, samples, select_tasks, train_rows
-from mieb_ray.fixtures.mirror import _label_order, make_mirror
+h.use_test_fixtures()
+from embedding_fixtures import write_embeddings  # noqa: E402
+
+from mieb_ray.evals.probe_tasks import TASKS, ProbeTask, samples, select_tasks, train_rows  # noqa: E402
+from mieb_ray.fixtures.mirror import _label_order, make_mirror  # noqa: E402
 
 DIM = 512
 SHARD_ROWS = 50_000  # embedding rows per shard
@@ -137,7 +139,20 @@ def same_scores(ours: Path, theirs: Path, tasks) -> bool:
     return same
 
 
-def run(tasks, rows: dict[str, tuple[int, int]], work: Path, repeat: int) -> dict:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default=None, help="comma-separated linear-probe tasks (default: all 19)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="fraction of each split's real rows (default 1: real sizes); train keeps at least "
+                         "samples_per_label rows per class, eval at least one per class")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_probe"))
+    h.add_records_option(ap)
+    args = ap.parse_args()
+    tasks = select_tasks(args.tasks.split(",") if args.tasks else None)
+    rows = {t.slug: sizes(t, args.scale) for t in tasks}
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     root = str(work / "data")
     t0 = time.perf_counter()
@@ -149,79 +164,45 @@ def run(tasks, rows: dict[str, tuple[int, int]], work: Path, repeat: int) -> dic
     print(f"mirror of {sum(r[0] for r in rows.values()):,} train + {sum(r[1] for r in rows.values()):,} eval rows "
           f"in {t1 - t0:.0f}s; embeddings of {n_train:,} drawn train rows + {n_eval:,} eval rows in "
           f"{time.perf_counter() - t1:.0f}s", flush=True)
-    env, names = b.fresh_process_env(), ",".join(t.name for t in tasks)
-    images = f"{train_out},{eval_out}"
+    names, images = ",".join(t.name for t in tasks), f"{train_out},{eval_out}"
 
-    def mteb_call(out: Path) -> float:
-        return b.run_process([sys.executable, str(b.BENCH / "mteb_probe_call.py"), "--tasks", names, "--data", root,
-                              "--image-embeddings", images, "--cache", str(work / "hf-cache"), "--out", str(out)], env)
+    def mteb_call(out: str) -> list[str]:
+        return [sys.executable, str(h.CONTENDERS / "mteb_probe_call.py"), "--tasks", names, "--data", root,
+                "--image-embeddings", images, "--cache", str(work / "hf-cache"), "--out", str(work / out)]
 
-    def ours(out: Path) -> float:
-        return b.run_process([sys.executable, "-m", "mieb_ray", "eval", "--tasks", names, "--sources", root,
-                              "--image-embeddings", images, "--out", str(out)], env)
-
-    print(f"mteb warm-up (fills the datasets cache) {mteb_call(work / 'mteb-warm'):.1f}s", flush=True)
-    mteb_t, ours_t, load = [], [], os.getloadavg()[0]
-    for i in range(repeat):
-        mteb_t.append(mteb_call(work / f"mteb{i}"))
-        ours_t.append(ours(work / f"ours{i}"))
-        print(f"[{i + 1}] mteb {mteb_t[-1]:.2f}s, mieb-ray CLI {ours_t[-1]:.2f}s", flush=True)
-    last = repeat - 1
-    manifest = json.loads((work / f"ours{last}" / "_manifest.json").read_text())
-    return {"mteb": mteb_t, "ours": ours_t, "load": (load, os.getloadavg()[0]), "manifest": manifest,
-            "same": same_scores(work / f"ours{last}", work / f"mteb{last}", tasks), "drawn": n_train, "eval": n_eval,
-            "summary": json.loads((work / f"ours{last}" / "summary.json").read_text())}
-
-
-def report(title: str, r: dict, repeat: int) -> None:
-    t_mteb, t_ours = min(r["mteb"]), min(r["ours"])
-    print(f"\n### {title}\n")
-    rows = [["mteb 2.26.24: `python bench/mteb_probe_call.py` (import mteb, read the embeddings, load train and "
-             "eval splits from a warm `datasets` cache, `mteb.evaluate`, write JSON)", f"{t_mteb:.2f}", "1.00",
-             "1.0"],
-            ["mieb-ray: `python -m mieb_ray eval` (imports, labels of both splits, mteb's draws, gather the "
-             "embeddings, fit, write JSON, summary, report)", f"{t_ours:.2f}", f"{t_ours / t_mteb:.2f}",
-             f"{t_mteb / t_ours:.1f}"]]
-    print(b.markdown_table(["contender", f"seconds (fastest of {repeat})", "x mteb's time", "x faster than mteb"],
-                           rows))
-    accuracy = r["summary"]["tasks"]
-    m = r["manifest"]
-    print(f"\n**whole call: mieb-ray {t_ours:.2f}s vs mteb {t_mteb:.2f}s = {t_ours / t_mteb:.2f}x mteb's time "
-          f"({t_mteb / t_ours:.1f}x faster; target <= 0.5x: {'met' if t_ours <= 0.5 * t_mteb else 'NOT met'})**; "
-          f"executor taken (manifest): {m.get('executor')}; every metric identical to mteb's (means and each "
-          f"experiment's): {'yes' if r['same'] else 'NO'} ({len(accuracy)} tasks, mean accuracy "
-          f"{r['summary']['mean_accuracy']:.4f}; mieb-ray's own work from its manifest: {m.get('seconds', 0):.2f}s)\n")
-    b.footer(f"All runs: mteb {', '.join(f'{t:.2f}' for t in r['mteb'])} s; mieb-ray "
-             f"{', '.join(f'{t:.2f}' for t in r['ours'])} s",
-             f"Embeddings: {r['drawn']:,} drawn train rows + {r['eval']:,} eval rows, {DIM}-d float32, "
-             f"{SHARD_ROWS:,} rows a shard, two embed outputs (train, eval).",
-             "Each a fresh process timed from spawn to exit, one after the other; mteb's splits from a warm "
-             "`datasets` cache (one untimed warm-up run filled it).",
-             f"Load average (1 min) before / after: {r['load'][0]:.2f} / {r['load'][1]:.2f}.")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default=None, help="comma-separated linear-probe tasks (default: all 19)")
-    ap.add_argument("--scale", type=float, default=1.0,
-                    help="fraction of each split's real rows (default 1: real sizes); train keeps at least "
-                         "samples_per_label rows per class, eval at least one per class")
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_probe"))
-    args = ap.parse_args()
-    tasks = select_tasks(args.tasks.split(",") if args.tasks else None)
-    rows = {t.slug: sizes(t, args.scale) for t in tasks}
-    work = args.work.resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    r = run(tasks, rows, work, args.repeat)
-    print("\n" + "=" * 100)
+    print(f"mteb warm-up (fills the datasets cache) {h.run_process(mteb_call('mteb-warm')):.1f}s", flush=True)
     size = "real sizes" if args.scale >= 1 else f"scaled to {args.scale:g} of the real rows"
-    title = (f"{'All 19' if len(tasks) == len(TASKS) else len(tasks)} linear-probe tasks at {size}: "
-             f"{sum(v[0] for v in rows.values()):,} train + {sum(v[1] for v in rows.values()):,} eval rows, "
-             f"{DIM}-d embeddings")
-    report(title, r, args.repeat)
-    print("Rows per task (train / eval): " + "; ".join(f"{t.name} {rows[t.slug][0]:,} / {rows[t.slug][1]:,}"
-                                                       for t in tasks))
+    bench = h.Benchmark(
+        "eval_probe", f"{'All 19' if len(tasks) == len(TASKS) else len(tasks)} linear-probe tasks at {size}: "
+        f"{sum(v[0] for v in rows.values()):,} train + {sum(v[1] for v in rows.values()):,} eval rows, {DIM}-d "
+        "embeddings; the whole call, process start to results JSON", [
+            h.Contender("mteb", "mteb 2.26.24: `python bench/contenders/mteb_probe_call.py` (import mteb, read the "
+                        "embeddings, load train and eval splits from a warm `datasets` cache, `mteb.evaluate`, write "
+                        "JSON)",
+                        argv=lambda i: mteb_call(f"mteb{i}")),
+            h.Contender("mieb-ray", "`python -m mieb_ray eval` (imports, labels of both splits, mteb's draws, gather "
+                        "the embeddings, fit, write JSON, summary, report)", baseline="mteb",
+                        argv=lambda i: [sys.executable, "-m", "mieb_ray", "eval", "--tasks", names, "--sources", root,
+                                        "--image-embeddings", images, "--out", str(work / f"ours{i}")])],
+        group="Eval", ratio=("mieb-ray", "mteb"), repeat=args.repeat)
+    record = h.run(bench)
+    last = args.repeat - 1
+    manifest = json.loads((work / f"ours{last}" / "_manifest.json").read_text())
+    summary = json.loads((work / f"ours{last}" / "summary.json").read_text())
+    ratio = record.ratio("mieb-ray", "mteb")
+    record.finish(figures={
+        "every metric identical to mteb's (means and each experiment's)": same_scores(
+            work / f"ours{last}", work / f"mteb{last}", tasks),
+        "target <= 0.5x mteb's time": "met" if ratio <= 0.5 else "NOT met",
+        "executor taken (manifest)": manifest.get("executor"),
+        "mieb-ray's own work, from its manifest (s)": round(manifest.get("seconds", 0), 2),
+        "tasks": len(summary["tasks"]), "mean accuracy": round(summary["mean_accuracy"], 4),
+        "embeddings": f"{n_train:,} drawn train rows + {n_eval:,} eval rows, {DIM}-d float32, {SHARD_ROWS:,} rows "
+                      "a shard, two embed outputs (train, eval)",
+        "rows per task (train / eval)": "; ".join(f"{t.name} {rows[t.slug][0]:,} / {rows[t.slug][1]:,}"
+                                                  for t in tasks)}, notes=[
+        "Each a fresh process timed from spawn to exit, one after the other; mteb's splits from a warm `datasets` "
+        "cache (one untimed warm-up run filled it)."])
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ queries stay in memory. Not timed.
                    (map tasks read each shard once, partition tasks sort P group-aligned partitions), then
                    query-block x partition score tasks and a tree of exact top-k merges.
 
-Prints seconds (the layout pass and the whole), peak memory (system-wide rise, the Ray workers' summed RSS and
-the largest single worker's RSS, i.e. per task; see bench/_baselines.py), the bytes of shard files the layout
-opened over the corpus' bytes (1.00: every shard read once) and the time ratio against faiss (target: at or
-below 1.13x, the previous engine's), and checks that both give the same top-10 groups.
+The harness table (bench/harness.py) has seconds (the layout pass and the whole), CPU seconds, peak memory
+(system-wide rise, the Ray workers' summed RSS and the largest single worker's RSS and USS, i.e. per task; see
+harness.MemorySampler) and the time ratio against faiss (target: at or below 1.13x, the previous engine's); the
+record is bench/records/eval_scale.json, with the bytes of shard files the layout opened over the corpus' bytes
+(1.00: every shard read once) and whether both give the same top-10 groups.
 
 Run from the repository root (faiss-cpu is a benchmark-only dependency):
     .venv/bin/pip install faiss-cpu && .venv/bin/python bench/eval_scale.py
-    .venv/bin/python bench/eval_scale.py --images 100000 --queries 1000 --groups 5000   # a quick check
+    .venv/bin/python bench/eval_scale.py --images 100000 --queries 1000 --groups 5000 --records /tmp/records  # quick
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 import pyarrow as pa
 import ray
@@ -98,6 +99,8 @@ def main() -> None:
     ap.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs Ray is started with (default: 4)")
     ap.add_argument("--work", type=Path, default=Path("bench/_work/eval_scale"))
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus of the same shape already in --work")
+    ap.add_argument("--repeat", type=int, default=1)
+    h.add_records_option(ap)
     args = ap.parse_args()
     work = args.work.resolve()
     shape = {"images": args.images, "groups": args.groups, "dim": args.dim, "shards": 100}
@@ -113,58 +116,66 @@ def main() -> None:
         marker.write_text(json.dumps({"shape": shape, "uris": uris, "max_group": max_group}))
     shutil.rmtree(work / "ray", ignore_errors=True)
     queries = np.random.default_rng(1).standard_normal((args.queries, args.dim), dtype=np.float32)
-    b.start_ray(work, args.ray_cpus)
-    import faiss  # noqa: F401  imported before timing, as the engine in the Ray workers below
+    h.start_ray(work, args.ray_cpus)
+    import faiss  # imported before timing, as the engine in the Ray workers below
 
     ray.get([_warm_worker.remote() for _ in range(args.ray_cpus)])
-    load_before = os.getloadavg()[0]
+    kept = {}
 
-    with b.MemorySampler(uss=True) as mem_faiss, b.CpuClock() as cpu_faiss:
-        t0 = time.perf_counter()
-        f_scores, f_groups = faiss_groupby(queries, uris, args.k, max_group)
-        t_faiss = time.perf_counter() - t0
-    print(f"[run] faiss IndexFlatIP + group-by (K={args.k * max_group}): {t_faiss:.1f}s", flush=True)
+    def with_faiss(i):
+        with h.MemorySampler(uss=True) as mem, h.CpuClock() as cpu:
+            t0 = time.perf_counter()
+            kept["faiss"] = faiss_groupby(queries, uris, args.k, max_group)
+            seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "cpu": cpu.seconds, "used": mem.used_delta}
 
-    with b.MemorySampler(uss=True) as mem_ours, b.CpuClock() as cpu_ours:
-        t0 = time.perf_counter()
-        lay = engine.layout(uris, group_column="label", partitions=args.partitions)
-        layout_done = threading.Thread(target=ray.wait, args=(lay.partitions,),  # timed aside: no barrier
-                                       kwargs={"num_returns": len(lay.partitions), "fetch_local": False})
-        layout_done.start()
-        blocks = [queries[lo:lo + args.query_block] for lo in range(0, len(queries), args.query_block)]
-        refs = engine.search(lay, blocks, TopK(args.k))
-        layout_done.join()
-        t_layout = time.perf_counter() - t0
-        merged = ray.get(refs)
-        o_scores, o_groups = (np.concatenate(x) for x in zip(*merged))
-        t_ours = time.perf_counter() - t0
-    stats = lay.stats()
-    print(f"[run] mieb-ray top-k engine: {t_ours:.1f}s (layout {t_layout:.1f}s)", flush=True)
+    def ours(i):
+        with h.MemorySampler(uss=True) as mem, h.CpuClock() as cpu:
+            t0 = time.perf_counter()
+            lay = engine.layout(uris, group_column="label", partitions=args.partitions)
+            layout_done = threading.Thread(target=ray.wait, args=(lay.partitions,),  # timed aside: no barrier
+                                           kwargs={"num_returns": len(lay.partitions), "fetch_local": False})
+            layout_done.start()
+            blocks = [queries[lo:lo + args.query_block] for lo in range(0, len(queries), args.query_block)]
+            refs = engine.search(lay, blocks, TopK(args.k))
+            layout_done.join()
+            t_layout = time.perf_counter() - t0
+            kept["ours"] = tuple(np.concatenate(x) for x in zip(*ray.get(refs)))
+            seconds = time.perf_counter() - t0
+        kept["stats"] = lay.stats()
+        return {"seconds": seconds, "cpu": cpu.seconds, "layout": t_layout, "used": mem.used_delta,
+                "ray_rss": mem.ray_rss, "task_rss": mem.task_rss, "task_uss": mem.task_uss}
 
-    same = float((o_groups == f_groups).all(axis=1).mean())
-    rows = [[f"faiss-cpu IndexFlatIP brute force (K={args.k * max_group}) + group-by", f"{t_faiss:.1f}",
-             f"{cpu_faiss.seconds:.1f}", "n/a",
-             b.gib(mem_faiss.used_delta), "n/a (one process)", "n/a", "n/a", "1.00"],
-            [f"mieb-ray top-k engine ({stats['partitions']} partitions, {stats['map_tasks']} map tasks, query blocks "
-             f"of {args.query_block})", f"{t_ours:.1f}", f"{cpu_ours.seconds:.1f}", f"{t_layout:.1f}",
-             b.gib(mem_ours.used_delta),
-             b.gib(mem_ours.ray_rss), b.gib(mem_ours.task_rss), b.gib(mem_ours.task_uss),
-             f"{t_ours / t_faiss:.2f} ({cpu_ours.seconds / cpu_faiss.seconds:.2f} in CPU seconds)"]]
-    print("\n" + "=" * 100)
-    print(f"### Group-max top-{args.k}: {args.queries:,} queries x {args.images:,} images ({args.dim}-d) in "
-          f"{args.groups:,} groups\n")
-    print(b.markdown_table(["contender", "seconds", "CPU seconds", "layout done at (s)", "peak system used (rise)",
-                            "peak Ray workers RSS (sum)", "peak RSS per task (largest worker)",
-                            "peak private (USS) per task", "x faiss"], rows))
-    print(f"\n**mieb-ray / faiss = {t_ours / t_faiss:.2f} (target <= 1.13)**; corpus bytes read / corpus bytes = "
-          f"{stats['bytes_opened'] / stats['corpus_bytes']:.2f} ({stats['bytes_opened']:,} of "
-          f"{stats['corpus_bytes']:,} bytes, {stats['shards']} shards opened once each); queries whose "
-          f"top-{args.k} groups agree exactly: {same:.1%}\n")
-    b.footer("Corpus shards written before timing (not timed); Ray start-up excluded (it includes importing the engine "
-             "and torch in each Ray worker, as faiss is imported before its run).",
-             f"Load average (1 min) before / after the timed runs: {load_before:.2f} / {os.getloadavg()[0]:.2f}.",
-             b.MemorySampler.METHOD,
-             f"faiss {faiss.__version__}")
+    def peak(key):
+        return lambda r: h.gib(max(r.extra(key))) if r.extra(key) else "n/a"
+
+    bench = h.Benchmark(
+        "eval_scale", f"Group-max top-{args.k}: {args.queries:,} queries x {args.images:,} images ({args.dim}-d) in "
+        f"{args.groups:,} groups", [
+            h.Contender("faiss", f"faiss-cpu IndexFlatIP brute force (K={args.k * max_group}) + group-by, one process: "
+                        "read the shards, normalise, add, search", call=with_faiss),
+            h.Contender("mieb-ray", f"the top-k engine (query blocks of {args.query_block}): layout pass (map tasks "
+                        "read each shard once, partitions sorted by group), score tasks, tree of exact top-k merges",
+                        call=ours, baseline="faiss")],
+        group="Eval", ratio=("mieb-ray", "faiss"), repeat=args.repeat,
+        columns=[("CPU seconds (runs)", lambda r: ", ".join(f"{c:.1f}" for c in r.extra("cpu"))),
+                 ("layout done at (s)", lambda r: ", ".join(f"{c:.1f}" for c in r.extra("layout")) or "n/a"),
+                 ("peak system used (rise)", peak("used")), ("peak Ray workers RSS (sum)", peak("ray_rss")),
+                 ("peak RSS per task (largest worker)", peak("task_rss")),
+                 ("peak private (USS) per task", peak("task_uss"))])
+    record = h.run(bench)
+    stats = kept["stats"]
+    cpu_ratio = min(record["mieb-ray"].extra("cpu")) / min(record["faiss"].extra("cpu"))
+    agree = (kept["ours"][1] == kept["faiss"][1]).all(axis=1).mean()
+    record.finish(figures={
+        "target": "mieb-ray / faiss <= 1.13", "mieb-ray / faiss in CPU seconds (least)": round(cpu_ratio, 2),
+        "engine": f"{stats['partitions']} partitions, {stats['map_tasks']} map tasks",
+        "corpus bytes read / corpus bytes": f"{stats['bytes_opened'] / stats['corpus_bytes']:.2f} "
+        f"({stats['bytes_opened']:,} of {stats['corpus_bytes']:,} bytes, {stats['shards']} shards)",
+        f"queries whose top-{args.k} groups agree exactly": f"{agree:.1%}",
+        "faiss": faiss.__version__}, notes=[
+        "Corpus shards written before timing (not timed); Ray start-up excluded (it includes importing the engine "
+        "and torch in each Ray worker, as faiss is imported before its run).", h.MemorySampler.METHOD])
 
 
 if __name__ == "__main__":

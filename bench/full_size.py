@@ -42,6 +42,7 @@ of it the audit at 0.05; --scale 1.0: an hour or more):
     .venv/bin/python bench/full_size.py --scale 0.01                      # a quick check
     .venv/bin/python bench/full_size.py --scale 0.1 --stages build,embed,audit
     .venv/bin/python bench/full_size.py                                    # full size; the audit at 0.05
+Run through the harness (wrapped): what it prints becomes bench/records/full_size.json (--records DIR elsewhere).
 """
 
 from __future__ import annotations
@@ -595,7 +596,7 @@ def main_row(r: dict, scale: float) -> list:
 
 
 def report(args, results: list[dict], problem: str | None) -> None:
-    import _baselines as b
+    import harness as h
 
     ok = [r for r in results if "error" not in r]
     main = [main_row(r, args.scale) for r in ok]
@@ -604,7 +605,7 @@ def report(args, results: list[dict], problem: str | None) -> None:
                f"{p['full_wall']:,.0f}", f"{p['tasks']:,}" if p["tasks"] else ""] for r in ok for p in r["phases"]]
     print("\n" + "=" * 100)
     print(f"### Full-size rehearsal (issue 29): scale {args.scale:g} of the real rows, tiny payloads\n")
-    print(b.markdown_table(["stage", "rows", "wall s", "CPU s", "rows / CPU-s", "driver peak RSS",
+    print(h.markdown_table(["stage", "rows", "wall s", "CPU s", "rows / CPU-s", "driver peak RSS",
                             "largest task RSS", "read ÷ input", "spilled"], main))
     print()
     for r in ok:
@@ -613,10 +614,10 @@ def report(args, results: list[dict], problem: str | None) -> None:
     if problem:
         print(f"- {problem}")
     print("\n#### Phases, and each projected to full size on this machine (its cost x scale^-p)\n")
-    print(b.markdown_table(["stage", "phase", "wall s", "CPU s", "p", "full size: CPU s", "full size: wall s here",
+    print(h.markdown_table(["stage", "phase", "wall s", "CPU s", "p", "full size: CPU s", "full size: wall s here",
                             "tasks at full size (if few)"], phases))
     print(f"\n#### Cost model: full size on a {CLUSTER_CORES}-core, {CLUSTER_GPUS}-GPU cluster\n")
-    print(b.markdown_table(["stage", "rows at full size", "full size here (projected wall)",
+    print(h.markdown_table(["stage", "rows at full size", "full size here (projected wall)",
                             "full size: CPU s of per-row work", "rows / CPU-s of per-row work",
                             f"on {CLUSTER_CORES} cores: start-up + CPU / min({CLUSTER_CORES}, tasks)", "GPU"],
                            [cost_line(r) for r in ok]))
@@ -642,7 +643,7 @@ sampled every {SAMPLE_S} s per process (a process's last {SAMPLE_S} s is missed)
 (page cache, Python's imports, Ray's sockets and pipes) over the bytes of the stage's input files; the largest
 task RSS is the peak of any one `ray::` process, the object-store pages it maps included.
 """)
-    b.footer(f"Each stage: `prepare` (inputs, cached in {args.work}, not timed) then `run` in a fresh process "
+    h.footer(f"Each stage: `prepare` (inputs, cached in {args.work}, not timed) then `run` in a fresh process "
              "(build, embed and audit start their own local Ray; the eval stages run as `mieb-ray` does); wall time "
              "from spawn to exit.")
 
@@ -682,4 +683,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:  # a stage's process, not the benchmark
+        main()
+    else:
+        import harness
+
+        harness.wrap(main, "full_size", "Full-size rehearsal: every job at its real row counts", group="Full size")

@@ -42,8 +42,13 @@ Sets:
             figure weights each kind's time per image by its rows in mieb-train (mieb_ray/sources/catalog.py,
             mapped to kinds by MIX_KINDS). Images/s of the mix = 1 / sum(share * seconds per image).
 
+Prints the harness table (bench/harness.py: per contender, the CPU seconds per image of every run, on
+mieb-train's mix weighted by rows, or on the 1600x1200 JPEGs without the mix) with the per-kind table beside it,
+and writes bench/records/preprocess.json.
+
 Run from the repository root (the lead's figures: on a quiet machine):
     .venv/bin/python bench/preprocess.py --torchvision-python tvenv/bin/python
+    .venv/bin/python bench/preprocess.py --sets mix --per-kind 8 --repeat 1 --records /tmp/records   # a smoke run
 where tvenv is a separate venv whose transformers can use torchvision (PyPI's torchvision does not import beside
 torch 2.13.0): python3 -m venv tvenv && tvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 transformers==5.24.0
 """
@@ -53,14 +58,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness as h
 import numpy as np
 
 FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
@@ -385,23 +389,6 @@ def centred_cosine(ours, ref):
     return (a * b).sum(1) / a.norm(dim=1) / b.norm(dim=1)
 
 
-def machine_facts() -> list[str]:
-    import PIL
-    import torch
-    import transformers
-    from PIL import features
-
-    from mieb_ray.encode import preprocess
-
-    sj = preprocess.simplejpeg
-    with open("/proc/cpuinfo") as f:
-        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    return [f"CPUs: {os.cpu_count()} ({model}); {platform.platform()}",
-            f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Pillow {PIL.__version__} (libjpeg-turbo {features.version('libjpeg_turbo')}), numpy {np.__version__}, "
-            f"simplejpeg {getattr(sj, '__version__', 'absent')}"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="1600x1200 JPEGs, half smooth, half sharp")
@@ -415,11 +402,14 @@ def main() -> None:
     ap.add_argument("--baseline", help="another preprocess.py whose load_images to time beside this one's")
     ap.add_argument("--pillow-resize", action="store_true", help="also load_images through Pillow's resize")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    h.add_records_option(ap)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.batch)
 
+    import PIL
     import torch
+    from PIL import features
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     from mieb_ray.encode import preprocess
@@ -457,7 +447,7 @@ def main() -> None:
         uint8.append("mieb-ray, Pillow resize")
     if args.vips:
         contenders["pyvips"] = lambda b: run_vips(spec, b, args.batch)
-    tv, tmp = None, None
+    tv, tmp, tv_facts = None, None, None
     if args.torchvision_python and Path(args.torchvision_python).exists():
         tmp = tempfile.TemporaryDirectory()
         for name in names:
@@ -466,23 +456,60 @@ def main() -> None:
             for i, b in enumerate(blobs[name]):
                 (d / f"{i:05d}").write_bytes(b)
         tv = TorchvisionWorker(args.torchvision_python, Path(tmp.name), args.batch)
-        print(f"processor (torchvision): {tv.facts}")
+        tv_facts = tv.facts
+        print(f"processor (torchvision): {tv_facts}")
     else:
         print(f"NOTE: processor (torchvision) skipped: --torchvision-python {args.torchvision_python or '(not given)'} "
               "is not an interpreter here (it needs transformers with torchvision)")
     order = list(contenders) + (["processor (torchvision)"] if tv else [])
 
-    times = {(c, n): [] for c in order for n in names}
     for fn in contenders.values():  # warm up (imports, first allocations)
         fn(blobs[names[0]][:2])
-    for r in range(args.repeat):
-        for name in names:
-            for c in order:  # interleaved: a busy moment hurts every contender alike
+
+    def headline(per: dict[str, float]) -> float:
+        """CPU seconds per image of one run: mieb-train's mix weighted by rows, else the 1600x1200 JPEGs' mean."""
+        if "mix" in groups:
+            return sum(weights[g] * per[f"mix/{g}"] for g in groups["mix"])
+        return float(np.mean(list(per.values())))
+
+    def timed(c: str):
+        def call(i):
+            per = {}
+            for name in names:
                 if c == "processor (torchvision)":
-                    times[c, name].append(tv.seconds(name.replace("/", "__").replace(" ", "_")))
+                    seconds = tv.seconds(name.replace("/", "__").replace(" ", "_"))
                 else:
-                    times[c, name].append(cpu_seconds(lambda: contenders[c](blobs[name])))
-        print(f"repeat {r + 1}/{args.repeat} done", flush=True)
+                    seconds = cpu_seconds(lambda: contenders[c](blobs[name]))
+                per[name] = seconds / len(blobs[name])
+            return {"seconds": headline(per), "per_image": per}
+        return call
+
+    includes = {
+        "processor (PIL)": "`CLIPImageProcessorPil()` on `Image.open(bytes)`: decode, convert_rgb, PIL resize, crop, "
+                           "rescale, normalise in numpy",
+        "mieb-ray": "`load_images` (simplejpeg/Pillow decode, torch's antialiased uint8 resize per size group, crop) "
+                    "+ `normalize`",
+        "mieb-ray, Pillow decode": "the same with every image decoded by Pillow (simplejpeg hidden)",
+        "mieb-ray load_images only": "uint8, no normalise: the CPU work of the embed job's decode tasks",
+        "decode floor": "the decode alone, as mieb-ray decodes (`preprocess._open`)",
+        "baseline load_images only": f"load_images of {args.baseline}, uint8",
+        "mieb-ray, Pillow resize": "load_images with every image through Pillow's resize, uint8",
+        "pyvips": "libvips `thumbnail_buffer` + mieb-ray's normalize",
+        "processor (torchvision)": "`CLIPImageProcessor()` with transformers' torchvision backend, in "
+                                   f"{args.torchvision_python}",
+    }
+    bench = h.Benchmark(
+        "preprocess", "Embed preprocessing, one core, CPU seconds per image "
+        + ("on mieb-train's mix (weighted by rows)" if "mix" in groups else "on 1600x1200 JPEGs")
+        + f": sets {', '.join(groups)}, batches of {args.batch}", [
+            h.Contender(c, includes[c], call=timed(c),
+                        baseline=None if c in ("processor (PIL)", "decode floor") else
+                        "decode floor" if c in uint8 else "processor (PIL)")
+            for c in order], group="Embed", repeat=args.repeat, unit="CPU s per image",
+        ratio=("mieb-ray load_images only", "decode floor"),
+        columns=[("img/s (fastest)", lambda r: f"{1 / r.fastest:,.0f}")])
+    record = h.run(bench)
+    times = {(c, n): [e["per_image"][n] * len(blobs[n]) for e in record[c].extras] for c in order for n in names}
 
     per_image = {(c, n): min(t) / len(blobs[n]) for (c, n), t in times.items()}  # best-of-N, s per image
     quality = {}
@@ -542,26 +569,20 @@ def main() -> None:
     header = ["set / kind", "n", "mean KB"] + [f"{c} img/s" for c in order] + [
         "time ÷ decode floor: " + " / ".join(["mieb-ray", *(c.removeprefix("mieb-ray ") for c in uint8)]),
         "mieb-ray: min centred cos / max / mean levels", "torchvision: same", "pyvips: same"]
-    table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    table += ["| " + " | ".join(r) + " |" for r in rows]
     mix_lines = [f"{k}: {weights[k]:.2%} of rows ({', '.join(s for s, (kk, _) in MIX_KINDS.items() if kk == k)})"
                  for k in KINDS]
-    print("\n" + "\n".join([
-        "## Embed: preprocessing (decode + resize + crop + normalise), one core",
-        "",
-        *table,
-        "",
-        "Every contender from the same bytes to normalised float32 pixel_values; CPU time of one thread, fastest of "
-        f"{args.repeat} interleaved runs, batches of {args.batch} images of one kind. processor (PIL): "
-        "`CLIPImageProcessorPil()`; processor (torchvision): `CLIPImageProcessor()` with transformers' torchvision "
-        "backend; both on `Image.open(bytes)`. mieb-ray: `load_images` (JPEG decode by simplejpeg at Pillow's draft "
-        f"scale for >= {preprocess.DRAFT_FACTOR}x the resized size; torch's antialiased uint8 resize per size "
-        "group; crop) + "
-        "`normalize`. Mix weights (rows of mieb-train): " + "; ".join(mix_lines) + ".",
-        "",
-        f"Command: `{' '.join([os.path.relpath(sys.executable), os.path.relpath(sys.argv[0]), *sys.argv[1:]])}`  ",
-        *[f + "  " for f in machine_facts()],
-    ]))
+    sj = preprocess.simplejpeg
+    record.finish(figures={
+        "tables": [{"title": "Per set and kind: img/s per core, fastest run (x processor (PIL)); quality against "
+                             "processor (PIL)", "header": header, "rows": rows}],
+        "versions": f"Pillow {PIL.__version__} (libjpeg-turbo {features.version('libjpeg_turbo')}), simplejpeg "
+                    f"{getattr(sj, '__version__', 'absent')}"
+                    + (f"; processor (torchvision): {tv_facts}" if tv_facts else "")}, notes=[
+        "Every contender from the same bytes to normalised float32 pixel_values (the uint8 ones to uint8); CPU time "
+        f"of one thread, {args.repeat} runs interleaved, batches of {args.batch} images of one kind; the per-kind "
+        f"table takes the fastest run of each kind. mieb-ray decodes JPEGs by simplejpeg at Pillow's draft scale "
+        f"for >= {preprocess.DRAFT_FACTOR}x the resized size.",
+        "Mix weights (rows of mieb-train): " + "; ".join(mix_lines) + "."])
 
 
 if __name__ == "__main__":

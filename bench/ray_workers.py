@@ -10,7 +10,8 @@ Each run is a fresh `python -m mieb_ray embed --executor ray` process, timed fro
 the model load, and 68 units of 2-3 rows (a 137-row table built from the fixture mirror, --rows-per-shard 3)
 through read tasks (1 CPU each), one encoder actor (0.5 CPU) and commit tasks (0.25 CPU). The worker processes
 Ray started, and those that ended for being idle, are counted from the run's Ray logs (RAY_TMPDIR per run).
-The two alternate, --repeat times each.
+The two alternate, --repeat times each. Prints the harness table (bench/harness.py) and writes
+bench/records/ray_workers.json.
 
 Run from the repository root:
     .venv/bin/python bench/ray_workers.py --work /tmp/rw
@@ -25,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-import _baselines as b  # first: sets RAY_AUTH_MODE before Ray is imported
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 
 from mieb_ray.runtime.cluster import worker_soft_limit
 
@@ -43,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work" / "ray_workers")
+    h.add_records_option(ap)
     args = ap.parse_args()
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -54,39 +56,38 @@ def main() -> None:
     print("[setup] fixture mirror, tiny CLIP, the 137-row train table ...", flush=True)
     make_mirror(str(work / "mirror"), rows=6)
     model = make_tiny_clip(str(work / "clip"))
-    env = b.fresh_process_env()
-    b.run_process([sys.executable, "-m", "mieb_ray", "build", "--sources", str(work / "mirror"),
+    env = h.fresh_process_env()
+    h.run_process([sys.executable, "-m", "mieb_ray", "build", "--sources", str(work / "mirror"),
                    "--out", str(work / "train"), "--rows-per-shard", "4"], {**env, "RAY_TMPDIR": str(work / "tb")})
 
     cpus = os.cpu_count() or 1
-    contenders = {"Ray's default": {"RAY_num_workers_soft_limit": "-1"}, "mieb-ray": {}}
-    runs = {name: [] for name in contenders}
-    for i in range(args.repeat):
-        for name, extra in contenders.items():
+    limits = {"Ray's default": ({"RAY_num_workers_soft_limit": "-1"}, "-1 (Ray's default)"),
+              "mieb-ray": ({}, worker_soft_limit(cpus))}
+
+    def embed(name: str):
+        def call(i):
             tag = f"{i}-{'ours' if name == 'mieb-ray' else 'default'}"
             tmp, out = work / f"ray-{tag}", work / f"out-{tag}"
             tmp.mkdir()
             argv = [sys.executable, "-m", "mieb_ray", "embed", "--input", str(work / "train"), "--out", str(out),
                     "--model", model, "--rows-per-shard", "3", "--executor", "ray", "--gpus-per-worker", "0",
                     "--cpus-per-worker", "0.5"]
-            seconds = b.run_process(argv, {**env, **extra, "RAY_TMPDIR": str(tmp)})
-            runs[name].append((seconds, *workers(tmp)))
-            print(f"[run {i + 1}] {name}: {seconds:.1f}s, worker processes started / ended idle: "
-                  f"{runs[name][-1][1]} / {runs[name][-1][2]}", flush=True)
+            seconds = h.run_process(argv, {**env, **limits[name][0], "RAY_TMPDIR": str(tmp)})
+            started, idle = workers(tmp)
+            return {"seconds": seconds, "started": started, "idle": idle}
+        return call
 
-    best = {name: min(r) for name, r in runs.items()}
-    limits = {"Ray's default": "-1 (Ray's default)", "mieb-ray": worker_soft_limit(cpus)}
-    rows = [[name, limits[name], f"{s:.1f}", started, idle, f"{best[next(iter(best))][0] / s:.2f}"]
-            for name, (s, started, idle) in best.items()]
-    print("\n" + "=" * 100)
-    print(f"### Idle Ray workers: `mieb-ray embed --executor ray`, 137 rows in 68 units, one node of {cpus} CPUs\n")
-    print(b.markdown_table(["worker limit", "workers kept (num_workers_soft_limit)", "seconds (fastest)",
-                            "worker processes started", "of them ended for being idle", "speed vs Ray's default"],
-                           rows))
-    print("\nAll runs (seconds, workers started / ended idle): " + "; ".join(
-        f"{n}: " + ", ".join(f"{s:.1f} s ({w} / {d})" for s, w, d in r) for n, r in runs.items()) + "\n")
-    b.footer("Each a fresh process from spawn to exit: Ray's start-up, model load, read, encode and commit of the "
-             "68 units, the manifest.")
+    bench = h.Benchmark(
+        "ray_workers", f"Idle Ray workers: `mieb-ray embed --executor ray`, 137 rows in 68 units, one node of {cpus} "
+        "CPUs", [h.Contender(name, f"a fresh process, spawn to exit, num_workers_soft_limit {limits[name][1]}: Ray's "
+                             "start-up, model load, read, encode and commit of the 68 units, the manifest",
+                             call=embed(name), baseline=None if name == "Ray's default" else "Ray's default")
+                 for name in limits],
+        group="Embed", ratio=("mieb-ray", "Ray's default"), repeat=args.repeat,
+        columns=[("worker processes started (runs)", lambda r: ", ".join(map(str, r.extra("started")))),
+                 ("of them ended for being idle (runs)", lambda r: ", ".join(map(str, r.extra("idle"))))])
+    h.run(bench).finish(notes=["Worker processes started, and those that ended for being idle, counted from each "
+                               "run's Ray logs (RAY_TMPDIR per run)."])
 
 
 if __name__ == "__main__":

@@ -7,21 +7,28 @@ image. The embeddings are the model's, computed in this process with transformer
 
 For each threshold it prints recall (planted pairs at or above it) and precision (planted among all pairs at
 or above it), the lowest planted cosine and the highest distinct one: the threshold is calibrated when a value
-separates them. Run from the repository root:
-    .venv/bin/python bench/audit_threshold.py --model NAME_OR_PATH
-    .venv/bin/python bench/audit_threshold.py --tiny     # a tiny random CLIP: shows the method, not a threshold
+separates them. Run through the harness (wrapped): what it prints becomes bench/records/audit_threshold.json.
+Run from the repository root:
+    .venv/bin/python bench/calibration/audit_threshold.py --model NAME_OR_PATH
+    .venv/bin/python bench/calibration/audit_threshold.py --tiny   # a tiny random CLIP: the method, not a threshold
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import sys
 import tempfile
+from pathlib import Path
 
-import _baselines as b
-import numpy as np
-from PIL import Image
-from planted import PLANTS, _plant, encode, tiles
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the harness
+
+import harness as h  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+h.use_test_fixtures()
+from planted import PLANTS, _plant, encode, tiles  # noqa: E402
 
 THRESHOLDS = (0.80, 0.85, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # PNG -> JPEG needs a PNG train image: these train tiles are JPEGs, whose re-encode the quality change covers
@@ -70,13 +77,13 @@ def main() -> None:
     print("\n" + "=" * 100)
     print(f"### Near-duplicate threshold for {'a tiny random CLIP' if args.tiny else model}: {len(train)} tiles, "
           f"{len(copies)} planted copies ({', '.join(KINDS)}), {distinct.size:,} distinct pairs\n")
-    print(b.markdown_table(["cosine >=", "recall", "precision", "distinct pairs flagged"], rows))
+    print(h.markdown_table(["cosine >=", "recall", "precision", "distinct pairs flagged"], rows))
     print(f"\nLowest planted cosine {planted.min():.4f} (per change: "
           + ", ".join(f"{k} {v:.4f}" for k, v in per_kind.items())
           + f"); highest distinct cosine {distinct.max():.4f}: "
           + ("**separable**" if planted.min() > distinct.max() else "**not separable by any threshold**") + "\n")
-    b.footer()
+    h.footer()
 
 
 if __name__ == "__main__":
-    main()
+    h.wrap(main, "audit_threshold", "Near-duplicate threshold on planted pairs", kind="calibration", group="Audit")

@@ -3,7 +3,8 @@
 import mteb, load the subsets and the embeddings (as tests/mteb_reference.py does: our loader for the data, an
 encoder that looks the embeddings up), `mteb.evaluate` of BioVITAT2IReranking, write the TaskResult JSON.
 
-    .venv/bin/python bench/mteb_biovita_call.py --data ROOT --image-embeddings IMG --text-embeddings TXT --out FILE
+    .venv/bin/python bench/contenders/mteb_biovita_call.py --data ROOT --image-embeddings IMG \
+        --text-embeddings TXT --out FILE
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mteb  # noqa: E402,F401  imported up front: part of the call's cost
 from mteb_reference import mteb_scores  # noqa: E402

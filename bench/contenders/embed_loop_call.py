@@ -4,7 +4,7 @@ What a user writes instead of the embed job: import torch and transformers, read
 (pyarrow), a DataLoader (2 workers) whose dataset opens each image with PIL and runs CLIPProcessor,
 get_image_features in float32 with 2 torch threads, L2-normalise, save the embeddings (.npy).
 
-    .venv/bin/python bench/embed_loop_call.py --input TABLE_DIR --model MODEL_DIR --out FILE.npy [--batch 32]
+    .venv/bin/python bench/contenders/embed_loop_call.py --input TABLE_DIR --model MODEL_DIR --out FILE.npy [--batch 32]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import mteb; per task, load its eval split from the mirror with `datasets` (thro
 user's warm hub cache), `mteb.evaluate` with an encoder that looks the precomputed embeddings up, write the
 TaskResult JSON mteb writes (tests/mteb_reference.py).
 
-    .venv/bin/python bench/mteb_zeroshot_call.py --tasks A,B --data ROOT --image-embeddings IMG \
+    .venv/bin/python bench/contenders/mteb_zeroshot_call.py --tasks A,B --data ROOT --image-embeddings IMG \
         --text-embeddings TXT --cache DIR --out DIR
 """
 
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mteb  # noqa: E402,F401  imported up front: part of the call's cost
 import numpy as np  # noqa: E402

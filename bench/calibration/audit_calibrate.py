@@ -21,7 +21,9 @@ Prints recall per edit and threshold, precision and false pairs per threshold, t
 see (all but crops over 10% and rotations), the distances of the pairs that are not copies, and the hash stage's
 images per second on one core on mieb-train's mix (bench/preprocess.py's kinds, weighted by rows).
 
-    .venv/bin/python bench/audit_calibrate.py [--clip] [--model PATH]
+Run through the harness (wrapped): what it prints becomes bench/records/audit_calibrate.json.
+
+    .venv/bin/python bench/calibration/audit_calibrate.py [--clip] [--model PATH] [--records DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import time
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # bench/ (the harness, preprocess.py's kinds), the repository
 
 from mieb_ray.audit.fingerprints import fingerprint  # noqa: E402
 from mieb_ray.audit.matches import PDQ_COMPARED  # noqa: E402
@@ -250,4 +253,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import harness
+
+    harness.wrap(main, "audit_calibrate", "Audit detectors on real pictures", kind="calibration", group="Audit")

@@ -9,7 +9,7 @@ The mirror's images spell their row index in their one pixel (bench/eval_probe.p
 knows each image mteb hands it (the undersampled train rows come in mteb's own order) and returns its vector:
 train rows by `<slug>/<index>`, eval rows by `<slug>/<split>/<index>`, the keys of the embed outputs.
 
-    .venv/bin/python bench/mteb_probe_call.py --tasks A,B --data ROOT --image-embeddings OUT1,OUT2 \
+    .venv/bin/python bench/contenders/mteb_probe_call.py --tasks A,B --data ROOT --image-embeddings OUT1,OUT2 \
         --cache DIR --out DIR
 """
 
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mteb  # noqa: E402  imported up front: part of the call's cost
 import numpy as np  # noqa: E402
