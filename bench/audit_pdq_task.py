@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mieb_ray.audit import hamming, matches  # noqa: E402
 
-TASKS = 512  # the full audit's pdq tasks on 256 cores (audit/job.py _train_batches: two a CPU)
+TASKS = 512  # the full audit's pdq tasks on 256 cores (audit/pdq.py train_batches: two a CPU)
 
 
 def table(rng, n: int, prefix: str, task: str) -> pa.Table:

@@ -386,16 +386,16 @@ def audit_prepare_at(work: Path, scale: float) -> dict:
 
 
 def audit_run_at(work: Path, scale: float) -> dict:
-    from mieb_ray.audit import job
+    from mieb_ray.audit import hashes, join, pdq, plan
     from mieb_ray.audit.job import AuditConfig, audit
 
     prepared = audit_inputs(work, scale)
     phases = Phases()
     with phases("ray start", 0):
         start_ray(work)
-    for function, name, exponent in (("_against", "eval splits", 1), ("_hash", "hash", 1), ("_join", "join", 1),
-                                     ("_pdq", "pdq search", 2)):
-        phases.wrap(job, function, name, exponent)
+    for module, function, name, exponent in ((plan, "against_side", "eval splits", 1), (hashes, "hash_all", "hash", 1),
+                                             (join, "pairs", "join", 1), (pdq, "pairs", "pdq search", 2)):
+        phases.wrap(module, function, name, exponent)  # the job calls each phase through its module
     manifest = audit(AuditConfig(str(work / "audit" / f"train-{scale:g}"), ("mieb",), str(work / "audit" / "out"),
                                  sources=str(work / "audit" / f"eval-mirror-{scale:g}"), overwrite=True,
                                  executor="ray"), log=log)  # its planning and writing: the rest of the run
@@ -403,9 +403,9 @@ def audit_run_at(work: Path, scale: float) -> dict:
     exact = json.loads((work / "audit" / "out" / "summary.json").read_text())["totals"]["pairs"].get("exact", 0)
     corpus = prepared["eval_rows"] - sum(eval_rows(scale).values())  # BioVITA's photos: real size at any scale
     full_rows = FULL_ROWS + sum(eval_rows(1.0).values()) + corpus
-    phases.bounds["join"].append(-(-full_rows // job.PARTITION_ROWS))  # one task per join partition
-    # one task per batch of train rows: at most PDQ_BATCH_ROWS, at least two a CPU of the cluster (job._train_batches)
-    phases.bounds["pdq search"].append(max(-(-FULL_ROWS // job.PDQ_BATCH_ROWS), 2 * CLUSTER_CORES))
+    phases.bounds["join"].append(-(-full_rows // plan.PARTITION_ROWS))  # one task per join partition
+    # one task per batch of train rows: at most PDQ_BATCH_ROWS, at least two a CPU of the cluster (pdq.train_batches)
+    phases.bounds["pdq search"].append(max(-(-FULL_ROWS // pdq.PDQ_BATCH_ROWS), 2 * CLUSTER_CORES))
     return {"rows": counts["train_rows"] + counts["eval_rows"], "scale": scale, "phases": phases.bounds,
             "full_rows": full_rows,
             "train_rows": counts["train_rows"], "eval_rows": counts["eval_rows"],

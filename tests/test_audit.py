@@ -105,9 +105,9 @@ def test_pdq_is_pdqhash_of_the_prepared_pixels():
 
 
 def test_edited_copies_of_real_pictures_are_found_and_distinct_tiles_are_not():
-    """The default threshold on edits of the suite with other parameters than bench/audit_calibrate.py's: no tile
-    found, every copy found but at most one crop (a 7% crop falls between the 5% and 10% crop hashes; the bench
-    measures 0.94 recall at either)."""
+    """The default threshold on edits of the suite with other parameters than bench/calibration/audit_calibrate.py's:
+    no tile found, every copy found but at most one crop (a 7% crop falls between the 5% and 10% crop hashes; the
+    bench measures 0.94 recall at either)."""
     from PIL import ImageEnhance, ImageOps
 
     from mieb_ray.audit import matches
@@ -339,7 +339,8 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
                     for r in pq.read_table(os.path.join(dirpath, f), columns=["key", "image"]).to_pylist():
                         digest.setdefault(hashlib.sha256(r["image"]["bytes"]).hexdigest(), {}) \
                             .setdefault(side, []).append(r["key"])
-    tasks = {"cifar100": "CIFAR100ZeroShot", "dtd": "DTDZeroShot"}
+    # each eval image's task: every registered task that scores its source's eval split (registry.tasks_by_source)
+    tasks = {"cifar100": "CIFAR100ZeroShot/CIFAR100/CIFAR100Clustering", "dtd": "DTDZeroShot/DTD"}
     want = {(t, tasks[e.split("/")[0]], e, "exact") for d in digest.values() for t in d.get("train", [])
             for e in d.get("eval", [])}
     got = {p for p in _pairs(out) if p[3] == "exact"}
@@ -347,7 +348,7 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     flagged = {p[0] for p in _pairs(out)}
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
     assert summary["eval_tasks"]["BioVITAT2IReranking"]["eval_rows"] == photos["corpus"]  # audited against too
-    assert summary["eval_tasks"]["CIFAR100ZeroShot"]["eval_rows"] == 4
+    assert summary["eval_tasks"][tasks["cifar100"]]["eval_rows"] == 4
 
     clean = str(tmp_path / "clean")
     manifest = build(BuildConfig(mirror, clean, datasets=slugs, exclude=out), log=lambda _: None)

@@ -8,7 +8,7 @@
            letterbox bars (`pdq_pixels`), with the hashes of their left-right mirror and of their central 95% and
            90% (a centred crop of 5% or 10% is then the same picture), and PDQ's quality (0-100: a flat image, a
            blank frame, has little of it): the pdq detector, which catches re-encodes, resizes, centred crops of
-           up to 10%, mirrors, borders, colour and brightness edits (bench/audit_calibrate.py).
+           up to 10%, mirrors, borders, colour and brightness edits (bench/calibration/audit_calibrate.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
 # (train hash, eval hash) compared: the pictures, one the mirror of the other, one a centred crop of the other
 PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
                 ("pdq", "pdq_c90"))
-PDQ_THRESHOLD = 31  # Hamming distance of 256 bits (ThreatExchange's PDQ match distance): bench/audit_calibrate.py
+PDQ_THRESHOLD = 31  # Hamming distance of 256 bits, ThreatExchange's PDQ match distance (bench/calibration/)
 MIN_QUALITY = 50  # PDQ hashes of lower quality (flat images) take no part in the pdq detector
 HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", pa.binary(32)),
                          ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)), ("pdq_c95", pa.binary(32)),

@@ -1,0 +1,91 @@
+"""The pdq detector's search: every train x eval pair within matches.PDQ_THRESHOLD bits, exactly. The eval side's
+PDQ hashes are read once into the object store and indexed once (matches.pdq_side: about 630 bytes a row), then
+a CPU task per batch of train hash files, each file read once, searches it by multi-index hashing
+(audit/hamming.py). For `--against self`, the train side is searched against itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mieb_ray.audit import duplicates, matches
+from mieb_ray.audit.hashes import HashFiles, read_columns
+from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import read_cluster
+
+PDQ_COLUMNS = ["key", "eval_task", *matches.PDQ_HASHES, "pdq_quality"]
+PDQ_BATCH_ROWS = 100_000  # train hash rows one pdq task reads
+
+
+@tasks.remote(num_cpus=1)
+def _indexed(uris: list[str]) -> matches.PdqSide:
+    """The side every train batch is searched against, read and made ready once."""
+    return matches.pdq_side(read_columns(uris, PDQ_COLUMNS))
+
+
+@tasks.remote(num_cpus=1)
+def _batch_pairs(uris: list[str], against: matches.PdqSide) -> tuple[pa.Table, list[dict]]:
+    return matches.pdq_pairs(read_columns(uris, PDQ_COLUMNS), against)
+
+
+@tasks.remote(num_cpus=1)
+def _batch_links(uris: list[str], every: matches.PdqSide) -> list:
+    return duplicates.pdq_links(matches.pdq_pairs(read_columns(uris, PDQ_COLUMNS), every)[0])
+
+
+def train_batches(hashed: HashFiles) -> list[list[str]]:
+    """The train hash files in batches (each file read once): at most PDQ_BATCH_ROWS rows, and at least two batches
+    a CPU of the cluster at its largest, so that the search, the audit's longest step, spreads over all of them
+    (the full audit's 4.4M train rows in 100,000-row batches were 45 tasks of 40 minutes each, whatever the
+    cluster: bench/full_size.py)."""
+    cpus = read_cluster().max_cpus if tasks.mode() == "ray" else os.cpu_count() or 1
+    total = sum(r["rows"] for r in hashed.records["train"])
+    size = max(1, min(PDQ_BATCH_ROWS, -(-total // max(1, int(2 * cpus)))))
+    batches, batch, rows = [], [], 0
+    for uri, r in zip(hashed.uris("train"), hashed.records["train"]):
+        batch.append(uri)
+        rows += r["rows"]
+        if rows >= size:
+            batches.append(batch)
+            batch, rows = [], 0
+    return batches + ([batch] if batch else [])
+
+
+def pairs(hashed: HashFiles, log) -> tuple[pa.Table, list[dict]]:
+    """The pdq pairs, and the groups of more than matches.GROUP_CAP pairs."""
+    t0 = time.time()
+    against = _indexed.remote(hashed.uris("against"))
+    batches = train_batches(hashed)
+    found = tasks.get([_batch_pairs.remote(b, against) for b in batches])
+    table = pa.concat_tables([f[0] for f in found] or [matches.PAIR_SCHEMA.empty_table()])
+    groups = _merged([g for f in found for g in f[1]])
+    single = pc.sum(pc.is_null(table["group"])).as_py() or 0
+    log(f"[audit] pdq (Hamming distance <= {matches.PDQ_THRESHOLD} of 256 bits): {single} pairs"
+        + (f" and {len(groups)} groups" if groups else "") + f" from {len(batches)} train batches in "
+        f"{time.time() - t0:.1f}s")
+    return table, groups
+
+
+def _merged(groups: list[dict]) -> list[dict]:
+    """One entry per group id: a group found by several train batches (its rows in each) counted once."""
+    out: dict[int, dict] = {}
+    for g in groups:
+        if g["group"] in out:
+            seen = out[g["group"]]
+            seen["train_rows"] += g["train_rows"]
+            seen["pairs"] = seen["train_rows"] * seen["eval_images"]
+            seen["train_sample"] = (seen["train_sample"] + g["train_sample"])[:matches.GROUP_SAMPLE]
+        else:
+            out[g["group"]] = dict(g)
+    return list(out.values())
+
+
+def links(hashed: HashFiles) -> list:
+    """`--against self`: the ("pdq", key, key) links of every train batch searched against the whole train side."""
+    every = _indexed.remote(hashed.uris("train"))
+    return [link for found in tasks.get([_batch_links.remote(b, every) for b in train_batches(hashed)])
+            for link in found]
