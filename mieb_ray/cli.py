@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import signal
 import sys
-import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 from mieb_ray import __version__, flags
-from mieb_ray.audit.job import DEFAULT_THRESHOLD, AuditConfig, audit
+from mieb_ray.audit.job import AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.evals import registry
-from mieb_ray.evals.job import evaluate
-from mieb_ray.formats import AUDIT_ERRORS, BUILD_DETECTORS, DETECTORS, PAIRS, REPORT, SUMMARY
+from mieb_ray.evals.job import EvalConfig, evaluate
+from mieb_ray.formats import DETECTORS
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
-from mieb_ray.runtime import cluster
+from mieb_ray.runtime import cluster, quiet
 from mieb_ray.runtime.output import no_empty_folder_on_failure
-from mieb_ray.runtime.pools import PoolRequest
-from mieb_ray.sources import SOURCES, TOTAL_ROWS, select
+from mieb_ray.sources import SOURCES, select
 
 DESCRIPTION = (f"mieb-ray: build the mieb-train CLIP training set from the {len(SOURCES)} MIEB zero-shot "
                "classification datasets, encode any image or text table with a CLIP model, score embeddings on MIEB "
@@ -33,48 +29,11 @@ DESCRIPTION = (f"mieb-ray: build the mieb-train CLIP training set from the {len(
 
 def add_sources_flag(p: argparse.ArgumentParser, what: str = "") -> None:
     p.add_argument("--sources", "--data", dest="sources", default="hf", type=flags.sources,
-                   help=f"{what}'hf' for the Hugging Face hub at the pinned revisions (default), or a mirror of it: a "
-                        "root (local path or s3://bucket/prefix) holding <org>/<repo>/ folders as the hub's "
-                        "`--local-dir` downloads make them; --data is the same flag")
+                   help=f"{what}{flags.SOURCES_HELP}")
 
 
-def add_build_flags(p: argparse.ArgumentParser) -> None:
-    add_sources_flag(p)
-    p.add_argument("--out", required=True, type=flags.output, help="output root, local path or s3://bucket/prefix")
-    p.add_argument("--datasets", default=None,
-                   help=f"comma-separated dataset slugs (default: all {len(SOURCES)}): "
-                        + ", ".join(s.slug for s in SOURCES))
-    p.add_argument("--format", default="parquet", choices=["parquet", "webdataset"],
-                   help="the shards' format (docs/formats.md)")
-    # no argparse `choices`: a wrong value is then the one-line UserError of BuildConfig.check()
-    p.add_argument("--split", default="train", metavar="{train,eval}",
-                   help="train: the train splits, keys <slug>/<index> (default); eval: each task's MIEB eval split "
-                        "(test; validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
-    p.add_argument("--rows-per-shard", type=flags.count, default=10_000,
-                   help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000, "
-                        "as the WebDataset sources' tars)")
-    p.add_argument("--exclude", default=None, type=flags.existing_folder,
-                   help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other "
-                        "rows keep their keys")
-    p.add_argument("--exclude-detectors", default=BUILD_DETECTORS, type=flags.detectors,
-                   help=f"with --exclude: the detectors ({', '.join(DETECTORS)}) whose pairs leave a train row out, "
-                        f"comma-separated (default: {','.join(BUILD_DETECTORS)}; add near to trust the CLIP threshold "
-                        "too)")
-    p.add_argument("--overwrite", action="store_true", help="replace a complete build already at --out")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run: skip the units it built with the same settings (an unfinished "
-                        "output needs --resume or --overwrite)")
-    p.add_argument("--check-counts", dest="check_counts", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"fail unless each dataset has its catalog row count and all {len(SOURCES)} make "
-                        f"{TOTAL_ROWS:,} (default: on for --sources hf)")
-    p.add_argument("--max-error-rate", type=flags.fraction, default=0.001,
-                   help="fail when more than this fraction of rows cannot be built (default: 0.001); such rows are "
-                        "listed in OUT/_errors/, never silently dropped")
-    p.add_argument("--workers", type=flags.count, default=None,
-                   help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster "
-                        "can grow to)")
-    p.add_argument("--cpus-per-worker", type=flags.cpus, default=1.0, help="CPUs per shard builder (default: 1)")
-    add_executor_flag(p)
+BUILD_FLAGS = ("sources", "out", "datasets", "fmt", "split", "rows_per_shard", "exclude", "exclude_detectors",
+               "overwrite", "resume", "check_counts", "max_error_rate", "workers", "cpus_per_worker", "executor")
 
 
 def _interrupt(signum, frame):
@@ -82,12 +41,7 @@ def _interrupt(signum, frame):
 
 
 def run_build(args: argparse.Namespace) -> None:
-    config = BuildConfig(args.sources, args.out, datasets=args.datasets, fmt=args.format,
-                         rows_per_shard=args.rows_per_shard, overwrite=args.overwrite, resume=args.resume,
-                         check_counts=args.check_counts, max_error_rate=args.max_error_rate, workers=args.workers,
-                         cpus_per_worker=args.cpus_per_worker, split=args.split, exclude=args.exclude,
-                         exclude_detectors=args.exclude_detectors,
-                         executor=args.executor)
+    config = BuildConfig(**flags.values(args, BuildConfig))
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
     cluster.configure(args.address)
@@ -108,56 +62,13 @@ def run_check(args: argparse.Namespace) -> None:
     preflight.run(args.sources, args.datasets, split=args.split, check_counts=args.check_counts)
 
 
-def add_embed_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, type=flags.existing,
-                   help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; local or s3://")
-    p.add_argument("--out", required=True, type=flags.output,
-                   help="output root for the embedding shards, local or s3://")
-    p.add_argument("--model", required=True, type=flags.model,
-                   help="a hub name (e.g. openai/clip-vit-base-patch32), a local directory or an s3:// prefix holding "
-                        "what save_pretrained writes: CLIP, SigLIP, SigLIP2 or any transformers model with "
-                        "get_image_features / get_text_features (docs/embed.md); never remote code")
-    p.add_argument("--revision", default=None,
-                   help="hub commit to load (default: the pinned one for openai/clip-vit-base-patch32 and "
-                        "-large-patch14; else the hub's, recorded in the manifest)")
-    p.add_argument("--modality", default="image", choices=["image", "text"],
-                   help="what to embed: the images of --image-column or the texts of --text-column")
-    p.add_argument("--image-column", default="image",
-                   help="HF Image structs or raw bytes; in tars, the image member")
-    p.add_argument("--text-column", default="text", help="in tars, the .txt member")
-    p.add_argument("--key-column", default="key", help="in tars, the sample key")
-    p.add_argument("--carry-columns", default="",
-                   help="comma-separated input columns to copy beside each embedding (in tars: members or fields of "
-                        "the .json)")
-    p.add_argument("--batch-size", type=flags.count, default=256, help="rows per model call (default: 256)")
-    p.add_argument("--rows-per-shard", type=flags.count, default=10_000,
-                   help="most rows per output shard; an input file with more is cut into row ranges (default: "
-                        "10000; image shards hold at most 256 MB of decoded pixels)")
-    p.add_argument("--dtype", default="float32", choices=["float16", "float32"],
-                   help="stored embedding type (the model runs in bf16 on a GPU, float32 on a CPU)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run: skip the shards it committed with the same settings (an "
-                        "unfinished output needs --resume or --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace complete embeddings already at --out")
-    p.add_argument("--max-error-rate", type=flags.fraction, default=0.01,
-                   help="fail when more than this fraction of rows cannot be encoded (default: 0.01)")
-    p.add_argument("--decode", default="auto", choices=["cpu", "gpu", "auto"],
-                   help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its "
-                        "device with nvJPEG, other images by the read tasks; needs torchvision) or auto (default): "
-                        "gpu when the encoders have GPUs, torchvision imports and the model's resize filter runs "
-                        "there, else cpu (docs/embed.md)")
-    add_executor_flag(p)
-    add_pool_flags(p)
+EMBED_FLAGS = ("input", "out", "model", "revision", "modality", "image_column", "text_column", "key_column",
+               "carry_columns", "batch_size", "rows_per_shard", "dtype", "resume", "overwrite", "max_error_rate",
+               "decode", "executor", "workers", "gpus_per_worker", "cpus_per_worker")
 
 
 def run_embed(args: argparse.Namespace) -> None:
-    config = EmbedConfig(args.input, args.out, args.model, revision=args.revision, modality=args.modality,
-                         image_column=args.image_column, text_column=args.text_column, key_column=args.key_column,
-                         carry_columns=tuple(c for c in args.carry_columns.split(",") if c),
-                         batch_size=args.batch_size, rows_per_shard=args.rows_per_shard, dtype=args.dtype,
-                         resume=args.resume, overwrite=args.overwrite, max_error_rate=args.max_error_rate,
-                         workers=args.workers, gpus_per_worker=args.gpus_per_worker,
-                         cpus_per_worker=args.cpus_per_worker, decode=args.decode, executor=args.executor)
+    config = EmbedConfig(**flags.values(args, EmbedConfig))
     cluster.configure(args.address)  # no Ray yet: embed checks the config first, then picks where it runs
     embed(config)
 
@@ -170,64 +81,15 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
                        help=f"comma-separated mteb task names, or {registry.ALL} (default): "
                             + ", ".join(names[:3]) + ", ...")
     add_sources_flag(p, "where the tasks' data is read: ")
-    p.add_argument("--image-embeddings", type=flags.existing_list,
-                   help="embed output(s), comma-separated, of the images: keyed by BioVITA's corpus id, "
-                        "<slug>/<split>/<index> for the eval splits (what build --split eval writes) and, for the "
-                        "linear probe, <slug>/<index> for its train rows (mieb-train's keys)")
-    p.add_argument("--text-embeddings", type=flags.existing,
-                   help="embed output of the query texts, prompts and captions, keyed by the text itself")
-    p.add_argument("--model", type=flags.model,
-                   help="instead of the two embedding flags: embed what the tasks need with this model first "
-                        "(reused only when made from the same model commit or files, input and settings)")
-    p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--out", required=True, type=flags.output,
-                   help="output folder: <Task>.json per task (mteb's TaskResult layout), report.html, per-query ranks "
-                        "or predictions")
+    flags.add_flags(p, EvalConfig, ("images", "texts", "model", "revision", "out"))
     for setting in dict.fromkeys(s for suite in within for s in suite.settings):  # the suites' own settings
         p.add_argument(setting.flag, type=getattr(flags, setting.check), default=setting.default, help=setting.help)
     p.add_argument("--exclude", type=flags.existing_folder,
                    help="an audit output (mieb-ray audit --out): every task also scored without the eval images it "
                         "flagged (the linear probe also without the train rows it flagged), under mieb_ray.clean")
-    p.add_argument("--results-dir", type=flags.output,
-                   help="also write the TaskResults as mteb's results repository lays them out: "
-                        "DIR/<org>__<model>/<revision>/<Task>.json and model_meta.json (docs/evals.md)")
-    p.add_argument("--trained-on-mieb-train", action="store_true",
-                   help="the model was trained on mieb-train: model_meta.json's training_datasets names the MIEB "
-                        "tasks drawn from its sources, so a leaderboard does not count them as zero-shot")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run: skip the suites it scored from the same inputs and settings "
-                        "(an unfinished output needs --resume or --overwrite)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace complete results already at --out (their embeddings stay, reused when they fit)")
-    add_mixed_models_flag(p)
-    add_executor_flag(p)
-    add_pool_flags(p, "with --model: ")
+    flags.add_flags(p, EvalConfig, ("results_dir", "trained_on_mieb_train", "resume", "overwrite",
+                                    "allow_mixed_models", "executor", "workers", "gpus_per_worker", "cpus_per_worker"))
     p.set_defaults(run=run_eval, within=within)
-
-
-def add_executor_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", default="auto", choices=["auto", "ray", "local"],
-                   help="where the work runs: ray, local (in this process, Ray never started) or auto (default): in "
-                        "this process when no cluster was asked for and the work is small, else on Ray (the rule: "
-                        "docs/architecture.md)")
-
-
-def add_mixed_models_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allow-mixed-models", action="store_true",
-                   help="score embeddings whose manifests name different models (name or revision), with a warning "
-                        "(default: refused)")
-
-
-def add_pool_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    p.add_argument("--workers", type=flags.count, default=None,
-                   help=f"{prefix}encoder actors, a fixed number (default: a pool from one per GPU up now to one per "
-                        "GPU the cluster can grow to; on CPUs, one per 4 CPUs)")
-    p.add_argument("--gpus-per-worker", type=flags.gpus, default=None,
-                   help=f"{prefix}GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or can "
-                        "add GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
-    p.add_argument("--cpus-per-worker", type=flags.cpus, default=None,
-                   help=f"{prefix}CPUs (and torch threads) per encoder actor (default: 2 for a GPU encoder that "
-                        "decodes JPEGs on its device, else 1)")
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -235,49 +97,17 @@ def run_eval(args: argparse.Namespace) -> None:
     options = registry.Options(args.sources, args.exclude,
                                {s.name: getattr(args, s.name) for suite in args.within for s in suite.settings})
     cluster.configure(args.address)
-    evaluate(selected, options, args.out, model=args.model, revision=args.revision, images=args.image_embeddings,
-             texts=args.text_embeddings, allow_mixed_models=args.allow_mixed_models, executor=args.executor,
-             results_dir=args.results_dir, trained_on_mieb_train=args.trained_on_mieb_train, resume=args.resume,
-             overwrite=args.overwrite, pool=PoolRequest(args.workers, args.gpus_per_worker, args.cpus_per_worker))
+    settings = flags.values(args, EvalConfig)
+    evaluate(selected, options, settings.pop("out"), **settings)
 
 
-def add_audit_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train", required=True, type=flags.existing,
-                   help="a mieb-train output, or any Parquet/WebDataset table with key and image (local or s3://)")
-    p.add_argument("--against", required=True, type=flags.tables,
-                   help="'mieb' for the MIEB eval splits of the sources (read from --sources), 'self' for the "
-                        "groups of --train's rows that are copies of each other (duplicates.parquet), or "
-                        "comma-separated tables with key and image; a table's eval task is the last component of its "
-                        "path")
-    add_sources_flag(p, "with --against mieb, where the eval splits are read: ")
-    p.add_argument("--out", required=True, type=flags.output,
-                   help=f"output folder: {', '.join((PAIRS, SUMMARY, REPORT, AUDIT_ERRORS))}")
-    p.add_argument("--model", type=flags.model,
-                   help="find near-duplicates too: embed both sides with this CLIP model first (reused only when "
-                        "made from the same model commit or files, input and settings)")
-    p.add_argument("--revision", default=None, help="hub commit of --model")
-    p.add_argument("--train-embeddings", type=flags.existing,
-                   help="instead of --model: embed output of the train images, keyed as --train")
-    p.add_argument("--against-embeddings", type=flags.existing,
-                   help="instead of --model: embed output of the eval images, keyed as --against (mieb: "
-                        "<slug>/<split>/<index>)")
-    p.add_argument("--threshold", type=flags.cosine, default=None,
-                   help="near-duplicate cosine, at or above which a pair is reported (default: 0.95)")
-    p.add_argument("--resume", action="store_true", help="continue an unfinished run: skip the units it hashed")
-    p.add_argument("--overwrite", action="store_true", help="replace a complete audit already at --out")
-    add_mixed_models_flag(p)
-    add_executor_flag(p)
-    add_pool_flags(p, "with --model: ")
+AUDIT_FLAGS = ("train", "against", "sources", "out", "model", "revision", "train_embeddings", "against_embeddings",
+               "threshold", "resume", "overwrite", "allow_mixed_models", "executor", "workers", "gpus_per_worker",
+               "cpus_per_worker")
 
 
 def run_audit(args: argparse.Namespace) -> None:
-    config = AuditConfig(args.train, tuple(a for a in args.against.split(",") if a), args.out, sources=args.sources,
-                         model=args.model, revision=args.revision, train_embeddings=args.train_embeddings,
-                         against_embeddings=args.against_embeddings,
-                         threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
-                         allow_mixed_models=args.allow_mixed_models, resume=args.resume, overwrite=args.overwrite,
-                         workers=args.workers, gpus_per_worker=args.gpus_per_worker,
-                         cpus_per_worker=args.cpus_per_worker, executor=args.executor)
+    config = AuditConfig(**flags.values(args, AuditConfig))
     config.check()  # before Ray starts
     cluster.configure(args.address)
     audit(config)
@@ -309,14 +139,14 @@ def parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, parents=[common])
 
     b = command("build", help="build the mieb-train table from the catalog's sources")
-    add_build_flags(b)
+    flags.add_flags(b, BuildConfig, BUILD_FLAGS)
     b.set_defaults(run=run_build)
     c = command("check-sources", help="check every source in minutes, from file metadata: files, layout, "
                                       "columns, class names, rows; one table, exit 1 if any fails")
     add_check_flags(c)
     c.set_defaults(run=run_check)
     e = command("embed", help="encode the images (or texts) of a table with a CLIP model")
-    add_embed_flags(e)
+    flags.add_flags(e, EmbedConfig, EMBED_FLAGS)
     e.set_defaults(run=run_embed)
     add_eval_flags(command("eval", help="score embeddings on MIEB tasks by mteb's names (--tasks; every one: "
                                         "docs/evals.md), equal to mteb's scores"),
@@ -326,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
     add_eval_flags(command("eval-zeroshot", help="eval limited to the MIEB zero-shot classification tasks, with "
                                                  "mteb's prompts and with fixed ones"), (registry.BY_NAME["zeroshot"],))
     a = command("audit", help=f"find the train rows that duplicate an eval image (detectors: {', '.join(DETECTORS)})")
-    add_audit_flags(a)
+    flags.add_flags(a, AuditConfig, AUDIT_FLAGS)
     a.set_defaults(run=run_audit)
     d = command("demo", help="the whole flow on this machine from fixtures made on the spot: build, embed with a "
                              "tiny CLIP, eval BioVITA and a zero-shot task")
@@ -339,74 +169,7 @@ def parser() -> argparse.ArgumentParser:
 def reference() -> str:
     """docs/cli.md: every command and flag as the parser defines them, the one place flags are documented
     (tests/test_docs.py keeps the page equal to this)."""
-    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
-    lines = ["# Command-line reference", "",
-             "Generated from the parser (`mieb_ray.cli.reference()`); `mieb-ray COMMAND --help` says the same.", ""]
-    for name, command in commands.items():
-        lines += [f"## mieb-ray {name}", "", command.description, "", "| flag | default | meaning |", "|---|---|---|"]
-        for action in command._actions:
-            if not action.option_strings or action.dest == "help":
-                continue
-            default = "" if action.default in (None, argparse.SUPPRESS, False) else f"`{action.default}`"
-            flags = ", ".join(f"`{f}`" for f in action.option_strings)
-            if action.choices:
-                flags += " " + "\\|".join(f"`{c}`" for c in action.choices)
-            lines.append(f"| {flags} | {default} | {(action.help or '').replace('|', chr(92) + '|')} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-# Ray's lines that are no error of the job, as its driver writes them to this process's stderr: its C++ log
-# (`[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor with class name ... restart will fail ...`)
-# and the raylets' warnings and retry notices (`(raylet) WARNING: 10 PYTHON worker processes have been started`,
-# `(raylet) Task ... failed. There are infinite retries remaining, so the task will be retried`: a task that fails
-# for good reaches the job as an exception); a raylet's other lines (a worker killed for memory, say) pass
-_RAY_LINE = re.compile(rb"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\] [\w/.]+\.cc:\d+: |"
-                       rb"(\x1b\[\d+m)?\(raylet(, ip=[\d.]+)?\)(\x1b\[0m)? (WARNING: |Task .* will be retried))")
-
-
-@contextmanager
-def quiet():
-    """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
-    Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
-    (the workers' too: hubfs.WORKER_ENV), and the lines of Ray core's C++ log and the raylets' warnings that its
-    driver writes straight to the stdout and stderr descriptors (among them an actor pool's 'restart will fail', an
-    E line that is no error of the job: a failure reaches the job as an exception). Everything else passes, in
-    order."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "transformers" in sys.modules:  # it read the variable at import
-        sys.modules["transformers"].utils.logging.disable_progress_bar()
-    with _filtered(2, sys.stderr), _filtered(1, sys.stdout):
-        yield
-
-
-@contextmanager
-def _filtered(fd: int, stream):
-    """Descriptor `fd` through a pipe whose lines pass unless they are Ray's (_RAY_LINE)."""
-    stream.flush()
-    saved, (read, write) = os.dup(fd), os.pipe()
-    os.dup2(write, fd)
-    os.close(write)
-
-    def pump() -> None:
-        with open(read, "rb", buffering=0) as lines:
-            writable = True
-            for line in lines:  # drained to the end even when the reader went away (`| head`): no writer blocks
-                if writable and not _RAY_LINE.match(line):
-                    try:
-                        os.write(saved, line)
-                    except OSError:
-                        writable = False
-
-    thread = threading.Thread(target=pump, name=f"mieb-fd{fd}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stream.flush()
-        os.dup2(saved, fd)  # the pipe's last writer closes: the pump drains it and ends
-        thread.join(timeout=5)
-        os.close(saved)
+    return flags.reference(parser())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.set_verbose(args.verbose)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with nullcontext() if args.verbose else quiet(), cluster.own_ray(), \
+        with nullcontext() if args.verbose else quiet.quiet(), cluster.own_ray(), \
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
     except KeyboardInterrupt:

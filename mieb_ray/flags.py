@@ -1,18 +1,25 @@
-"""The command line's value types: every flag's value checked as it is parsed, before Ray starts and before
-anything is written, and refused in one line (`mieb-ray: error: argument --workers: ...`).
+"""Every option of every job, defined once: a config dataclass's field made with `option()` carries its flag,
+the check of its value, its default and its help. The command line adds a config's flags from its fields
+(`add_flags`) and makes the config from what it parsed (`values`); a config made in Python is checked by the
+same checks (`check`). So a default, a range or a help text lives in one place, the config.
 
-Numbers against their range, local paths for existence and kind, URIs for their scheme. What needs the store
-itself (an S3 bucket, a hub repo, a model's files) is checked by the job, still before any work.
+The checks: numbers against their range, local paths for existence and kind, URIs for their scheme; each takes
+the flag's text (or, from a config made in Python, the value) and refuses in one line (`mieb-ray: error:
+argument --workers: ...`), before Ray starts and before anything is written. What needs the store itself (an S3
+bucket, a hub repo, a model's files) is checked by the job, still before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 
+from mieb_ray import formats
 from mieb_ray.errors import UserError
-from mieb_ray.io import contamination
+
+EXECUTORS = ("auto", "ray", "local")  # where a job's work runs (runtime/placement.py)
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
@@ -24,7 +31,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"mieb-ray: error: {message} (see {self.prog} --help)\n")
 
 
-def _number(text: str, kind=float) -> float:
+def _number(text, kind=float) -> float:
+    if not isinstance(text, str):  # a value a config was made with in Python
+        return text
     try:
         return kind(text)
     except ValueError:
@@ -117,10 +126,12 @@ def sources(text: str) -> str:
     return text if text == "hf" else existing_folder(text)
 
 
-def tables(text: str) -> str:
+def tables(text) -> tuple[str, ...]:
     """audit --against: 'mieb', 'self', or comma-separated existing tables."""
+    if not isinstance(text, str):
+        return tuple(text)
     existing_list(",".join(p for p in text.split(",") if p not in ("mieb", "self")))  # among tables: the job says
-    return text
+    return tuple(p for p in text.split(",") if p)
 
 
 def model(text: str) -> str:
@@ -131,9 +142,119 @@ def model(text: str) -> str:
     return text
 
 
-def detectors(text: str) -> tuple[str, ...]:
-    """Audit detectors, comma-separated (io/contamination.py)."""
-    try:
-        return contamination.detectors(text)
-    except UserError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def detectors(text) -> tuple[str, ...]:
+    """Audit detectors, comma-separated (formats.DETECTORS)."""
+    chosen = tuple(d.strip() for d in text.split(",") if d.strip()) if isinstance(text, str) else tuple(text)
+    unknown = [d for d in chosen if d not in formats.DETECTORS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown detector {unknown[0]!r}; valid: {', '.join(formats.DETECTORS)}"
+                                         if unknown else f"no detector given; valid: {', '.join(formats.DETECTORS)}")
+    return chosen
+
+
+def names(text) -> tuple[str, ...]:
+    """Comma-separated names (columns to carry), as a tuple."""
+    return tuple(n for n in text.split(",") if n) if isinstance(text, str) else tuple(text)
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+_CHOICE = "choices"
+
+
+def option(default=dataclasses.MISSING, *, flag: str | tuple[str, ...], help: str, check=None, parse=None, **cli):
+    """A config field that is also a command-line flag: its flag (or flags), its default, its help and its check,
+    here once. check: a function above that parses the flag's text and checks a value alike (numbers, choices of
+    names), applied on the command line and to a config made in Python; parse: one that checks the text only
+    (paths, which the job checks itself, in its own words, when given in Python). cli: more of argparse's settings
+    (choices, action, metavar, required, a `cli_default` the flag has where the config has none)."""
+    flags_ = (flag,) if isinstance(flag, str) else tuple(flag)
+    return dataclasses.field(default=default, metadata={"flags": flags_, "check": check, "parse": parse or check,
+                                                        "help": help, "cli": cli})
+
+
+SOURCES_HELP = ("'hf' for the Hugging Face hub at the pinned revisions (default), or a mirror of it: a root (local "
+                "path or s3://bucket/prefix) holding <org>/<repo>/ folders as the hub's `--local-dir` downloads make "
+                "them; --data is the same flag")
+
+
+def sources_option(default=dataclasses.MISSING, what: str = ""):
+    """--sources (--data): where the catalog's sources or a task's data are read."""
+    return option(default, flag=("--sources", "--data"), parse=sources, cli_default="hf", help=what + SOURCES_HELP)
+
+
+MIXED_MODELS_HELP = ("score embeddings whose manifests name different models (name or revision), with a warning "
+                     "(default: refused)")
+
+
+def executor_option():
+    """--executor: where a job's work runs (runtime/placement.py)."""
+    return option("auto", flag="--executor", choices=EXECUTORS,
+                  help="where the work runs: ray, local (in this process, Ray never started) or auto (default): in "
+                       "this process when no cluster was asked for and the work is small, else on Ray (the rule: "
+                       "docs/architecture.md)")
+
+
+def _options(config_cls, only=None) -> list[dataclasses.Field]:
+    """The fields of `config_cls` that are options: all, in field order, or those named in `only`, in its order."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls) if "flags" in f.metadata}
+    return list(fields.values()) if only is None else [fields[name] for name in only]
+
+
+def add_flags(parser: argparse.ArgumentParser, config_cls, only=None, help=None) -> None:
+    """A flag for each option of `config_cls` (of those named in `only`, in its order: the order --help lists
+    them); help: texts that replace an option's own, by field name (where one command says it its own way)."""
+    for f in _options(config_cls, only):
+        cli = dict(f.metadata["cli"])
+        default = cli.pop("cli_default", None if f.default is dataclasses.MISSING else f.default)
+        kwargs = {"dest": f.name, "help": (help or {}).get(f.name, f.metadata["help"]), **cli}
+        if cli.get("action") is None:
+            kwargs["default"] = default
+            if f.metadata["parse"] is not None:
+                kwargs["type"] = f.metadata["parse"]
+        elif cli["action"] != "store_true":
+            kwargs["default"] = default
+        parser.add_argument(*f.metadata["flags"], **kwargs)
+
+
+def values(args: argparse.Namespace, config_cls, only=None) -> dict:
+    """{field: value} of the options of `config_cls` a parser made with add_flags parsed; a flag left at None
+    where the config has a default of its own (shown as such in --help) takes that default."""
+    return {f.name: getattr(args, f.name) for f in _options(config_cls, only) if hasattr(args, f.name)
+            and not (getattr(args, f.name) is None and f.default not in (None, dataclasses.MISSING))}
+
+
+def check(config) -> None:
+    """A config made in Python checked by its options' own checks: one line naming the flag, as the command line
+    would refuse it."""
+    for f in _options(type(config)):
+        value = getattr(config, f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        choices = f.metadata["cli"].get(_CHOICE)
+        if choices is not None and value not in choices:
+            raise UserError(f"unknown {f.metadata['flags'][0]} {value!r}; valid: {', '.join(choices)}")
+        if f.metadata["check"] is not None:
+            try:
+                f.metadata["check"](value)
+            except argparse.ArgumentTypeError as exc:
+                raise UserError(f"{f.metadata['flags'][0]} {value}: {exc}") from None
+
+
+def reference(parser: argparse.ArgumentParser) -> str:
+    """The flags page (docs/cli.md): every command and flag as `parser` defines them."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    lines = ["# Command-line reference", "",
+             "Generated from the parser (`mieb_ray.cli.reference()`); `mieb-ray COMMAND --help` says the same.", ""]
+    for name, command in commands.items():
+        lines += [f"## mieb-ray {name}", "", command.description, "", "| flag | default | meaning |", "|---|---|---|"]
+        for action in command._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            default = "" if action.default in (None, argparse.SUPPRESS, False) else f"`{action.default}`"
+            shown = ", ".join(f"`{f}`" for f in action.option_strings)
+            if action.choices:
+                shown += " " + "\\|".join(f"`{c}`" for c in action.choices)
+            lines.append(f"| {shown} | {default} | {(action.help or '').replace('|', chr(92) + '|')} |")
+        lines.append("")
+    return "\n".join(lines)

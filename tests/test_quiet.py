@@ -62,7 +62,7 @@ def test_raylet_notices_are_filtered_on_stdout_as_on_stderr(tmp_path):
     script = """
 import sys
 from ray._private.worker import print_to_stdstream
-from mieb_ray.cli import quiet
+from mieb_ray.runtime.quiet import quiet
 with quiet():
     print("[embed] before")
     print_to_stdstream({"lines": ["WARNING: 10 PYTHON worker processes have been started on node: x"],

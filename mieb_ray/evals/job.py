@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 
-from mieb_ray import __version__, formats, storage
+from mieb_ray import __version__, flags, formats, storage
 from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.errors import UserError
@@ -28,23 +29,68 @@ from mieb_ray.evals import protocol, registry, results_repo, run_report
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import identity
 from mieb_ray.runtime.job import Job
-from mieb_ray.runtime.pools import PoolRequest
+from mieb_ray.runtime.pools import PoolRequest, cpus_option, gpus_option, workers_option
 
 # what an eval writes itself; its embeddings and eval splits are outputs of their own, never removed here
 _FILES = "|".join(re.escape(f) for f in (*formats.EVAL_FILES, storage.MANIFEST))
 OURS = re.compile(rf"^(?:(?:{'|'.join(s.name for s in registry.SUITES)})/)?(?:[\w.-]+\.json|{_FILES})$")
 
 
-def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry.Options, out: str,
-             model: str | None = None, revision: str | None = None, images: str | None = None,
-             texts: str | None = None, allow_mixed_models: bool = False, executor: str = "auto",
-             results_dir: str | None = None, trained_on_mieb_train: bool = False, resume: bool = False,
-             overwrite: bool = False, pool: PoolRequest = PoolRequest(), log=print,
-             scorers: list[protocol.EvalSuite] | None = None) -> dict[str, dict]:
-    """Score the chosen tasks from `images` and `texts` (embed outputs; texts only where a task needs them), or
-    embed what they need with `model` first; {task name: its TaskResult}. scorers: the suites already made (one
-    per entry of `selected`; default: each Suite's `make`). results_dir: also every TaskResult in the layout of
-    mteb's results repository (evals/results_repo.py)."""
+@dataclass(frozen=True)
+class EvalConfig:
+    """How an eval runs: what it scores from, where it writes, and its job's settings (--tasks, --sources,
+    --exclude and the suites' own settings make the suites: registry.select and registry.Options)."""
+
+    out: str = flags.option(flag="--out", parse=flags.output, required=True,
+                            help="output folder: <Task>.json per task (mteb's TaskResult layout), report.html, "
+                                 "per-query ranks or predictions")
+    images: str | None = flags.option(
+        None, flag="--image-embeddings", parse=flags.existing_list,
+        help="embed output(s), comma-separated, of the images: keyed by BioVITA's corpus id, <slug>/<split>/<index> "
+             "for the eval splits (what build --split eval writes) and, for the linear probe, <slug>/<index> for its "
+             "train rows (mieb-train's keys)")
+    texts: str | None = flags.option(
+        None, flag="--text-embeddings", parse=flags.existing,
+        help="embed output of the query texts, prompts and captions, keyed by the text itself")
+    model: str | None = flags.option(None, flag="--model", parse=flags.model,
+                                     help="instead of the two embedding flags: embed what the tasks need with this "
+                                          "model first (reused only when made from the same model commit or files, "
+                                          "input and settings)")
+    revision: str | None = flags.option(None, flag="--revision", help="hub commit of --model")
+    results_dir: str | None = flags.option(
+        None, flag="--results-dir", parse=flags.output,
+        help="also write the TaskResults as mteb's results repository lays them out: "
+             "DIR/<org>__<model>/<revision>/<Task>.json and model_meta.json (docs/evals.md)")
+    trained_on_mieb_train: bool = flags.option(
+        False, flag="--trained-on-mieb-train", action="store_true",
+        help="the model was trained on mieb-train: model_meta.json's training_datasets names the MIEB tasks drawn "
+             "from its sources, so a leaderboard does not count them as zero-shot")
+    resume: bool = flags.option(False, flag="--resume", action="store_true",
+                                help="continue an unfinished run: skip the suites it scored from the same inputs and "
+                                     "settings (an unfinished output needs --resume or --overwrite)")
+    overwrite: bool = flags.option(False, flag="--overwrite", action="store_true",
+                                   help="replace complete results already at --out (their embeddings stay, reused "
+                                        "when they fit)")
+    allow_mixed_models: bool = flags.option(False, flag="--allow-mixed-models", action="store_true",
+                                            help=flags.MIXED_MODELS_HELP)
+    executor: str = flags.executor_option()
+    workers: int | None = workers_option("with --model: ")
+    gpus_per_worker: float | None = gpus_option("with --model: ")
+    cpus_per_worker: float | None = cpus_option("with --model: ")
+
+    @property
+    def pool(self) -> PoolRequest:
+        return PoolRequest(self.workers, self.gpus_per_worker, self.cpus_per_worker)
+
+
+def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry.Options, out: str, log=print,
+             scorers: list[protocol.EvalSuite] | None = None, **settings) -> dict[str, dict]:
+    """Score the chosen tasks from embed outputs (`images`, and `texts` only where a task needs them), or embed
+    what they need with `model` first; {task name: its TaskResult}. settings: EvalConfig's. scorers: the suites
+    already made (one per entry of `selected`; default: each Suite's `make`)."""
+    config = EvalConfig(out, **settings)
+    flags.check(config)
+    model, revision, images, texts = config.model, config.revision, config.images, config.texts
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     if bool(model) == bool(images or texts):
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
@@ -55,7 +101,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     if not model and needing and not texts:
         raise UserError(f"{needing[0]} needs --text-embeddings too")
     several = len(selected) > 1
-    job = Job("eval", out, "complete eval results", OURS, resume, overwrite, log)
+    job = Job("eval", out, "complete eval results", OURS, config.resume, config.overwrite, log)
     job.start()
     settings = _settings(options, model, revision, images, texts)
     planned = {suite.name: {"tasks": names} for suite, names in selected}
@@ -68,10 +114,10 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
             log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
             record = done[suite.name]
         else:
-            inputs = protocol.embed(scorer, where, model, revision, log, executor=executor, pool=pool) if model \
-                else (images, texts if scorer.needs_texts else None)
-            scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=allow_mixed_models,
-                                    executor_name=executor)
+            inputs = protocol.embed(scorer, where, model, revision, log, executor=config.executor,
+                                    pool=config.pool) if model else (images, texts if scorer.needs_texts else None)
+            scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
+                                    executor_name=config.executor)
             record = {"files": scored.files, "images": inputs[0],
                       "manifest": {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
                                    "image_embeddings": storage.display(inputs[0]),
@@ -93,8 +139,8 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
                     "suites": {suite.name: suite.name for suite, _ in selected}, "files": [formats.REPORT],
                     "seconds": round(time.time() - t0, 3)}
     job.finish(manifest, keep)
-    if results_dir:
-        results_repo.write(results_dir, scored_from, results, trained_on_mieb_train, log)
+    if config.results_dir:
+        results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
     log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
     return results
 

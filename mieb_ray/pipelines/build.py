@@ -18,6 +18,7 @@ manifest  driver, last: built from the units' results (runtime/job.py); before i
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mieb_ray import __version__, formats, hubfs, storage
+from mieb_ray import __version__, flags, formats, hubfs, storage
 from mieb_ray.captions import class_table
 from mieb_ray.errors import UserError
 from mieb_ray.io import contamination, reader
@@ -49,30 +50,57 @@ LOCAL_ROWS = 100_000  # at most this many rows build in this process under --exe
 
 @dataclass(frozen=True)
 class BuildConfig:
-    sources: str
-    out: str
-    datasets: tuple[str, ...] | str | None = None  # None: every source of the catalog
-    fmt: str = "parquet"
-    rows_per_shard: int = 10_000
-    overwrite: bool = False
-    resume: bool = False
-    check_counts: bool | None = None  # None: on for the hub
-    max_error_rate: float = 0.001
-    workers: int | None = None
-    cpus_per_worker: float = 1.0
-    split: str = "train"  # one of SPLITS
-    exclude: str | None = None  # an audit output: its flagged train rows are left out
-    exclude_detectors: tuple[str, ...] = formats.BUILD_DETECTORS  # the detectors whose pairs count
-    executor: str = "auto"  # ray, local (in this process), auto (runtime/placement.py)
+    sources: str = flags.sources_option()
+    out: str = flags.option(flag="--out", parse=flags.output, required=True,
+                            help="output root, local path or s3://bucket/prefix")
+    datasets: tuple[str, ...] | str | None = flags.option(
+        None, flag="--datasets", help=f"comma-separated dataset slugs (default: all {len(SOURCES)}): "
+        + ", ".join(s.slug for s in SOURCES))  # None: every source of the catalog
+    fmt: str = flags.option("parquet", flag="--format", choices=FORMATS, help="the shards' format (docs/formats.md)")
+    rows_per_shard: int = flags.option(
+        10_000, flag="--rows-per-shard", check=flags.count,
+        help="rows per output shard; shard k of a dataset holds source rows [k*N, (k+1)*N) (default: 10000, as the "
+             "WebDataset sources' tars)")
+    overwrite: bool = flags.option(False, flag="--overwrite", action="store_true",
+                                   help="replace a complete build already at --out")
+    resume: bool = flags.option(False, flag="--resume", action="store_true",
+                                help="continue an unfinished run: skip the units it built with the same settings (an "
+                                     "unfinished output needs --resume or --overwrite)")
+    check_counts: bool | None = flags.option(  # None: on for the hub
+        None, flag="--check-counts", action=argparse.BooleanOptionalAction,
+        help=f"fail unless each dataset has its catalog row count and all {len(SOURCES)} make {TOTAL_ROWS:,} "
+             "(default: on for --sources hf)")
+    max_error_rate: float = flags.option(
+        0.001, flag="--max-error-rate", check=flags.fraction,
+        help="fail when more than this fraction of rows cannot be built (default: 0.001); such rows are listed in "
+             "OUT/_errors/, never silently dropped")
+    workers: int | None = flags.option(
+        None, flag="--workers", check=flags.count,
+        help="shard builders, a fixed number (default: a pool from the CPUs up now to the CPUs the cluster can grow "
+             "to)")
+    cpus_per_worker: float = flags.option(1.0, flag="--cpus-per-worker", check=flags.cpus,
+                                          help="CPUs per shard builder (default: 1)")
+    # no argparse `choices`: a wrong value is then the one-line UserError of check()
+    split: str = flags.option(
+        "train", flag="--split", metavar="{train,eval}",
+        help="train: the train splits, keys <slug>/<index> (default); eval: each task's MIEB eval split (test; "
+             "validation for food101), every row kept, keys <slug>/<split>/<index>, to its own --out")
+    exclude: str | None = flags.option(  # an audit output: its flagged train rows are left out
+        None, flag="--exclude", parse=flags.existing_folder,
+        help="an audit output (mieb-ray audit --out): leave out the train rows it flagged; the other rows keep their "
+             "keys")
+    exclude_detectors: tuple[str, ...] = flags.option(
+        formats.BUILD_DETECTORS, flag="--exclude-detectors", check=flags.detectors,
+        help=f"with --exclude: the detectors ({', '.join(formats.DETECTORS)}) whose pairs leave a train row out, "
+             f"comma-separated (default: {','.join(formats.BUILD_DETECTORS)}; add near to trust the CLIP threshold "
+             "too)")
+    executor: str = flags.executor_option()  # ray, local (in this process), auto (runtime/placement.py)
     reuse: bool = False  # a complete build of the same identity is kept, one of another replaced (eval's splits)
 
     def check(self) -> None:
-        if self.fmt not in FORMATS:
-            raise UserError(f"unknown format {self.fmt!r}; valid: {', '.join(FORMATS)}")
+        flags.check(self)
         if self.split not in SPLITS:
             raise UserError(f"unknown split {self.split!r}; valid: {', '.join(SPLITS)}")
-        if self.rows_per_shard < 1:
-            raise UserError("--rows-per-shard must be at least 1")
         if self.exclude and self.split != "train":
             raise UserError("--exclude applies to the train split only")
 

@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from mieb_ray import __version__, formats, storage
+from mieb_ray import __version__, flags, formats, storage
 from mieb_ray.encode import gpu_decode
 from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
@@ -37,7 +37,7 @@ from mieb_ray.io import embeddings, reader, tar
 from mieb_ray.runtime import cluster, identity, placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
-from mieb_ray.runtime.pools import PoolRequest, encoder_pool
+from mieb_ray.runtime.pools import PoolRequest, cpus_option, encoder_pool, gpus_option, workers_option
 from mieb_ray.runtime.units import Stage
 
 MODALITIES = ("image", "text")
@@ -48,27 +48,54 @@ _OURS = re.compile(r"^(?!_progress/).*\.arrow$")  # shards and error files; stal
 
 @dataclass(frozen=True)
 class EmbedConfig:
-    input: str
-    out: str
-    model: str
-    revision: str | None = None
-    modality: str = "image"
-    image_column: str = "image"
-    text_column: str = "text"
-    key_column: str = "key"
-    carry_columns: tuple[str, ...] = ()
-    batch_size: int = 256  # rows per model call
-    rows_per_shard: int = 10_000  # at most; image shards hold at most UNIT_BYTES of decoded pixels
-    dtype: str = "float32"
-    resume: bool = False
-    overwrite: bool = False
-    max_error_rate: float = 0.01
-    workers: int | None = None
-    gpus_per_worker: float | None = None
-    cpus_per_worker: float | None = None  # None: the pool decides (runtime/pools.encoder_pool)
+    input: str = flags.option(flag="--input", parse=flags.existing, required=True,
+                              help="mieb-train output, a folder of Parquet files or WebDataset tars, or one file; "
+                                   "local or s3://")
+    out: str = flags.option(flag="--out", parse=flags.output, required=True,
+                            help="output root for the embedding shards, local or s3://")
+    model: str = flags.option(flag="--model", parse=flags.model, required=True,
+                              help="a hub name (e.g. openai/clip-vit-base-patch32), a local directory or an s3:// "
+                                   "prefix holding what save_pretrained writes: CLIP, SigLIP, SigLIP2 or any "
+                                   "transformers model with get_image_features / get_text_features (docs/embed.md); "
+                                   "never remote code")
+    revision: str | None = flags.option(
+        None, flag="--revision", help="hub commit to load (default: the pinned one for openai/clip-vit-base-patch32 "
+                                      "and -large-patch14; else the hub's, recorded in the manifest)")
+    modality: str = flags.option("image", flag="--modality", choices=MODALITIES,
+                                 help="what to embed: the images of --image-column or the texts of --text-column")
+    image_column: str = flags.option("image", flag="--image-column",
+                                     help="HF Image structs or raw bytes; in tars, the image member")
+    text_column: str = flags.option("text", flag="--text-column", help="in tars, the .txt member")
+    key_column: str = flags.option("key", flag="--key-column", help="in tars, the sample key")
+    carry_columns: tuple[str, ...] = flags.option(
+        (), flag="--carry-columns", check=flags.names, cli_default="",
+        help="comma-separated input columns to copy beside each embedding (in tars: members or fields of the .json)")
+    batch_size: int = flags.option(256, flag="--batch-size", check=flags.count,
+                                   help="rows per model call (default: 256)")
+    rows_per_shard: int = flags.option(  # at most; image shards hold at most UNIT_BYTES of decoded pixels
+        10_000, flag="--rows-per-shard", check=flags.count,
+        help="most rows per output shard; an input file with more is cut into row ranges (default: 10000; image "
+             "shards hold at most 256 MB of decoded pixels)")
+    dtype: str = flags.option("float32", flag="--dtype", choices=tuple(formats.DTYPES),
+                              help="stored embedding type (the model runs in bf16 on a GPU, float32 on a CPU)")
+    resume: bool = flags.option(False, flag="--resume", action="store_true",
+                                help="continue an unfinished run: skip the shards it committed with the same settings "
+                                     "(an unfinished output needs --resume or --overwrite)")
+    overwrite: bool = flags.option(False, flag="--overwrite", action="store_true",
+                                   help="replace complete embeddings already at --out")
+    max_error_rate: float = flags.option(0.01, flag="--max-error-rate", check=flags.fraction,
+                                         help="fail when more than this fraction of rows cannot be encoded (default: "
+                                              "0.01)")
+    workers: int | None = workers_option()
+    gpus_per_worker: float | None = gpus_option()
+    cpus_per_worker: float | None = cpus_option()  # None: the pool decides (runtime/pools.encoder_pool)
     device: str | None = None  # None: the pool decides (cuda with a GPU, else cpu); in this process, cuda if any
-    decode: str = "auto"  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
-    executor: str = "auto"  # ray, local (in this process), auto (local on a machine alone without a GPU)
+    decode: str = flags.option(  # images: cpu (read tasks), gpu (the encoders' device, nvJPEG), auto (gpu where it can)
+        "auto", flag="--decode", choices=gpu_decode.MODES,
+        help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its device with "
+             "nvJPEG, other images by the read tasks; needs torchvision) or auto (default): gpu when the encoders "
+             "have GPUs, torchvision imports and the model's resize filter runs there, else cpu (docs/embed.md)")
+    executor: str = flags.executor_option()  # auto: local on a machine alone without a GPU
     reuse: bool = False  # a complete output of the same identity is kept, one of another replaced (eval --model)
 
     @property
@@ -77,21 +104,9 @@ class EmbedConfig:
         return reader.TableColumns(self.key_column, data, tuple(self.carry_columns))
 
     def check(self) -> None:
-        if self.modality not in MODALITIES:
-            raise UserError(f"unknown modality {self.modality!r}; valid: {', '.join(MODALITIES)}")
-        if self.dtype not in formats.DTYPES:
-            raise UserError(f"unknown dtype {self.dtype!r}; valid: {', '.join(formats.DTYPES)}")
-        if self.decode not in gpu_decode.MODES:
-            raise UserError(f"unknown --decode {self.decode!r}; valid: {', '.join(gpu_decode.MODES)}")
+        flags.check(self)
         if self.decode == "gpu" and self.modality == "image" and (why := gpu_decode.torchvision_problem()):
             raise UserError(f"--decode gpu needs torchvision: {why}")
-        if self.gpus_per_worker is not None and not 0 <= self.gpus_per_worker <= 1:
-            raise UserError(f"--gpus-per-worker {self.gpus_per_worker:g}: an encoder uses one GPU at most (give "
-                            "a fraction to share one, or more --workers for more GPUs)")
-        if self.executor not in placement.EXECUTORS:
-            raise UserError(f"unknown --executor {self.executor!r}; valid: {', '.join(placement.EXECUTORS)}")
-        if self.batch_size < 1 or self.rows_per_shard < 1:
-            raise UserError("--batch-size and --rows-per-shard must be at least 1")
 
 
 @dataclass(frozen=True)

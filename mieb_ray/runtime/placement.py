@@ -14,10 +14,11 @@ import os
 import sys
 from dataclasses import dataclass
 
+from mieb_ray import flags
 from mieb_ray.errors import UserError
 from mieb_ray.runtime import cluster
 
-EXECUTORS = ("auto", "ray", "local")
+EXECUTORS = flags.EXECUTORS
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mieb_ray import flags
 from mieb_ray.errors import UserError
 
 CPUS_PER_CPU_ENCODER = 4  # on CPUs, one encoder per 4 CPUs: the rest decode images for it
 GPU_ENCODER_CPUS = 2.0  # a GPU encoder that decodes JPEGs on its device (--decode gpu): see encoder_pool
 
 
+def workers_option(prefix: str = ""):
+    return flags.option(None, flag="--workers", check=flags.count,
+                        help=f"{prefix}encoder actors, a fixed number (default: a pool from one per GPU up now to one "
+                             "per GPU the cluster can grow to; on CPUs, one per 4 CPUs)")
+
+
+def gpus_option(prefix: str = ""):
+    return flags.option(None, flag="--gpus-per-worker", check=flags.gpus,
+                        help=f"{prefix}GPUs per encoder actor; 0 encodes on CPUs (default: 1 when the cluster has or "
+                             "can add GPUs; CPUs only on a single machine without GPU and autoscaler, else an error)")
+
+
+def cpus_option(prefix: str = ""):
+    return flags.option(None, flag="--cpus-per-worker", check=flags.cpus,
+                        help=f"{prefix}CPUs (and torch threads) per encoder actor (default: 2 for a GPU encoder that "
+                             "decodes JPEGs on its device, else 1)")
+
+
 @dataclass(frozen=True)
 class PoolRequest:
-    """What a command asks of an encoder pool (--workers, --gpus-per-worker, --cpus-per-worker); None: the pool
-    decides from the cluster (encoder_pool)."""
+    """What a command asks of an encoder pool; None: the pool decides from the cluster (encoder_pool)."""
 
-    workers: int | None = None
-    gpus_per_worker: float | None = None
-    cpus_per_worker: float | None = None
+    workers: int | None = workers_option()
+    gpus_per_worker: float | None = gpus_option()
+    cpus_per_worker: float | None = cpus_option()
 
 
 @dataclass(frozen=True)
