@@ -59,6 +59,25 @@ def test_local_tasks_run_inline_as_ray_would():
     assert tasks.mode() == "ray"
 
 
+@tasks.remote(num_cpus=1, torch_threads=2)
+def _torch_threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_a_task_s_torch_threads_are_set_on_ray_only(ray_local):
+    """torch_threads: a Ray task runs torch on that many threads (Ray itself would give a 1-CPU task one); inline,
+    the driver's own threads stay."""
+    import torch
+
+    with tasks.using("ray"):
+        assert tasks.get(_torch_threads.remote()) == 2
+        assert tasks.get(_torch_threads.options(num_cpus=0.5).remote()) == 2  # an options() copy keeps it
+    with tasks.using("local"):
+        assert tasks.get(_torch_threads.remote()) == torch.get_num_threads()
+
+
 @pytest.mark.parametrize("where", ["ray", "local"])
 def test_a_task_s_user_error_is_itself_and_a_transient_one_is_retried(ray_local, tmp_path, where):
     counter = tmp_path / "calls"

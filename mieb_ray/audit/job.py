@@ -69,9 +69,9 @@ def audit(config: AuditConfig, log=print) -> dict:
             f"units, {work.partitions} join partitions; {len(done)} units already hashed")
         hashed = hashes.hash_all(config.out, work, job, done, where.mode)
         if config.alone:
-            return _copies(config, job, hashed, log)
+            return _copies(config, job, hashed, where.cpus(), log)
         joined, errors, groups = join.pairs(hashed, log)
-        similar, more = pdq.pairs(hashed, log)
+        similar, more = pdq.pairs(hashed, where.cpus(), log)
         found, near_info = [joined, similar], {}
         if config.near:
             close, near_info = near.pairs(config, work, hashed, log)
@@ -80,11 +80,11 @@ def audit(config: AuditConfig, log=print) -> dict:
         return outputs.write_pairs(config, job, work, hashed, findings, log)
 
 
-def _copies(config: AuditConfig, job: Job, hashed: HashFiles, log) -> dict:
+def _copies(config: AuditConfig, job: Job, hashed: HashFiles, cpus: float, log) -> dict:
     """`--against self`: the train rows linked by each detector (the join partitions, then pdq of every train batch
     against the whole table), written as groups of copies."""
     t0 = time.time()
     links, errors = join.links(hashed)
-    links += pdq.links(hashed)
+    links += pdq.links(hashed, cpus)
     log(f"[audit] {len(links):,} links between copies in {time.time() - t0:.1f}s")
     return outputs.write_self(config, job, hashed, links, errors, log)

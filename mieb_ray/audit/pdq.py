@@ -6,7 +6,6 @@ a CPU task per batch of train hash files, each file read once, searches it by mu
 
 from __future__ import annotations
 
-import os
 import time
 
 import pyarrow as pa
@@ -15,7 +14,6 @@ import pyarrow.compute as pc
 from mieb_ray.audit import duplicates, matches
 from mieb_ray.audit.hashes import HashFiles, read_columns
 from mieb_ray.runtime import tasks
-from mieb_ray.runtime.cluster import read_cluster
 
 PDQ_COLUMNS = ["key", "eval_task", *matches.PDQ_HASHES, "pdq_quality"]
 PDQ_BATCH_ROWS = 100_000  # train hash rows one pdq task reads
@@ -37,12 +35,11 @@ def _batch_links(uris: list[str], every: matches.PdqSide) -> list:
     return duplicates.pdq_links(matches.pdq_pairs(read_columns(uris, PDQ_COLUMNS), every)[0])
 
 
-def train_batches(hashed: HashFiles) -> list[list[str]]:
+def train_batches(hashed: HashFiles, cpus: float) -> list[list[str]]:
     """The train hash files in batches (each file read once): at most PDQ_BATCH_ROWS rows, and at least two batches
     a CPU of the cluster at its largest, so that the search, the audit's longest step, spreads over all of them
     (the full audit's 4.4M train rows in 100,000-row batches were 45 tasks of 40 minutes each, whatever the
-    cluster: bench/full_size.py)."""
-    cpus = read_cluster().max_cpus if tasks.mode() == "ray" else os.cpu_count() or 1
+    cluster: bench/full_size.py). cpus: what the cluster has at its largest (the job's placement says)."""
     total = sum(r["rows"] for r in hashed.records["train"])
     size = max(1, min(PDQ_BATCH_ROWS, -(-total // max(1, int(2 * cpus)))))
     batches, batch, rows = [], [], 0
@@ -55,11 +52,11 @@ def train_batches(hashed: HashFiles) -> list[list[str]]:
     return batches + ([batch] if batch else [])
 
 
-def pairs(hashed: HashFiles, log) -> tuple[pa.Table, list[dict]]:
+def pairs(hashed: HashFiles, cpus: float, log) -> tuple[pa.Table, list[dict]]:
     """The pdq pairs, and the groups of more than matches.GROUP_CAP pairs."""
     t0 = time.time()
     against = _indexed.remote(hashed.uris("against"))
-    batches = train_batches(hashed)
+    batches = train_batches(hashed, cpus)
     found = tasks.get([_batch_pairs.remote(b, against) for b in batches])
     table = pa.concat_tables([f[0] for f in found] or [matches.PAIR_SCHEMA.empty_table()])
     groups = _merged([g for f in found for g in f[1]])
@@ -84,8 +81,8 @@ def _merged(groups: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def links(hashed: HashFiles) -> list:
+def links(hashed: HashFiles, cpus: float) -> list:
     """`--against self`: the ("pdq", key, key) links of every train batch searched against the whole train side."""
     every = _indexed.remote(hashed.uris("train"))
-    return [link for found in tasks.get([_batch_links.remote(b, every) for b in train_batches(hashed)])
+    return [link for found in tasks.get([_batch_links.remote(b, every) for b in train_batches(hashed, cpus)])
             for link in found]

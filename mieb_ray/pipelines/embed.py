@@ -34,7 +34,7 @@ from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, reader, tar
-from mieb_ray.runtime import cluster, identity, placement, tasks
+from mieb_ray.runtime import identity, placement, tasks
 from mieb_ray.runtime.cluster import read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import PoolRequest, cpus_option, encoder_pool, gpus_option, workers_option
@@ -229,8 +229,6 @@ def table_units(files: list[reader.InputFile], rows_per_unit: int, unit_bytes: i
     its average row (units whose images travel undecoded, --decode gpu); a tar cut finer is indexed again."""
     reader.count_parquet_rows(files)
     tars = [f for f in files if f.uri.endswith(".tar")]
-    if tars and tasks.mode() == "ray":
-        cluster.ray_up()
     counted = tasks.get([_index_tar.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):
         f.rows = rows

@@ -29,6 +29,14 @@ class Placement:
     def describe(self) -> str:
         return f"{'on Ray' if self.mode == 'ray' else 'in this process'} ({self.why})"
 
+    def cpus(self) -> float:
+        """The CPUs its work can spread over: the cluster's at its largest on Ray, this machine's inline."""
+        if self.mode == "ray":
+            from mieb_ray.runtime.cluster import read_cluster
+
+            return read_cluster().max_cpus
+        return float(os.cpu_count() or 1)
+
 
 def ray_running() -> bool:
     """This process is connected to Ray (without importing Ray to find out)."""

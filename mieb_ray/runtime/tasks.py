@@ -16,6 +16,7 @@ so a rerun rewrites the same files. `get` raises a worker's UserError as itself 
 
 from __future__ import annotations
 
+import functools
 import sys
 from contextlib import contextmanager
 
@@ -82,14 +83,34 @@ class Task:
         if base._remote is None:
             import ray
 
+            options = dict(base._options)
+            threads = options.pop(TORCH_THREADS, None)
+            fn = _with_torch_threads(base.fn, threads) if threads else base.fn
             base._remote = ray.remote(retry_exceptions=[TransientStorageError], max_retries=UNIT_RETRIES,
-                                      **base._options)(base.fn)
-        return base._remote if base is self else base._remote.options(**self._options)
+                                      **options)(fn)
+        return base._remote if base is self else \
+            base._remote.options(**{k: v for k, v in self._options.items() if k != TORCH_THREADS})
+
+
+TORCH_THREADS = "torch_threads"
 
 
 def remote(**options):
-    """@tasks.remote(num_cpus=..., num_returns=...): as @ray.remote, for either executor."""
+    """@tasks.remote(num_cpus=..., num_returns=...): as @ray.remote, for either executor. torch_threads=N: as a Ray
+    task, torch runs on N threads (one task a CPU: Ray, not torch, spreads the work); inline, the driver keeps its
+    threads, as the only worker."""
     return lambda fn: Task(fn, options)
+
+
+def _with_torch_threads(fn, threads: int):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import torch
+
+        torch.set_num_threads(threads)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def _run_inline(fn, args, kwargs):

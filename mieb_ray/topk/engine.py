@@ -166,7 +166,7 @@ def _stats(rows: int, shards: int, bytes_opened: int, dim: int | None, matched: 
     return {"rows": rows, "shards": shards, "bytes_opened": bytes_opened, "dim": dim, "matched": matched}
 
 
-@tasks.remote(num_cpus=1)
+@tasks.remote(num_cpus=1, torch_threads=1)
 def _map_shards(uris: list[str], first: int, partitions: int, group_column: str | None, lookup: KeyLookup | None):
     """Shards first, first + 1, ... each opened once: its rows normalised, labelled, split by group % P."""
     tables = [embeddings.open_shard(u) for u in uris]
@@ -190,16 +190,14 @@ def _map_shards(uris: list[str], first: int, partitions: int, group_column: str 
                            lookup.docs[at[n][keep]]))
     matched = np.concatenate(matched) if matched else np.zeros(0, np.int64)
     stats = _stats(sum(t.num_rows for t in tables), len(uris), opened, dim, len(matched))
-    _task_threads()
     return [stats, matched if lookup is not None else None, *split(blocks, partitions)]
 
 
-@tasks.remote(num_cpus=1)
+@tasks.remote(num_cpus=1, torch_threads=1)
 def _map_chunk(chunk: tuple[np.ndarray, np.ndarray], number: int, partitions: int):
     vectors, groups = chunk
     groups = np.asarray(groups, np.int64)
     blocks = [(np.asarray(vectors), None, groups, (number << 32) | np.arange(len(groups), dtype=np.int64))]
-    _task_threads()
     return [_stats(len(groups), 0, 0, vectors.shape[1]), None, *split(blocks, partitions)]
 
 
@@ -208,19 +206,9 @@ def _partition(*pieces):
     return build_partition(list(pieces))
 
 
-@tasks.remote(num_cpus=1)
+@tasks.remote(num_cpus=1, torch_threads=1)
 def _score(part, queries: np.ndarray, reducer, data):
-    _task_threads()
     return reducer.score(part, normalize(queries), data)
-
-
-def _task_threads() -> None:
-    """One torch thread in a Ray task: one task per CPU, and Ray, not torch, spreads the work. Inline (the local
-    executor) the driver's threads stay: it is the only worker."""
-    if tasks.mode() == "ray":
-        import torch
-
-        torch.set_num_threads(1)
 
 
 @tasks.remote(num_cpus=1)
