@@ -90,42 +90,23 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     already made (one per entry of `selected`; default: each Suite's `make`)."""
     config = EvalConfig(out, **settings)
     flags.check(config)
-    model, revision, images, texts = config.model, config.revision, config.images, config.texts
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
-    if bool(model) == bool(images or texts):
-        raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
-    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts for n in names]
-    if not model and not images:
-        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
-                                                          if needing else ""))
-    if not model and needing and not texts:
-        raise UserError(f"{needing[0]} needs --text-embeddings too")
+    _check_inputs(config, selected, scorers)
     several = len(selected) > 1
     job = Job("eval", out, "complete eval results", OURS, config.resume, config.overwrite, log)
     job.start()
-    settings = _settings(options, model, revision, images, texts)
     planned = {suite.name: {"tasks": names} for suite, names in selected}
-    done = job.earlier(planned, settings)
+    done = job.earlier(planned, _settings(options, config))
     t0, results, keep, scored_from, manifest = time.time(), {}, set(), None, {}
     for (suite, names), scorer in zip(selected, scorers):
         folder = f"{suite.name}/" if several else ""
         where = storage.join(out, suite.name) if several else out
-        if suite.name in done:
-            log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
-            record = done[suite.name]
-        else:
-            inputs = protocol.embed(scorer, where, model, revision, log, executor=config.executor,
-                                    pool=config.pool) if model else (images, texts if scorer.needs_texts else None)
-            scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
-                                    executor_name=config.executor)
-            record = {"files": scored.files, "images": inputs[0],
-                      "manifest": {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
-                                   "image_embeddings": storage.display(inputs[0]),
-                                   "text_embeddings": storage.display(inputs[1]) if inputs[1] else None,
-                                   **scored.extra, "executor": scored.executor, "seconds": scored.seconds}}
-            if several:  # each suite's folder says what it holds, as a single suite's OUT does
-                storage.write_manifest(where, record["manifest"])
+        record = done.get(suite.name)
+        if record is None:
+            record = _scored(config, scorer, where, several, log)
             job.progress.record(suite.name, planned[suite.name], record)
+        else:
+            log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
         results |= {n: json.loads(storage.read_text(storage.join(where, formats.result_file(n)))) for n in names}
         keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
         scored_from, manifest = scored_from or record["images"], record["manifest"]
@@ -145,16 +126,43 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     return results
 
 
-def _settings(options: registry.Options, model: str | None, revision: str | None, images: str | None,
-              texts: str | None) -> dict:
+def _check_inputs(config: EvalConfig, selected, scorers) -> None:
+    """A model, or the embeddings every chosen task needs: one line naming what is missing."""
+    if bool(config.model) == bool(config.images or config.texts):
+        raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
+    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts for n in names]
+    if not config.model and not config.images:
+        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
+                                                          if needing else ""))
+    if not config.model and needing and not config.texts:
+        raise UserError(f"{needing[0]} needs --text-embeddings too")
+
+
+def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log) -> dict:
+    """One unit: the suite embedded (with --model) and scored into `where`; its progress record's result."""
+    inputs = protocol.embed(scorer, where, config.model, config.revision, log, executor=config.executor,
+                            pool=config.pool) if config.model \
+        else (config.images, config.texts if scorer.needs_texts else None)
+    scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
+                            executor_name=config.executor)
+    manifest = {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
+                "image_embeddings": storage.display(inputs[0]),
+                "text_embeddings": storage.display(inputs[1]) if inputs[1] else None, **scored.extra,
+                "executor": scored.executor, "seconds": scored.seconds}
+    if several:  # each suite's folder says what it holds, as a single suite's OUT does
+        storage.write_manifest(where, manifest)
+    return {"files": scored.files, "images": inputs[0], "manifest": manifest}
+
+
+def _settings(options: registry.Options, config: EvalConfig) -> dict:
     """What a suite scored by an earlier run must have been scored from to count on --resume: the same data and
     options, and the same embeddings (by their identity) or the same model (its commit or files)."""
     made_by = None
-    if model:
-        path = resolve(model, revision)
-        made_by = model_identity(model, path, load_info(path, model, revision))
+    if config.model:
+        path = resolve(config.model, config.revision)
+        made_by = model_identity(config.model, path, load_info(path, config.model, config.revision))
     return {"version": __version__, "sources": storage.display(options.sources), "model": made_by,
-            "images": [identity.of_input(r) for r in embeddings.roots(images)] if images else None,
-            "texts": identity.of_input(texts) if texts else None,
+            "images": [identity.of_input(r) for r in embeddings.roots(config.images)] if config.images else None,
+            "texts": identity.of_input(config.texts) if config.texts else None,
             "exclude": identity.of_input(options.exclude) if options.exclude else None,
             "settings": options.settings}
