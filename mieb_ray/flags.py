@@ -159,9 +159,6 @@ def names(text) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------- options
 
-_CHOICE = "choices"
-
-
 def option(default=dataclasses.MISSING, *, flag: str | tuple[str, ...], help: str, check=None, parse=None, **cli):
     """A config field that is also a command-line flag: its flag (or flags), its default, its help and its check,
     here once. check: a function above that parses the flag's text and checks a value alike (numbers, choices of
@@ -201,19 +198,17 @@ def _options(config_cls, only=None) -> list[dataclasses.Field]:
     return list(fields.values()) if only is None else [fields[name] for name in only]
 
 
-def add_flags(parser: argparse.ArgumentParser, config_cls, only=None, help=None) -> None:
+def add_flags(parser: argparse.ArgumentParser, config_cls, only=None) -> None:
     """A flag for each option of `config_cls` (of those named in `only`, in its order: the order --help lists
-    them); help: texts that replace an option's own, by field name (where one command says it its own way)."""
+    them)."""
     for f in _options(config_cls, only):
         cli = dict(f.metadata["cli"])
         default = cli.pop("cli_default", None if f.default is dataclasses.MISSING else f.default)
-        kwargs = {"dest": f.name, "help": (help or {}).get(f.name, f.metadata["help"]), **cli}
-        if cli.get("action") is None:
+        kwargs = {"dest": f.name, "help": f.metadata["help"], **cli}
+        if cli.get("action") != "store_true":
             kwargs["default"] = default
-            if f.metadata["parse"] is not None:
-                kwargs["type"] = f.metadata["parse"]
-        elif cli["action"] != "store_true":
-            kwargs["default"] = default
+        if cli.get("action") is None and f.metadata["parse"] is not None:
+            kwargs["type"] = f.metadata["parse"]
         parser.add_argument(*f.metadata["flags"], **kwargs)
 
 
@@ -231,7 +226,7 @@ def check(config) -> None:
         value = getattr(config, f.name)
         if value is None or isinstance(value, bool):
             continue
-        choices = f.metadata["cli"].get(_CHOICE)
+        choices = f.metadata["cli"].get("choices")
         if choices is not None and value not in choices:
             raise UserError(f"unknown {f.metadata['flags'][0]} {value!r}; valid: {', '.join(choices)}")
         if f.metadata["check"] is not None:
