@@ -35,50 +35,84 @@ from mieb_ray.runtime.output import Progress
 
 def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: str,
                spec: dict | None, decode: str = "cpu") -> dict:
-    """One unit in (its number in `units`), all its rows out as one block."""
+    """One unit in (its number in `units`), all its rows out as one block: its key and carried columns, its data
+    (pixels, JPEGs for the device, or texts: _READERS), `__error` per row and `__unit`."""
     (number,) = batch["unit"]
     unit = units[int(number)]
     n = unit.hi - unit.lo
     out = {name: np.empty(n, dtype=object) for name in (columns.key, *columns.carry)}
     errors = np.full(n, "", dtype=object)
-    spec_ = ImageSpec(**spec) if modality == "image" else None
-    if modality == "image" and decode == "gpu":
-        modality = "bytes"  # the JPEGs the device takes are decoded by the encoder
-        images, decoded = np.empty(n, dtype=object), np.zeros(n, dtype=bool)
-    elif modality == "image":
-        pixels = np.zeros((n, spec_.height, spec_.width, 3), np.uint8)  # filled in place: no concatenation
-    else:
-        texts = np.empty(n, dtype=object)
+    kind = "text" if modality == "text" else "jpeg" if decode == "gpu" else "pixels"
+    data = _READERS[kind](n, ImageSpec(**spec) if spec else None)
     at = 0
-    for chunk in reader.read(unit, columns.read_as("image" if modality != "text" else "text")):
+    for chunk in reader.read(unit, columns.read_as("text" if kind == "text" else "image")):
         size = chunk.num_rows
         for name in out:
             out[name][at:at + size] = chunk[name].to_numpy(zero_copy_only=False)
-        data = chunk[columns.data]
-        if modality != "text":
-            data = parquet.image_bytes(data).to_pylist() if pa.types.is_struct(data.type) else data.to_pylist()
-        if modality == "bytes":
-            here = [j for j, b in enumerate(data) if route(b, spec_) is None]  # not for the device: decoded here
-            images[at:at + size] = data
-            if here:
-                done, bad = load_images([data[j] for j in here], spec_)
-                images[[at + j for j in here]] = [b"" if e else p.tobytes() for p, e in zip(done, bad)]
-                errors[[at + j for j in here]] = [e or "" for e in bad]
-                decoded[[at + j for j in here]] = True
-        elif modality == "image":
-            pixels[at:at + size], bad = load_images(data, spec_)
-            errors[at:at + size] = [e or "" for e in bad]
-        else:
-            values = [_text(t) for t in data.to_pylist()]
-            errors[at:at + size] = [_text_error(t) for t in values]
-            texts[at:at + size] = [t if isinstance(t, str) else "" for t in values]
+        values = chunk[columns.data]
+        if kind != "text":
+            values = parquet.image_bytes(values) if pa.types.is_struct(values.type) else values
+        errors[at:at + size] = data.add(at, values.to_pylist())
         at += size
     if at != n:
         raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "
                           f"{unit.hi:,} it had when the job was planned; was it changed during the run?")
-    data = {"pixels": pixels} if modality == "image" else {"images": images, "__decoded": decoded} \
-        if modality == "bytes" else {columns.data: texts}
-    return {**out, **data, "__error": errors, "__unit": np.full(n, int(number))}
+    return {**out, **data.columns(columns.data), "__error": errors, "__unit": np.full(n, int(number))}
+
+
+class _Pixels:
+    """Images decoded and resized here, into one (n, height, width, 3) uint8 array filled in place."""
+
+    def __init__(self, n: int, spec: ImageSpec):
+        self.spec, self.pixels = spec, np.zeros((n, spec.height, spec.width, 3), np.uint8)
+
+    def add(self, at: int, images: list) -> list[str]:
+        self.pixels[at:at + len(images)], bad = load_images(images, self.spec)
+        return [e or "" for e in bad]
+
+    def columns(self, data_column: str) -> dict:
+        return {"pixels": self.pixels}
+
+
+class _Jpegs:
+    """--decode gpu: the JPEGs the device takes as they are (its encoder decodes them), the rest decoded here;
+    `__decoded` says which."""
+
+    def __init__(self, n: int, spec: ImageSpec):
+        self.spec, self.images, self.decoded = spec, np.empty(n, dtype=object), np.zeros(n, dtype=bool)
+
+    def add(self, at: int, images: list) -> list[str]:
+        errors = [""] * len(images)
+        self.images[at:at + len(images)] = images
+        here = [j for j, b in enumerate(images) if route(b, self.spec) is None]  # not for the device
+        if here:
+            done, bad = load_images([images[j] for j in here], self.spec)
+            self.images[[at + j for j in here]] = [b"" if e else p.tobytes() for p, e in zip(done, bad)]
+            self.decoded[[at + j for j in here]] = True
+            for j, e in zip(here, bad):
+                errors[j] = e or ""
+        return errors
+
+    def columns(self, data_column: str) -> dict:
+        return {"images": self.images, "__decoded": self.decoded}
+
+
+class _Texts:
+    """The texts to encode, a row's bytes decoded when they are UTF-8."""
+
+    def __init__(self, n: int, spec: None):
+        self.texts = np.empty(n, dtype=object)
+
+    def add(self, at: int, values: list) -> list[str]:
+        values = [_text(t) for t in values]
+        self.texts[at:at + len(values)] = [t if isinstance(t, str) else "" for t in values]
+        return [_text_error(t) for t in values]
+
+    def columns(self, data_column: str) -> dict:
+        return {data_column: self.texts}
+
+
+_READERS = {"pixels": _Pixels, "jpeg": _Jpegs, "text": _Texts}
 
 
 def _text(value):
