@@ -60,7 +60,7 @@ def train_files(mirror: Path, slugs: list[str]) -> list[str]:
     from mieb_ray.io import reader
     from mieb_ray.sources import by_slug
 
-    return [f for slug in slugs for f in reader.train_files(by_slug(slug), str(mirror))]
+    return [f for slug in slugs for f in reader.split_files(by_slug(slug), str(mirror), "train")]
 
 
 def parquet_rows(folder: Path) -> int:

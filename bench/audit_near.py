@@ -29,7 +29,7 @@ import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 
 h.use_test_fixtures()
-from embedding_fixtures import write_embeddings  # noqa: E402
+from support.embedding_fixtures import write_embeddings  # noqa: E402
 
 from mieb_ray.audit.job import NEAR_K, near_pairs  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402

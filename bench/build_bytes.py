@@ -31,8 +31,11 @@ import _baselines as b
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 
-from mieb_ray.fixtures.mirror import hub_rows, make_mirror
-from mieb_ray.pipelines.build import BuildConfig, build
+h.use_test_fixtures()
+from support.mirror import hub_rows  # noqa: E402
+
+from mieb_ray.demo_data.mirror import make_mirror  # noqa: E402
+from mieb_ray.pipelines.build import BuildConfig, build  # noqa: E402
 
 SLUGS = ["ucf101", "sun397", "food101", "birdsnap"]
 IMAGE_MIN, IMAGE_MAX = 10_000, 70_000  # bytes; mean 40 KB

@@ -44,9 +44,12 @@ import _baselines as b
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import ray  # noqa: E402  after harness, which sets RAY_AUTH_MODE
 
-from mieb_ray.fixtures.mirror import expected_rows, hub_rows, make_mirror
-from mieb_ray.pipelines.build import BuildConfig, build
-from mieb_ray.sources import PARQUET, SOURCES
+h.use_test_fixtures()
+from support.mirror import hub_rows, kept_rows  # noqa: E402
+
+from mieb_ray.demo_data.mirror import make_mirror  # noqa: E402
+from mieb_ray.pipelines.build import BuildConfig, build  # noqa: E402
+from mieb_ray.sources import PARQUET, SOURCES  # noqa: E402
 
 TAR_ROWS = 10_000  # samples per tar, as in the hub's WebDataset repos (CLIP_benchmark --max-count)
 TINY = bytes(range(80))  # every image: the build copies image bytes, it never decodes them
@@ -144,7 +147,7 @@ def compare(args, work: Path, scales: list[float]) -> None:
     for scale in scales:
         mirror = work / f"mirror-{scale:g}"
         written = ensure_mirror(mirror, scale, args.files)
-        expected = sum(expected_rows(written).values())
+        expected = sum(kept_rows(written).values())
         for k in range(args.repeat):
             for which in (("old", "new") if k % 2 == 0 else ("new", "old")):
                 tree = old_tree if which == "old" else new_tree
@@ -240,7 +243,7 @@ def main() -> None:
     for scale, (mirror, written) in mirrors.items():
         files = b.train_files(mirror, PARQUET_SLUGS)
         pq_in = sum(written[s] for s in PARQUET_SLUGS)
-        pq_expected = sum(expected_rows({s: written[s] for s in PARQUET_SLUGS}).values())
+        pq_expected = sum(kept_rows({s: written[s] for s in PARQUET_SLUGS}).values())
 
         def run_build(out, datasets=None, mirror=mirror):
             build(BuildConfig(str(mirror), str(out), datasets=datasets, rows_per_shard=args.rows_per_shard,
@@ -252,7 +255,7 @@ def main() -> None:
 
         minimal, ours, every = (f"{c} [scale {scale:g}]" for c in ("minimal pipeline, parquet sources",
                                                                     "build, parquet sources", "build, all 23 sources"))
-        expected |= {minimal: pq_in, ours: pq_expected, every: sum(expected_rows(written).values())}
+        expected |= {minimal: pq_in, ours: pq_expected, every: sum(kept_rows(written).values())}
         contenders += [
             h.Contender(minimal, f"read_parquet -> pyarrow take in {b.CORES} actors -> write_parquet, on the "
                         f"{len(files)} train files of the {len(PARQUET_SLUGS)} parquet sources; its actors' start-up",

@@ -1,7 +1,7 @@
 """Chaos on a real three-node Ray cluster (issue 29): build and embed while worker nodes are SIGKILLed again and
 again, and while the driver is killed and resubmitted with --resume; then every key is checked.
 
-The cluster is the tests' (tests/raycluster.py): a head that takes no work and two worker nodes of 2 CPUs. For
+The cluster is the tests' (tests/support/raycluster.py): a head that takes no work and two worker nodes of 2 CPUs. For
 each job (build as Parquet, build as WebDataset, embed of the Parquet build with a tiny CLIP):
 
     reference  an uninterrupted run: the content every other run must end with, and the time overheads' base
@@ -12,7 +12,7 @@ each job (build as Parquet, build as WebDataset, embed of the Parquet build with
                a random point, SIGKILL (a lost driver) then SIGTERM (`ray job stop`), each time resubmitted
                with --resume; the last submission finishes
 
-After each chaos run (verify_build, verify_embed, also used by tests/test_chaos.py): every key present and none
+After each chaos run (verify_build, verify_embed, also used by tests/system/test_chaos.py): every key present and none
 twice, counted in the shard files on disk; the content equal to the reference's (the sha256 of every file for
 build, every vector within 1e-6 for embed); the same files as the reference (no staging `.*.tmp`, no
 `_progress/`, no stray shard); each shard's sha256 as the manifest records it; the manifest's shards and counts
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # raycluster, s3server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support: raycluster, s3server
 
 from mieb_ray import storage  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
@@ -55,7 +55,7 @@ NOT_WORK = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 ATOL = 1e-6
 
 
-# ---- verification, shared with tests/test_chaos.py ----
+# ---- verification, shared with tests/system/test_chaos.py ----
 
 def listing(out: str) -> dict[str, str]:
     """{relative path: sha256} of every file under `out`."""
@@ -390,10 +390,10 @@ def main() -> None:
     if a.work and os.path.exists(a.work):
         p.error(f"--work {a.work} exists: give a new folder")
     os.environ.pop("RAY_ADDRESS", None)
-    import raycluster
+    from support import raycluster
 
-    from mieb_ray.fixtures.mirror import make_mirror
-    from mieb_ray.fixtures.models import make_tiny_clip
+    from mieb_ray.demo_data.mirror import make_mirror
+    from mieb_ray.demo_data.models import make_tiny_clip
 
     work = a.work or tempfile.mkdtemp(prefix="mieb-chaos-", dir="/tmp")  # short: Ray's socket paths
     os.makedirs(work, exist_ok=True)
@@ -450,7 +450,8 @@ def report(rows: list[tuple], a, seconds: float) -> None:
         f"\nCommand: `.venv/bin/python bench/chaos.py {' '.join(sys.argv[1:])}` (seed {a.seed}; {seconds:.0f} s)",
         f"Fixture mirror of {a.rows} train rows per source; build --rows-per-shard {a.rows_per_shard}; embed of the "
         f"Parquet build with a tiny CLIP, --rows-per-shard {a.embed_rows_per_shard}. A head (no CPU) and two worker "
-        f"nodes of 2 CPUs on one machine (tests/raycluster.py); node health check (period ms, failures) {detection}.",
+        f"nodes of 2 CPUs on one machine (tests/support/raycluster.py); node health check (period ms, failures) "
+        f"{detection}.",
         f"nodes: at {a.kills} random points of the job (shards committed), a worker node holding some of its workers "
         f"SIGKILLed (raylet, object store, workers at once), started again after {a.pause[0]:g}-{a.pause[1]:g} s; "
         "driver: the driver SIGKILLed, then SIGTERMed, at random points, each time resubmitted with --resume. kills: "
@@ -462,6 +463,6 @@ def report(rows: list[tuple], a, seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    import harness  # here, not above: tests/test_chaos.py imports this module as bench.chaos
+    import harness  # here, not above: tests/system/test_chaos.py imports this module as bench.chaos
 
     harness.wrap(main, "chaos", "Build and embed on three Ray nodes under node and driver kills", group="Chaos")

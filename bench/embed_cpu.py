@@ -11,7 +11,7 @@ B. In one process with Ray started (its start-up excluded; each contender's mode
    included): the same loop, and the embed job on Ray (--executor ray: Ray tasks decode and resize, one encoder
    actor with 2 torch threads).
 
-The model is a ViT-B/32-sized CLIP with random weights (mieb_ray.fixtures.models.make_clip_b32: 151M parameters,
+The model is a ViT-B/32-sized CLIP with random weights (tests/support/models.py's make_clip_b32: 151M parameters,
 the real CLIP processor config: shortest edge 224, centre crop 224, bicubic), saved and loaded back with
 from_pretrained. The images: --images JPEGs of 400-1000 px (crops of the fixture pictures, quality 90) in one
 Parquet table of mieb-train's shape (key, image struct), split over 4 files. Both run float32, as the embed
@@ -43,10 +43,12 @@ import torch
 from contenders.embed_loop_call import plain_loop
 from PIL import Image
 
-from mieb_ray.fixtures.models import make_clip_b32
-from mieb_ray.pipelines.embed import EmbedConfig, embed
+h.use_test_fixtures()
+from support.models import make_clip_b32  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
+from mieb_ray.pipelines.embed import EmbedConfig, embed  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "demo_data" / "images"
 
 
 def make_table(folder: Path, n: int, files: int = 4) -> list[bytes]:

@@ -61,10 +61,10 @@ ray.shutdown()
 
 
 def make_model(path: Path) -> str:
-    from mieb_ray.fixtures.models import _save_clip
+    from mieb_ray.demo_data.models import save_clip
 
     tower = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
-    return _save_clip(str(path), tower, dict(tower, image_size=64, patch_size=16), 1024, seed=0)
+    return save_clip(str(path), tower, dict(tower, image_size=64, patch_size=16), 1024, seed=0)
 
 
 def make_table(path: Path, rows: int) -> str:

@@ -1,12 +1,12 @@
 """Eval on the BioVITA shape against mteb's own `mteb.evaluate`, same embeddings, same scores: the whole call
 (process start to results JSON) and the scoring alone.
 
-Data: the BioVITA-shaped fixture (mieb_ray/fixtures/biovita.py) at the real query counts, 288 species and
+Data: the BioVITA-shaped fixture (mieb_ray/demo_data/biovita.py) at the real query counts, 288 species and
 289 genus queries, with 512-d embeddings in our shard format. Not timed.
 
   A. Whole call, each a fresh process timed from spawn to exit (Python imports included):
      1. mteb 2.26.24   bench/contenders/mteb_biovita_call.py: import mteb, load data and embeddings (as
-                       tests/mteb_reference.py does), `mteb.evaluate`, write the TaskResult JSON.
+                       tests/support/mteb_reference.py does), `mteb.evaluate`, write the TaskResult JSON.
      2. mieb-ray       `python -m mieb_ray eval-biovita --data ... --image-embeddings ... --text-embeddings ...
                        --out ...`: a corpus this small is scored in-process (--executor auto), Ray never
                        started; writes results JSON, ranks, report.html and the manifest.
@@ -41,14 +41,15 @@ import numpy as np
 import pyarrow as pa
 
 h.use_test_fixtures()
-from embedding_fixtures import make_biovita_embeddings  # noqa: E402
-from mteb_reference import mteb_scores  # noqa: E402
+from support.biovita import load_subset  # noqa: E402
+from support.embedding_fixtures import make_biovita_embeddings  # noqa: E402
+from support.mteb_reference import mteb_scores  # noqa: E402
 
+from mieb_ray.demo_data.biovita import make_biovita_mirror  # noqa: E402
 from mieb_ray.evals import biovita_data as biovita  # noqa: E402
 from mieb_ray.evals import protocol, registry  # noqa: E402
 from mieb_ray.evals.biovita import RESULTS_FILE, BioVITASuite, scored_queries, subset_scores  # noqa: E402
 from mieb_ray.evals.job import evaluate  # noqa: E402
-from mieb_ray.fixtures.biovita import make_biovita_mirror  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
 from mieb_ray.runtime import tasks  # noqa: E402
 from mieb_ray.topk import engine  # noqa: E402
@@ -123,7 +124,7 @@ def main() -> None:
     make_biovita_mirror(root, species_queries=288, genus_queries=289, single_genera=258)  # ~3,000 photos
     images, texts = str(work / "img"), str(work / "txt")
     make_biovita_embeddings(root, images, texts, dim=512, grid=None, spread=12.0)  # top-1 well below 1
-    subsets = {name: biovita.load_subset(root, name) for name in biovita.SUBSETS}
+    subsets = {name: load_subset(root, name) for name in biovita.SUBSETS}
     n_images = len(subsets["unseen_species"].corpus_ids)
     n_queries = sum(len(s.query_ids) for s in subsets.values())
 

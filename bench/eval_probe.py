@@ -5,8 +5,8 @@ Data (not timed): a mirror of the tasks' sources in the hub's layout (tests' fix
 real row counts of each task's train and eval splits (mteb's descriptive stats; --scale shrinks them), labels
 cycling through the classes as the fixture mirror lays them; every image a 1x1 PNG whose pixel spells its row
 index, so mteb's side can find each row's vector. Synthetic 512-d float32 embeddings, a class centre plus noise,
-in our shard format (tests/embedding_fixtures.py), as two embed outputs: the train rows mteb's undersampling draws
-(the union of the experiments' samples, keyed `<slug>/<index>` as mieb-train), and every eval row
+in our shard format (tests/support/embedding_fixtures.py), as two embed outputs: the train rows mteb's
+undersampling draws (the union of the experiments' samples, keyed `<slug>/<index>` as mieb-train), and every eval row
 (`<slug>/<split>/<index>`, as build --split eval).
 
 Contenders, each a fresh process timed from spawn to exit, one after the other:
@@ -42,10 +42,10 @@ import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 import numpy as np
 
 h.use_test_fixtures()
-from embedding_fixtures import write_embeddings  # noqa: E402
+from support.embedding_fixtures import write_embeddings  # noqa: E402
 
+from mieb_ray.demo_data.mirror import label_order, make_mirror  # noqa: E402
 from mieb_ray.evals.probe_tasks import TASKS, ProbeTask, samples, select_tasks, train_rows  # noqa: E402
-from mieb_ray.fixtures.mirror import _label_order, make_mirror  # noqa: E402
 
 DIM = 512
 SHARD_ROWS = 50_000  # embedding rows per shard
@@ -66,7 +66,7 @@ def sizes(task: ProbeTask, scale: float) -> tuple[int, int]:
     train, evaluated = real_sizes(task)
     if scale >= 1:
         return train, evaluated
-    classes = len(_label_order(task.slug))
+    classes = len(label_order(task.slug))
     return (min(train, max(round(train * scale), task.samples_per_label * classes)),
             min(evaluated, max(round(evaluated * scale), classes)))
 
@@ -86,7 +86,7 @@ def index_png(source, index: int) -> bytes:
 
 def labels_of(task: ProbeTask, n: int) -> np.ndarray:
     """The label ids of a split's first n rows, as the fixture mirror writes them (label_of)."""
-    order = np.asarray(_label_order(task.slug))
+    order = np.asarray(label_order(task.slug))
     return order[np.arange(n) % len(order)]
 
 
@@ -96,7 +96,7 @@ def make_embeddings(tasks, rows: dict[str, tuple[int, int]], train_out: str, eva
     parts = {"train": ([], []), "eval": ([], [])}
     for task in tasks:
         n_train, n_eval = rows[task.slug]
-        classes = len(_label_order(task.slug))
+        classes = len(label_order(task.slug))
         centres = rng.standard_normal((classes, DIM), dtype=np.float32)
         train = labels_of(task, n_train)
         kept = train_rows(task, n_train)  # as mteb: without the rows its dataset_transform drops

@@ -7,8 +7,8 @@ queries stay in memory. Not timed.
   1. faiss         faiss-cpu IndexFlatIP brute force: read the shards, L2-normalise, add, search the top K
                    images per query with K = 10 x the largest group (so the top-10 groups are always among
                    them), then group by: each group's best image, top 10 groups per query.
-  2. mieb-ray      the top-k engine (mieb_ray/topk), as group_topk(queries, shards=...) runs it: one layout pass
-                   (map tasks read each shard once, partition tasks sort P group-aligned partitions), then
+  2. mieb-ray      the top-k engine (mieb_ray/topk) over the shards (engine.layout, then engine.search): one layout
+                   pass (map tasks read each shard once, partition tasks sort P group-aligned partitions), then
                    query-block x partition score tasks and a tree of exact top-k merges.
 
 The harness table (bench/harness.py) has seconds (the layout pass and the whole), CPU seconds, peak memory

@@ -2,7 +2,7 @@
 process start to results JSON.
 
 Data: the fixture mirror's eval splits (real pictures, the hub's layout) and 512-d embeddings of them and of the
-prompts in our shard format (tests/embedding_fixtures.py). Not timed. Two shapes:
+prompts in our shard format (tests/support/embedding_fixtures.py). Not timed. Two shapes:
   1. CIFAR100ZeroShot at its real size, 10,000 test images (one task: the common case of a quick check);
   2. every task of the suite (the 22 classification tasks and SciMMIR), scaled to --rows eval images each (the
      real suite is sources.EVAL_TOTAL_ROWS images; UCF101 alone 697,222).
@@ -39,10 +39,10 @@ from pathlib import Path
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 
 h.use_test_fixtures()
-from embedding_fixtures import make_zeroshot_embeddings  # noqa: E402
+from support.embedding_fixtures import make_zeroshot_embeddings  # noqa: E402
 
+from mieb_ray.demo_data.mirror import make_mirror  # noqa: E402
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks  # noqa: E402
-from mieb_ray.fixtures.mirror import make_mirror  # noqa: E402
 from mieb_ray.sources import EVAL_TOTAL_ROWS  # noqa: E402
 
 MTEB = ("mteb 2.26.24: `python bench/contenders/mteb_zeroshot_call.py` (import mteb, load splits from a warm "

@@ -190,9 +190,12 @@ def train_dir(work: Path, scale: float) -> Path:
 
 
 def expected_train_rows(scale: float) -> int:
-    from mieb_ray.fixtures.mirror import expected_rows, hub_rows
+    import harness as h
 
-    return sum(expected_rows({s: max(1, int(n * scale)) for s, n in hub_rows().items()}).values())
+    h.use_test_fixtures()
+    from support.mirror import hub_rows, kept_rows
+
+    return sum(kept_rows({s: max(1, int(n * scale)) for s, n in hub_rows().items()}).values())
 
 
 def build_prepare(work: Path, scale: float) -> dict:
@@ -241,11 +244,11 @@ def model_dir(work: Path) -> Path:
 
 def make_model(work: Path) -> None:
     """A tiny CLIP with DIM-d embeddings, made once (the instant encoder never runs it)."""
-    from mieb_ray.fixtures.models import _save_clip
+    from mieb_ray.demo_data.models import save_clip
 
     if not (model_dir(work) / "config.json").exists():
         tower = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
-        _save_clip(str(model_dir(work)), tower, dict(tower, image_size=64, patch_size=16), DIM, seed=0)
+        save_clip(str(model_dir(work)), tower, dict(tower, image_size=64, patch_size=16), DIM, seed=0)
 
 
 def embed_prepare(work: Path, scale: float) -> dict:
@@ -349,10 +352,15 @@ def planted(train: Path, scale: float) -> int:
 
 def audit_inputs(work: Path, scale: float) -> dict:
     """The train table and the eval mirror at this scale, made once (a marker file holds what they hold)."""
+    import harness as h
     from build_rows import TAR_ROWS
 
-    from mieb_ray.fixtures.biovita import make_biovita_mirror
-    from mieb_ray.fixtures.mirror import make_mirror
+    from mieb_ray.demo_data.biovita import make_biovita_mirror
+    from mieb_ray.demo_data.mirror import make_mirror
+
+    h.use_test_fixtures()
+    from support.biovita import describe
+
     from mieb_ray.sources import select
 
     folder = work / "audit"
@@ -369,7 +377,7 @@ def audit_inputs(work: Path, scale: float) -> dict:
           flush=True)
     make_mirror(mirror, rows={s.slug: 1 for s in select(None)}, files=1, image_bytes=eval_image, tar_rows=TAR_ROWS,
                 eval_rows=eval_rows(scale))
-    corpus = make_biovita_mirror(mirror, **BIOVITA)["corpus"]
+    corpus = describe(make_biovita_mirror(mirror, **BIOVITA))["corpus"]
     done = {"input_bytes": table_bytes(train) + sum(p.stat().st_size for p in mirror.rglob("*")
                                                     if p.is_file() and ".cache" not in p.parts),
             "train_rows": train_rows, "eval_rows": sum(eval_rows(scale).values()) + corpus,

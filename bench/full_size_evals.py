@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' fixtures (embedding_fixtures)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support (embedding_fixtures)
 from full_size import Stage  # noqa: E402
 
 DIM = 512
@@ -109,7 +109,7 @@ def _eval(work: Path, stage: str, argv: list[str]) -> dict:
 def write_stream(out: Path, shards: Iterator[tuple[list[str], np.ndarray]], modality: str, config: dict) -> int:
     """Embedding shards as the embed job lays them out (part-NNNNN.arrow, manifest last), one (keys, vectors) at
     a time; returns the rows written."""
-    from embedding_fixtures import MODEL
+    from support.embedding_fixtures import MODEL
 
     from mieb_ray import __version__, formats, storage
     from mieb_ray.io import embeddings
@@ -141,18 +141,18 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def zeroshot_rows(scale: float) -> dict[str, int]:
     """Eval rows per task slug: the real count times scale, at least one per class."""
+    from mieb_ray.demo_data.mirror import label_order
     from mieb_ray.evals.zeroshot_tasks import TASKS
-    from mieb_ray.fixtures.mirror import _label_order
 
-    return {t.slug: min(t.source.eval_rows, max(round(t.source.eval_rows * scale), len(_label_order(t.slug))))
+    return {t.slug: min(t.source.eval_rows, max(round(t.source.eval_rows * scale), len(label_order(t.slug))))
             for t in TASKS}
 
 
 def _zeroshot_make(folder: Path, scale: float) -> dict:
     import eval_probe
 
+    from mieb_ray.demo_data.mirror import hub_names, label_order, make_mirror
     from mieb_ray.evals.zeroshot_tasks import TASKS
-    from mieb_ray.fixtures.mirror import _label_order, hub_names, make_mirror
 
     rows = zeroshot_rows(scale)
     make_mirror(folder / "data", rows=1, datasets=list(rows), files=1, tar_rows=10_000, eval_rows=rows,
@@ -168,7 +168,7 @@ def _zeroshot_make(folder: Path, scale: float) -> dict:
 
     def images() -> Iterator[tuple[list[str], np.ndarray]]:
         for task in TASKS:
-            order, prefix = np.asarray(_label_order(task.slug)), task.key_prefix()
+            order, prefix = np.asarray(label_order(task.slug)), task.key_prefix()
             for lo in range(0, rows[task.slug], SHARD_ROWS):
                 index = np.arange(lo, min(lo + SHARD_ROWS, rows[task.slug]))
                 noise = rng.standard_normal((len(index), DIM), dtype=np.float32) / np.float32(np.sqrt(DIM))
@@ -203,7 +203,7 @@ def _probe_make(folder: Path, scale: float) -> dict:
     import eval_probe
     from eval_probe import TASKS, index_png, make_embeddings, sizes
 
-    from mieb_ray.fixtures.mirror import make_mirror
+    from mieb_ray.demo_data.mirror import make_mirror
 
     rows = {t.slug: sizes(t, scale) for t in TASKS}
     make_mirror(folder / "data", rows={s: r[0] for s, r in rows.items()}, datasets=list(rows), files=1,
@@ -235,9 +235,9 @@ def probe_run(work: Path, scale: float) -> dict:
 
 
 def _biovita_make(folder: Path) -> dict:
-    from embedding_fixtures import make_biovita_embeddings
+    from support.embedding_fixtures import make_biovita_embeddings
 
-    from mieb_ray.fixtures.biovita import make_biovita_mirror
+    from mieb_ray.demo_data.biovita import make_biovita_mirror
 
     mirror = make_biovita_mirror(folder / "data", species_queries=288, genus_queries=289, single_genera=258)
     make_biovita_embeddings(mirror, str(folder / "img"), str(folder / "txt"), dim=DIM, grid=None, spread=12.0)

@@ -6,8 +6,8 @@
 #
 # 1. the device's torch, torchvision, CUDA and driver;
 # 2. the GPU tests with MIEB_REQUIRE_GPU=1 (a CUDA or torchvision test that would skip fails instead):
-#    tests/test_cuda.py (bf16 vs fp32, nvJPEG vs the CPU path on mixed sizes, the stream race, one Ray GPU actor
-#    end to end), tests/test_gpu_decode.py and tests/test_model.py;
+#    tests/system/test_cuda.py (bf16 vs fp32, nvJPEG vs the CPU path on mixed sizes, the stream race, one Ray GPU
+#    actor end to end), tests/unit/encode/test_gpu_decode.py and tests/unit/encode/test_model.py;
 # 3. bench/gpu_encode.py: B/32 and L/14 in bf16, images/s against the datasheet and the measured matmul bound,
 #    per decode path, the stream-race probe;
 # 4. one real `mieb-ray embed` on the GPU (--decode gpu, a B/32-sized CLIP, 2,048 photos of mixed sizes).
@@ -33,8 +33,8 @@ step versions python3 -c "import torch, torchvision, transformers, ray
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
-step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py tests/test_gpu_decode.py \
-  tests/test_model.py
+step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/system/test_cuda.py \
+  tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py
 step gpu_encode timeout 200 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 256,512
 step embed timeout 120 python3 bench/gpu_embed.py "$out"
 echo "failed steps: ${failed[*]:-none}"

@@ -17,10 +17,12 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, without installing
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # the repo, without installing; the tests' support (models)
+
+from support.models import make_clip_b32  # noqa: E402
 
 from bench.gpu_encode import PICTURES, mixed_jpegs  # noqa: E402
-from mieb_ray.fixtures.models import make_clip_b32  # noqa: E402
 
 ROWS = 2048
 

@@ -1,6 +1,6 @@
 """GPU image encoding: images/s of ViT-B/32- and ViT-L/14-sized CLIPs in bf16, against the FLOP bound.
 
-Random-weight CLIPs of the real shapes (mieb_ray.fixtures.models; the weights do not change the speed) are saved
+Random-weight CLIPs of the real shapes (tests/support/models.py; the weights do not change the speed) are saved
 to a temp dir and loaded with mieb_ray's Encoder, as an embed actor loads them. For each model and batch size:
   synthetic   model.get_image_features on a bf16 batch already on the GPU: the model alone;
   pipeline    what an actor does per unit: uint8 NHWC pixels pinned and copied to the GPU once, then per batch
@@ -54,15 +54,17 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, without installing
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # the repo, without installing; the tests' support (models)
 
+from support.models import make_clip_b32, make_clip_l14  # noqa: E402
+
+from mieb_ray.demo_data.models import make_tiny_clip  # noqa: E402
 from mieb_ray.encode.gpu_decode import DeviceDecoder, torchvision_problem  # noqa: E402
 from mieb_ray.encode.model import Encoder, load_info  # noqa: E402
 from mieb_ray.encode.preprocess import ImageSpec, Normalizer, load_image  # noqa: E402
-from mieb_ray.fixtures.models import make_clip_b32, make_clip_l14, make_tiny_clip  # noqa: E402
 
-PICTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mieb_ray", "fixtures",
-                        "images")
+PICTURES = os.path.join(REPO, "mieb_ray", "demo_data", "images")
 
 # Dense (not 2:4 sparse) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; first match wins.
 PEAK_TFLOPS = [

@@ -52,8 +52,9 @@ PACKAGES = ("mieb-ray", "ray", "pyarrow", "numpy", "torch", "transformers", "mte
 
 
 def use_test_fixtures() -> None:
-    """Put tests/ on this process's path: the fixtures some benchmarks share with the tests (embedding_fixtures,
-    mteb_reference, planted, raycluster). Called where they are imported, so the dependency stays visible."""
+    """Put tests/ on this process's path: the tests' support package (tests/support/: embedding_fixtures,
+    mteb_reference, planted, raycluster, the mirror's row counts, the models of other sizes and families) that some
+    benchmarks share. Called where they are imported, so the dependency stays visible."""
     if str(TESTS) not in sys.path:
         sys.path.insert(0, str(TESTS))
 

@@ -34,7 +34,7 @@ set's mean pixel_values of the processor, cosine with the processor's; the bar i
 
 Sets:
   jpeg1600  --n JPEGs of 1600x1200 (BioVITA's photos) at quality 90, from the fixture pictures
-            (mieb_ray/fixtures/images): half "smooth" (a 4:3 crop upscaled ~4x: little detail, small files) and
+            (mieb_ray/demo_data/images): half "smooth" (a 4:3 crop upscaled ~4x: little detail, small files) and
             half "sharp" (a 4x5 mosaic of crops at the pictures' own resolution: detail everywhere, large
             files, slow to decode).
   mix       mieb-train's real mix: --per-kind images of each of the kinds below (crops of the fixture pictures,
@@ -67,7 +67,7 @@ from pathlib import Path
 import harness as h
 import numpy as np
 
-FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "fixtures" / "images"
+FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "demo_data" / "images"
 W, H = 1600, 1200
 
 # The image kinds of mieb-train the issue names: name -> (format, width, height, PIL mode, save options).

@@ -50,8 +50,8 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
-    from mieb_ray.fixtures.mirror import make_mirror
-    from mieb_ray.fixtures.models import make_tiny_clip
+    from mieb_ray.demo_data.mirror import make_mirror
+    from mieb_ray.demo_data.models import make_tiny_clip
 
     print("[setup] fixture mirror, tiny CLIP, the 137-row train table ...", flush=True)
     make_mirror(str(work / "mirror"), rows=6)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mieb_ray.sources import SOURCES, Source, read_labels
+from mieb_ray.sources import Source, read_labels
 from mieb_ray.sources.catalog import AS_IS, CAMEL, CASED, HUB, PATH, SNAKE
 
 
@@ -143,8 +143,3 @@ def class_table(source: Source, hub_names: list[str] | None = None) -> ClassTabl
     text = [clean_caption(source.template.format(a=indefinite_article(n), name=n)) for n in names]
     return ClassTable(source.slug, tuple(raw), tuple(names), tuple(text),
                       tuple(i not in source.drop for i in range(len(raw))))
-
-
-def all_tables(hub_names: dict[str, list[str]]) -> dict[str, ClassTable]:
-    """Every catalog source's table, in catalog order; hub_names by slug (needed for the `hub` sources)."""
-    return {s.slug: class_table(s, hub_names.get(s.slug)) for s in SOURCES}

@@ -115,7 +115,7 @@ def run_audit(args: argparse.Namespace) -> None:
 
 def run_demo(args: argparse.Namespace) -> None:
     from mieb_ray.demo import (
-        demo,  # here: its fixtures import transformers and datasets (seconds)
+        demo,  # here: its data (demo_data/) imports transformers and datasets (seconds)
     )
 
     cluster.configure(args.address)
@@ -168,7 +168,7 @@ def parser() -> argparse.ArgumentParser:
 
 def reference() -> str:
     """docs/cli.md: every command and flag as the parser defines them, the one place flags are documented
-    (tests/test_docs.py keeps the page equal to this)."""
+    (tests/repo/test_docs.py keeps the page equal to this)."""
     return flags.reference(parser())
 
 

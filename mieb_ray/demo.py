@@ -6,13 +6,13 @@ import os
 import time
 
 from mieb_ray import storage
+from mieb_ray.demo_data.biovita import CANDIDATES, make_biovita_mirror
+from mieb_ray.demo_data.mirror import make_mirror
+from mieb_ray.demo_data.models import make_tiny_clip
 from mieb_ray.errors import UserError
 from mieb_ray.evals import registry
 from mieb_ray.evals.job import evaluate
 from mieb_ray.evals.zeroshot_tasks import select_tasks
-from mieb_ray.fixtures.biovita import CANDIDATES, make_biovita_mirror
-from mieb_ray.fixtures.mirror import make_mirror
-from mieb_ray.fixtures.models import make_tiny_clip
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
 

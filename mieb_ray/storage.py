@@ -117,6 +117,13 @@ def _hf() -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(HubFileSystem()))
 
 
+def reset_clients() -> None:
+    """Forget the S3 and hub clients this process made: the next request makes them again from the environment
+    as it is then (AWS_* and MIEB_RAY_HUB_* are read when a client is made, once per process)."""
+    for client in (_s3, _boto3_s3, _hf):
+        client.cache_clear()
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem for `uri` and the path inside it."""
     if is_s3(uri):

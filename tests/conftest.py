@@ -11,22 +11,22 @@ import shutil
 import tempfile
 
 import pytest
-import s3server
-from gpu import need
+from support import s3server
+from support.gpu import need
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # before any test module imports `datasets`, which reads its cache's place once, at import: a cache outside the
 # session would serve a folder's old contents to a test that rewrote it (its fingerprint does not see the files)
 HF_HOME = tempfile.mkdtemp(prefix="mieb-ray-tests-hf-")
 os.environ.update(HF_HOME=HF_HOME, HF_DATASETS_CACHE=os.path.join(HF_HOME, "datasets"), HF_HUB_OFFLINE="1")
-# the tests' own modules (fakehub.py, the fixtures) importable in every process the tests start: Ray's nodes and
-# workers, the command-line runs
+# the tests' support package (tests/support/: the fake hub, the GPU stand-ins) importable in every process the tests
+# start: Ray's nodes and workers, the command-line runs
 TESTS = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
 
 
 def pytest_collection_modifyitems(items):
-    """The package's shape first (test_layers.py: seconds, so a layer violation fails at once); the tests on the
+    """The package's shape first (repo/test_layers.py: seconds, so a layer violation fails at once); the tests on the
     multi-node `cluster` last, together: it stays up from its first test to the session's end, and its 30 idle
     processes take about 0.15 of a core, which the other tests on 2 cores would lose."""
     items.sort(key=lambda item: (item.module.__name__ != "test_layers", "cluster" in getattr(item, "fixturenames", ())))
@@ -49,20 +49,20 @@ def hf_home():
 
 
 def fake_hub_config(tmp_path_factory) -> str:
-    """Where test_hub.py writes the fake hub's settings (tests/fakehub.py)."""
+    """Where system/test_hub.py writes the fake hub's settings (support/fakehub.py)."""
     return str(tmp_path_factory.getbasetemp() / "fakehub.json")
 
 
 @pytest.fixture(scope="session")
 def ray_local(request, tmp_path_factory):
-    import fakehub
     import ray
+    from support import fakehub
 
     # the S3 server's settings reach every worker; bench/gpu_check.sh's GPU machine has no SeaweedFS binary (it
     # would not fit the device's carry limit beside Ray) and runs no S3 test
     s3_env = {} if os.environ.get("MIEB_NO_S3") else request.getfixturevalue("s3").env
 
-    # the fake hub of test_hub.py in the workers too: it serves hf:// only while its config file exists
+    # the fake hub of system/test_hub.py in the workers too: it serves hf:// only while its config file exists
     from mieb_ray.runtime.cluster import worker_soft_limit
 
     hub = {"MIEB_RAY_HUB_FS": fakehub.FACTORY, "MIEB_RAY_HUB_FAKE": fake_hub_config(tmp_path_factory),
@@ -78,7 +78,7 @@ def ray_local(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def mirror(tmp_path_factory):
     """The fixture mirror of all 23 sources in the hub's layout: (root, rows written per dataset)."""
-    from mieb_ray.fixtures.mirror import make_mirror
+    from mieb_ray.demo_data.mirror import make_mirror
 
     root = str(tmp_path_factory.mktemp("mirror"))
     return root, make_mirror(root)
@@ -87,7 +87,7 @@ def mirror(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory):
     """A tiny random CLIP saved with save_pretrained: loaded back through the code path of a real model."""
-    from mieb_ray.fixtures.models import make_tiny_clip
+    from mieb_ray.demo_data.models import make_tiny_clip
 
     return make_tiny_clip(str(tmp_path_factory.mktemp("tiny-clip")))
 
@@ -104,10 +104,10 @@ def mieb_train(ray_local, mirror, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cluster(s3):
-    """A real multi-node Ray cluster on this machine (tests/raycluster.py): a head that takes no work and two
+    """A real multi-node Ray cluster on this machine (support/raycluster.py): a head that takes no work and two
     worker nodes of 2 CPUs, `node_a` and `node_b`, each with its own object store, joined with `ray start
     --address`; the S3 settings in the nodes' environment, as on AWS. Stopped whatever happens."""
-    import raycluster
+    from support import raycluster
 
     tmp = tempfile.mkdtemp(prefix="mieb-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     try:
@@ -123,7 +123,7 @@ def cluster(s3):
 
 @pytest.fixture
 def cuda():
-    """A CUDA device: the test skips without one, and fails under MIEB_REQUIRE_GPU=1 (tests/gpu.py)."""
+    """A CUDA device: the test skips without one, and fails under MIEB_REQUIRE_GPU=1 (support/gpu.py)."""
     import torch
 
     need(None if torch.cuda.is_available() else "torch sees no CUDA device")
@@ -140,7 +140,7 @@ def torchvision():
 
 @pytest.fixture
 def torchvision_standin(monkeypatch):
-    """tests/torchvision_standin.py in place of torchvision for one test (our decoder's logic, on any machine)."""
-    import torchvision_standin
+    """support/torchvision_standin.py in place of torchvision for one test (our decoder's logic, on any machine)."""
+    from support import torchvision_standin
 
     return torchvision_standin.install(monkeypatch)

@@ -204,7 +204,7 @@ def main() -> None:
     if args.clip or args.model:
         model = args.model
         if not model:
-            from mieb_ray.fixtures.models import make_tiny_clip
+            from mieb_ray.demo_data.models import make_tiny_clip
 
             model = make_tiny_clip(os.path.join(tempfile.mkdtemp(), "tiny-clip"))
         vt = clip_vectors(model, [b for _, b, _ in train])

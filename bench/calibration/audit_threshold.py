@@ -1,6 +1,6 @@
 """Calibrate the audit's near-duplicate threshold for a model on planted pairs: precision and recall per cosine.
 
-Data (tests/planted.py): tiles of the real pictures in fixtures/images (no two share a pixel). Each
+Data (tests/support/planted.py): tiles of the demo's real photos (mieb_ray/demo_data/images; no two share a pixel). Each
 tile is a train image; its planted copies are the changes the audit must see through: JPEG quality 90 -> 50,
 resized by 1 px, cropped 5%, mirrored. Every other (eval tile, train tile) pair is a distinct
 image. The embeddings are the model's, computed in this process with transformers (CLIPModel, its processor).
@@ -28,7 +28,8 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 h.use_test_fixtures()
-from planted import PLANTS, _plant, encode, tiles  # noqa: E402
+from support.pictures import jpeg  # noqa: E402
+from support.planted import PLANTS, plant, tiles  # noqa: E402
 
 THRESHOLDS = (0.80, 0.85, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # PNG -> JPEG needs a PNG train image: these train tiles are JPEGs, whose re-encode the quality change covers
@@ -55,13 +56,13 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model
     if args.tiny:
-        from mieb_ray.fixtures.models import make_tiny_clip
+        from mieb_ray.demo_data.models import make_tiny_clip
 
         model = make_tiny_clip(tempfile.mkdtemp() + "/tiny-clip")
     if not model:
         ap.error("give --model or --tiny")
-    train = [encode(t) for t in tiles()]
-    copies = [(i, kind, _plant(kind, train[i])) for i in range(len(train)) for kind in KINDS]
+    train = [jpeg(t) for t in tiles()]
+    copies = [(i, kind, plant(kind, train[i])) for i in range(len(train)) for kind in KINDS]
     vectors = embed(model, train + [c[2] for c in copies])
     t, e = vectors[:len(train)], vectors[len(train):]
     scores = e @ t.T

@@ -3,7 +3,7 @@
 import mteb; read the precomputed embeddings into lookup tables; per task, load its train and eval splits from
 the mirror with `datasets` (through a persistent cache, as a user's warm hub cache), run the task's own
 `dataset_transform`, `mteb.evaluate` with an encoder that looks the embeddings up, write the TaskResult JSON mteb
-writes (`TaskResult.to_disk`, as tests/mteb_reference.py).
+writes (`TaskResult.to_disk`, as tests/support/mteb_reference.py).
 
 The mirror's images spell their row index in their one pixel (bench/eval_probe.py writes them), so the encoder
 knows each image mteb hands it (the undersampled train rows come in mteb's own order) and returns its vector:
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mteb  # noqa: E402  imported up front: part of the call's cost
 import numpy as np  # noqa: E402
-from mteb_reference import _quiet_env  # noqa: E402
+from support.mteb_reference import quiet_env  # noqa: E402
 
 from mieb_ray.evals.probe_tasks import BY_NAME  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
@@ -91,7 +91,7 @@ def main() -> None:
     for name in args.tasks.split(","):
         probe = BY_NAME[name]
         repo = os.path.join(args.data, probe.source.repo)
-        with tempfile.TemporaryDirectory() as tmp, _quiet_env(tmp):
+        with tempfile.TemporaryDirectory() as tmp, quiet_env(tmp):
             # mteb's own call (load_dataset(path, revision=...)), the hub's path replaced by the mirror's folder
             every = datasets.load_dataset(repo, cache_dir=args.cache)
             data = datasets.DatasetDict({s: every[s] for s in ("train", probe.split)})

@@ -2,7 +2,7 @@
 
 import mteb; per task, load its eval split from the mirror with `datasets` (through a persistent cache, as a
 user's warm hub cache), `mteb.evaluate` with an encoder that looks the precomputed embeddings up, write the
-TaskResult JSON mteb writes (tests/mteb_reference.py).
+TaskResult JSON mteb writes (tests/support/mteb_reference.py).
 
     .venv/bin/python bench/contenders/mteb_zeroshot_call.py --tasks A,B --data ROOT --image-embeddings IMG \
         --text-embeddings TXT --cache DIR --out DIR
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mteb  # noqa: E402,F401  imported up front: part of the call's cost
 import numpy as np  # noqa: E402
-from mteb_reference import mteb_zeroshot  # noqa: E402
+from support.mteb_reference import mteb_zeroshot  # noqa: E402
 
 from mieb_ray.evals.zeroshot_tasks import select_tasks  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402

@@ -96,7 +96,7 @@ def _buckets(train: np.ndarray, index: Index, c: int, probes: np.ndarray) -> tup
 
 
 def _indexed(train: np.ndarray, index: Index, threshold: int) -> Result:
-    """within() by the index alone (tests call it to compare with brute_force whatever the cost)."""
+    """within() by the index alone."""
     radius, probes = threshold // CHUNKS, _probes(threshold)
     ours, theirs = chunks(train), chunks(index.words)
     found: tuple[list, list, list] = ([], [], [])

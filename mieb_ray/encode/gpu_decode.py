@@ -15,7 +15,7 @@ take, a size group whose resize fails) goes to `load_images` there. Both end as 
 Against the CPU path: the same EXIF orientation, RGB conversion, resize size (truncated long side), filter
 (bilinear or bicubic, antialiased, in float32 on the device) and crop offsets; the resize runs on the full decode
 rather than a draft decode and rounds once rather than per pass, so pixels differ by a few levels and embeddings
-by a centred cosine well above 0.95 (tests/test_gpu_decode.py measures it).
+by a centred cosine well above 0.95 (tests/unit/encode/test_gpu_decode.py measures it).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ MAX_PIXELS = 178_956_970
 # decode and a much smaller image to resize) at the smallest scale that leaves each side at least
 # DRAFT_FACTOR times its resized size. Against the full decode this differs only at sharp edges. With a
 # factor of 1 (1600x1200 -> 400x300 for 224 px): mean 1.5, max 26 uint8 levels on sharp photo mosaics,
-# a centred cosine of pixel_values >= 0.999 and of a CLIP's embeddings >= 0.999 (tests/test_equivalence.py),
+# a centred cosine of pixel_values >= 0.999 and of a CLIP's embeddings >= 0.999 (tests/unit/encode/test_equivalence.py),
 # for 1.3-1.5x the speed of a factor of 2 (1/2 scale there: mean 0.4, max 7), which keeps the bicubic
 # resize shrinking by 2x or more; 3 and up decodes in full (bench/preprocess.py --draft-factor N).
 # Pillow's draft picks the scale; simplejpeg decodes at it (libjpeg-turbo's other scales, 3/8 ... 7/8,
@@ -386,7 +386,7 @@ def _resize(batch: np.ndarray, box: tuple[float, float], size: tuple[int, int], 
     there). Output pixel x maps to input (x + 0.5) / scale whatever the output size, so they are the same
     pixels, but for torch's fixed-point weights, whose precision it sets from the largest weight it
     computes: rarely, a value rounds the other way by one level (identical at mieb-train's sizes:
-    tests/test_preprocess.py). An axis whose size stays is not resampled by torch, so it is not cut short.
+    tests/unit/encode/test_preprocess.py). An axis whose size stays is not resampled by torch, so it is not cut short.
     `out`: an uint8 (n, size[0], size[1], c) array to write into (not with transposed).
     """
     import torch

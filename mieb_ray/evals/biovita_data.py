@@ -33,19 +33,6 @@ class BioVITAError(UserError):
     pass
 
 
-@dataclass
-class Subset:
-    name: str
-    corpus_ids: list[str]  # corpus `id`, file order
-    corpus_taxa: list[str]  # corpus `taxon`, aligned
-    query_ids: list[str]
-    query_texts: list[str]
-    correct_taxa: list[str]
-    candidate_taxa: list[list[str]]  # 100 each, in the official order (the tie-break)
-    top_ranked: list[list[str]]  # per query, aligned with query_ids: its pool of corpus ids, in order
-    qrels: dict[str, dict[str, int]]  # as mteb loads them: only queries with qrels rows appear
-
-
 # ---------------------------------------------------------------------------------------------- files
 
 
@@ -196,22 +183,6 @@ def pool_positions(data: str, subset: str, query_ids: list[str], corpus_ids: lis
     sizes = np.where(row_of >= 0, np.diff(offsets)[row_of], 0)
     take = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in row_of if r >= 0] or [np.zeros(0, int)])
     return np.r_[0, np.cumsum(sizes)].astype(np.int64), at[take]
-
-
-def read_pools(data: str, subset: str, query_ids: list[str], corpus_ids: list[str]) -> list[list[str]]:
-    """Each query's top_ranked pool of corpus ids, in order, aligned with query_ids (see pool_positions)."""
-    indptr, positions = pool_positions(data, subset, query_ids, corpus_ids)
-    return [[corpus_ids[p] for p in positions[a:b]] for a, b in zip(indptr[:-1], indptr[1:])]
-
-
-def load_subset(data: str, subset: str) -> Subset:
-    """One subset's queries, candidates, pools, qrels and the corpus id -> taxon map (no images)."""
-    corpus_ids, corpus_taxa = read_corpus(data, subset)
-    q = load_queries(data, subset)
-    pools = read_pools(data, subset, q.query_ids, corpus_ids)
-    return Subset(name=subset, corpus_ids=corpus_ids, corpus_taxa=corpus_taxa, query_ids=q.query_ids,
-                  query_texts=q.query_texts, correct_taxa=q.correct_taxa, candidate_taxa=q.candidate_taxa,
-                  top_ranked=pools, qrels=q.qrels)
 
 
 def read_images(data: str, subset: str, ids: set[str]) -> dict[str, bytes]:

@@ -56,7 +56,7 @@ def retrieval(ranks, confidence: dict[str, np.ndarray], k_values=K_VALUES) -> di
     pytrec_eval and mteb break ties) among the documents the search returned (a rank over max(k_values): not
     returned). With one relevant document every trec_eval measure is a function of that rank: ndcg_cut@k =
     1/log2(r+1), map_cut@k = MRR@k = 1/r, recall@k = success@k = 1 and P@k = 1/k when r <= k, else 0 (the same
-    doubles pytrec_eval computes; tests/test_retrieval.py checks every rank to 1,001 against it).
+    doubles pytrec_eval computes; tests/unit/evals/test_retrieval.py checks every rank to 1,001 against it).
     confidence: per query the max, std and diff1 of its returned scores (mteb's `confidence_scores`), in query
     order: the nAUC of each per-query metric."""
     ranks = [int(r) for r in ranks]

@@ -3,10 +3,10 @@ sources, and how mteb draws their training samples. Pure: no Ray, no I/O.
 
 Each task trains sklearn's LogisticRegression(max_iter=100, random_state=42) on `samples_per_label` train rows
 per label and scores it on the eval split, `experiments` times, and reports the mean of each metric and every
-experiment's. Its repo, revision, splits and label column are the catalog source's (tests/test_linear_probe.py
-checks each against mteb's task). Its train split is the source's, all of it: rows mieb-train leaves out
-(Caltech101's background class) are sampled too, and Birdsnap's corrupted row 3854 is not (mteb's
-`dataset_transform`).
+experiment's. Its repo, revision, splits and label column are the catalog source's
+(tests/unit/evals/test_linear_probe.py checks each against mteb's task). Its train split is the source's, all of
+it: rows mieb-train leaves out (Caltech101's background class) are sampled too, and Birdsnap's corrupted row 3854
+is not (mteb's `dataset_transform`).
 """
 
 from __future__ import annotations

@@ -171,11 +171,6 @@ def split_files(source: Source, sources: str, split: str = "train") -> list[str]
     return list(detect(source, sources, split).files)
 
 
-def train_files(source: Source, sources: str) -> list[str]:
-    """The train split's files (the benchmarks list them)."""
-    return split_files(source, sources, "train")
-
-
 def classnames(listing: Listing) -> list[str] | None:
     """The class list a tar repo keeps beside its tars (classnames.txt, one name per line), else None."""
     return storage.read_text(listing.classnames).splitlines() if listing.classnames else None

@@ -110,12 +110,9 @@ def excluded_keys(audit: str, by: tuple[str, ...] = formats.BUILD_DETECTORS) -> 
     return contamination.flagged_train_keys(audit, by)
 
 
-def source_split(source: Source, split: str) -> str:
-    """The source's split that build `split` ("train" or "eval") reads."""
-    return source.split if split == "train" else source.eval_split
-
-
-def expected_rows(source: Source, split: str) -> int:
+def built_rows(source: Source, split: str) -> int:
+    """Rows the build writes of the source's split: train, the catalog's rows less those of the classes it drops;
+    eval, every row."""
     return source.rows if split == "train" else source.eval_rows
 
 
@@ -232,7 +229,7 @@ def _exclusion(config: BuildConfig, exclude: pa.Array | None) -> dict | None:
 
 def _plan(selected, sources: str, rows_per_shard: int, split: str):
     def one(source):
-        units, hub_names = reader.plan_source(source, sources, rows_per_shard, source_split(source, split))
+        units, hub_names = reader.plan_source(source, sources, rows_per_shard, preflight.source_split(source, split))
         try:
             return source, units, class_table(source, hub_names)
         except ValueError as exc:  # the source's class list is not the one the catalog knows
@@ -308,13 +305,13 @@ def _manifest(config: BuildConfig, selected, results: list[dict], job: Job, excl
     rows, n_errors = sum(counts.values()), sum(errors.values())
     job.check_errors(n_errors, rows, config.max_error_rate, "built", ", ".join(f"{k}: {v:,}" for k, v in errors.items()
                                                                               if v))
-    expected = {s.slug: expected_rows(s, config.split) for s in selected}
+    expected = {s.slug: built_rows(s, config.split) for s in selected}
     verify = (config.sources == reader.HF) if config.check_counts is None else config.check_counts
     if verify:
         # the rows left out by --exclude were read: the source still has its catalog count
         check_counts({k: counts[k] + excluded[k] for k in counts}, expected,
                      TOTAL_ROWS if config.split == "train" else EVAL_TOTAL_ROWS)
-    splits = {s.slug: source_split(s, config.split) for s in selected}
+    splits = {s.slug: preflight.source_split(s, config.split) for s in selected}
     sizes = write_sizes(config.out, shards) if config.fmt == "webdataset" else []
     storage.write_bytes(storage.join(config.out, formats.CARD), dataset_card(splits, config.fmt, exclusion).encode())
     manifest = job.finish({

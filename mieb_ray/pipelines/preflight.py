@@ -62,13 +62,14 @@ class Row:
         return "; ".join(self.fails + self.warnings + self.notes)
 
 
-def split_of(source: Source, split: str) -> str:
-    """The source split a build `split` ("train" or "eval") reads."""
+def source_split(source: Source, split: str) -> str:
+    """The source's split that build `split` ("train" or "eval") reads."""
     return source.split if split == "train" else source.eval_split
 
 
-def expected_rows(source: Source, split: str) -> int:
-    """Rows the source's split holds at its revision (train: before the build's drops)."""
+def split_rows(source: Source, split: str) -> int:
+    """Rows the source's split holds at its revision (train: before the build's drops), what check-sources
+    compares a mirror's counts with."""
     return source.split_rows if split == "train" else source.eval_rows
 
 
@@ -162,9 +163,9 @@ def check_source(source: Source, sources: str, split: str = "train", count: bool
     `expected`: the rows to compare with (default: the catalog's; None: shown, not compared). Never raises
     for what it finds: an unreadable source is a FAIL row with the reason."""
     row = Row(source.slug, source.repo, source.layout,
-              expected_rows(source, split) if expected == CATALOG else expected)
+              split_rows(source, split) if expected == CATALOG else expected)
     try:
-        listing = reader.detect(source, sources, split_of(source, split))
+        listing = reader.detect(source, sources, source_split(source, split))
         row.layout, row.files = listing.layout, len(listing.files)
         if listing.layout != source.layout:
             row.warnings.append(f"layout changed: expected {source.layout}, found {listing.layout}")

@@ -36,7 +36,7 @@ _started_here = False  # ray_up brought Ray up with no cluster named: this machi
 # the next unit waited for a fresh process to import torch and pyarrow again (3-5 s on 2 cores). 68 small units
 # on one 2-CPU node: 20 worker processes started, 13 ended idle, 72.7 s; with this limit 8, none, 45.3 s
 # (bench/ray_workers.py).
-# Nodes started by `ray start` take the same limit from their environment (cluster.yaml, tests/raycluster.py).
+# Nodes started by `ray start` take the same limit from their environment (cluster.yaml, tests/support/raycluster.py).
 def worker_soft_limit(cpus: int) -> int:
     """How many worker processes a node of `cpus` CPUs keeps, idle ones included: Ray's num_workers_soft_limit."""
     return 2 * cpus + 4

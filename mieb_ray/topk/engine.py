@@ -42,7 +42,7 @@ from mieb_ray import storage
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import tasks
 from mieb_ray.topk.groupmax import normalize
-from mieb_ray.topk.kernels import TopK, batches, build_partition, split
+from mieb_ray.topk.kernels import batches, build_partition, split
 
 MAP_BYTES = 512 << 20  # shard bytes one map task reads
 PARTITION_BYTES = 256 << 20  # corpus bytes per partition: what one score task holds
@@ -136,23 +136,6 @@ def search(lay: Layout, query_blocks: list, reducer, block_data: list | None = N
                      for a in range(0, len(parts), fan_in)]
         out.append(parts[0])
     return out
-
-
-def group_topk(queries: np.ndarray, k: int = 10, shards: list[str] | None = None, group_column: str | None = None,
-               chunks: list[tuple[np.ndarray, np.ndarray]] | None = None, query_block: int = 1024,
-               partitions: int | None = None, stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The engine as one call: (Q, k) scores and group ids of each query's k groups whose best item scores
-    highest, best first, ties by group id (groups: non-negative integers). The corpus is embedding `shards`
-    (group ids in their `group_column`) or in-memory `chunks` of (vectors, groups); stats: a dict to fill with
-    the layout's statistics."""
-    lay = layout(shards, chunks=chunks, group_column=group_column, partitions=partitions)
-    blocks = [queries[lo:lo + query_block] for lo in range(0, len(queries), query_block)]
-    merged = tasks.get(search(lay, blocks, TopK(k)))
-    if stats is not None:
-        stats.update(lay.stats())
-    if not merged:
-        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-    return np.concatenate([s for s, _ in merged]), np.concatenate([i for _, i in merged])
 
 
 def _ref(x):

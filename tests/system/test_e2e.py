@@ -1,0 +1,126 @@
+"""Users' path end to end: a real Ray cluster of three nodes (a head and two workers, support/raycluster.py), a real
+S3 server (SeaweedFS), and the three jobs through `ray job submit --working-dir .`, build -> embed ->
+eval (which embeds texts too), their work spread over both worker nodes; then the outputs on S3.
+
+Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
+runtime env, so they appear in no job metadata and no log (checked).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.paths import ROOT
+
+REPO = ROOT
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.timeout(900)
+
+
+def submit(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`ray job submit` as a user types it: the checkout as working dir, the job's own flags after `--`.
+    Sets `.status`, the job's final status as the cluster reports it."""
+    from ray.job_submission import JobSubmissionClient
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    cmd = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
+           "--runtime-env-json", json.dumps({"env_vars": {"AWS_ENDPOINT_URL": endpoint}}), "--", "python", *args]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    found = re.search(r"raysubmit_\w+", done.stdout + done.stderr)
+    assert found, done.stdout[-3000:] + done.stderr[-3000:]
+    job_id = found.group()
+    info = JobSubmissionClient(address).get_job_info(job_id)
+    done.status, done.ray_job_id = str(info.status.value), info.job_id
+    if check:
+        assert done.returncode == 0 and done.status == "SUCCEEDED", done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def upload(client, bucket: str, local: str, prefix: str) -> None:
+    for path in glob.glob(f"{local}/**/*", recursive=True):
+        if os.path.isfile(path):
+            client.upload_file(path, bucket, f"{prefix}/{os.path.relpath(path, local)}")
+
+
+def read_json(client, bucket: str, key: str) -> dict:
+    return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
+    from support.mirror import kept_rows
+
+    from mieb_ray.demo_data.biovita import make_biovita_mirror
+    from mieb_ray.demo_data.mirror import make_mirror
+
+    address, tmp = cluster.dashboard_url, cluster.tmp
+    client, bucket = s3.client(), s3.bucket
+    written = make_mirror(tmp_path / "mirror", rows=6)
+    make_biovita_mirror(tmp_path / "biovita")
+    upload(client, bucket, str(tmp_path / "mirror"), "e2e/mirror")
+    upload(client, bucket, str(tmp_path / "biovita"), "e2e/biovita")
+    upload(client, bucket, tiny_clip, "e2e/models/tiny-clip")
+    s3uri = f"s3://{bucket}/e2e"
+
+    build = submit(address, "jobs/build_train.py", "--sources", f"{s3uri}/mirror", "--out", f"{s3uri}/train",
+                   "--rows-per-shard", "4")
+    assert "[build] done:" in build.stdout
+    assert "[build] shard builders: 4 actors x 1 CPU (4 CPUs up now)" in build.stdout
+    manifest = read_json(client, bucket, "e2e/train/_manifest.json")
+    assert manifest["counts"]["datasets"] == kept_rows(written)
+
+    model = f"{s3uri}/models/tiny-clip"
+    # a cluster with no GPU and no autoscaler: encoding on CPUs must be asked for, and without it the job
+    # fails at once, in one line, rather than encode on CPUs unasked or wait for GPUs that cannot come
+    t0 = time.time()
+    refused = submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-refused",
+                     "--model", model, check=False)
+    # a failing job is FAILED for `ray job submit`, with the one-line reason in its log
+    assert refused.returncode != 0 and refused.status == "FAILED" and time.time() - t0 < 90
+    assert "mieb-ray: error: the Ray cluster has no GPU (3 nodes) and Ray reports no autoscaler that could add " \
+           "one; pass --gpus-per-worker 0" in refused.stdout + refused.stderr
+    cpus = ("--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
+    images = submit(address, "jobs/embed.py", "--input", f"{s3uri}/train", "--out", f"{s3uri}/emb-images",
+                    "--model", model, "--carry-columns", "dataset_name,label", *cpus)
+    assert ("[embed] encoders on CPUs: 1 actor x 0.5 CPU (one per 4 CPUs, at least one; 4 CPUs up now): "
+            "--gpus-per-worker 0") in images.stdout
+    emb = read_json(client, bucket, "e2e/emb-images/_manifest.json")
+    assert emb["counts"] == {"total": manifest["counts"]["total"], "errors": 0}
+    assert len(emb["shards"]) == len(manifest["shards"])  # a shard per input file (test_multinode cuts files)
+
+    # the eval embeds BioVITA's photos and its taxon texts on the cluster (the text path of the embed job)
+    evaluation = submit(address, "jobs/eval_biovita.py", "--data", f"{s3uri}/biovita", "--model", model,
+                        "--out", f"{s3uri}/eval", *cpus)
+    assert "[eval] task score" in evaluation.stdout
+    assert "[eval] on Ray (a cluster was asked for (RAY_ADDRESS)" in evaluation.stdout  # a job stays on its cluster
+    texts = read_json(client, bucket, "e2e/eval/embeddings/texts/_manifest.json")
+    assert texts["config"]["modality"] == "text" and texts["counts"]["errors"] == 0
+    results = read_json(client, bucket, "e2e/eval/BioVITAT2IReranking.json")
+    assert [e["hf_subset"] for e in results["scores"]["test"]] == ["unseen_species", "unseen_genus"]
+    assert client.head_object(Bucket=bucket, Key="e2e/eval/report.html")["ContentLength"] > 10_000
+
+    # the work ran on both worker nodes (the head takes none)
+    workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
+    assert cluster.actor_nodes("ShardBuilder", build) == workers
+    assert cluster.actor_nodes("EncodeStage", images, evaluation) == workers
+
+    # the secret key is in no log, no job's metadata and no output
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(address)
+    seen = [build.stdout + build.stderr, evaluation.stdout, refused.stdout + refused.stderr]
+    for job in jobs.list_jobs():  # drivers that joined without `ray job submit` (the tests' probes) have no logs
+        seen += [json.dumps(job.dict(), default=str)] + ([jobs.get_job_logs(job.submission_id)]
+                                                          if job.submission_id else [])
+    seen += [open(p, errors="replace").read() for p in glob.glob(f"{tmp}/*/session_latest/logs/*.out")]
+    for key in ("e2e/train/_manifest.json", "e2e/emb-images/_manifest.json", "e2e/eval/BioVITAT2IReranking.json"):
+        seen.append(client.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+    assert not [text for text in seen if s3.secret_key in text]

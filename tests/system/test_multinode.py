@@ -1,0 +1,81 @@
+"""A whole worker node lost mid-job, on a real three-node Ray cluster (tests/support/raycluster.py): its raylet,
+object store and every worker SIGKILLed at once. The job finishes with every key exactly once, and its output
+equals an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from support.pictures import photo_table
+
+from mieb_ray.io import embeddings
+from mieb_ray.pipelines.build import BuildConfig, build
+from mieb_ray.pipelines.embed import EmbedConfig, embed
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def committed(folder, suffix: str) -> int:
+    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)
+
+
+def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str, after: int) -> tuple[str, str]:
+    """`mieb-ray ARGS` as a driver on the head; once `after` files are committed, SIGKILL the worker node
+    running a `marker` actor. Returns the driver's output and the node killed; the node is started again."""
+    driver = subprocess.Popen([sys.executable, "-m", "mieb_ray", "--address", cluster.address, *args],
+                              env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, victim = time.time() + 300, None
+    try:
+        while victim is None and driver.poll() is None and time.time() < deadline:
+            if committed(out, suffix) >= after:
+                victim = next((n for n in ("node_b", "node_a")
+                               if any(marker in p for p in cluster.processes(n))), None)
+            time.sleep(0.05)
+        assert victim, "no node was running the job when it was to be killed: the test did not test anything"
+        cluster.nodes[victim].kill()
+        output, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if victim:
+            cluster.restart(victim)
+    assert driver.returncode == 0, output[-3000:]
+    return output, victim
+
+
+def test_embed_finishes_when_a_whole_node_dies(cluster, tiny_clip, tmp_path):
+    root = photo_table(tmp_path / "table", 6, 60)  # cut into 30-row shards: 12 units
+    config = EmbedConfig(root, str(tmp_path / "ref"), tiny_clip, batch_size=32, rows_per_shard=30, executor="local")
+    reference = embed(config, log=lambda _: None)  # uninterrupted, in this process
+    out = tmp_path / "out"
+    output, victim = run_and_lose_a_node(
+        cluster, ["embed", "--input", root, "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
+                  "--rows-per-shard", "30", "--gpus-per-worker", "0", "--workers", "2", "--cpus-per-worker", "0.5"],
+        out, ".arrow", "EncodeStage", after=3)
+    assert "[embed] done: 360 embeddings in 12 shards, 0 errors" in output
+    keys, vectors = embeddings.read_all(str(out))
+    ref_keys, ref_vectors = embeddings.read_all(str(tmp_path / "ref"))
+    assert keys == ref_keys and len(set(keys)) == len(keys) == 360  # every key exactly once
+    assert np.allclose(vectors, ref_vectors, atol=1e-6)
+    manifest = embeddings.storage.read_manifest(str(out))
+    assert [(s["path"], s["rows"]) for s in manifest["shards"]] == [(s["path"], s["rows"]) for s in reference["shards"]]
+
+
+def test_build_finishes_when_a_whole_node_dies(cluster, ray_local, mirror, tmp_path):
+    root, _ = mirror
+    datasets = "cifar10,mnist,dtd,gtsrb,scimmir,caltech101"
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=datasets, rows_per_shard=1),
+                      log=lambda _: None)
+    out = tmp_path / "out"
+    run_and_lose_a_node(cluster, ["build", "--sources", root, "--out", str(out), "--datasets", datasets,
+                                  "--rows-per-shard", "1", "--cpus-per-worker", "0.5"],
+                        out, ".parquet", "ShardBuilder", after=5)
+    manifest = embeddings.storage.read_manifest(str(out))
+    assert [(s["path"], s["rows"], s["sha256"]) for s in manifest["shards"]] == \
+        [(s["path"], s["rows"], s["sha256"]) for s in reference["shards"]]  # the same bytes, each shard once
+    assert manifest["counts"] == reference["counts"]

@@ -1,0 +1,79 @@
+"""What a user reads: a job prints its own lines and the errors, nothing else (Ray's log lines, Ray Data's plan,
+progress bars of transformers and the hub, Ray core's E lines that are not errors); --verbose brings them back.
+A model the hub cannot give is one line within seconds, not half a minute of retries."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.pictures import encode, picture
+
+OWN = re.compile(r"^\[(build|embed|eval|audit|demo)\] ")
+
+
+def env(**extra) -> dict:
+    keep = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a laptop: the job's own local Ray
+    return {**keep, **extra}
+
+
+@pytest.mark.timeout(600)
+def test_a_ray_job_prints_only_its_own_lines_unless_verbose(tiny_clip, tmp_path):
+    photo = encode(picture("coffee.jpg").resize((80, 60)), "JPEG")
+    pq.write_table(pa.table({"key": ["a", "b", "c"], "image": [photo] * 3}), tmp_path / "t.parquet")
+    lines = {}
+    for verbose in (False, True):
+        done = subprocess.run([sys.executable, "-m", "mieb_ray", "embed", "--input", str(tmp_path / "t.parquet"),
+                               "--out", str(tmp_path / f"out-{verbose}"), "--model", tiny_clip, "--executor", "ray",
+                               *(["--verbose"] if verbose else [])],
+                              capture_output=True, text=True, timeout=300, env=env())
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        lines[verbose] = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert [line for line in lines[False] if not OWN.match(line)] == []
+    others = [line for line in lines[True] if not OWN.match(line)]
+    assert any("streaming_executor" in line for line in others), others  # Ray Data's plan, with --verbose
+
+
+def test_a_hub_model_the_hub_cannot_give_is_one_line_within_seconds(tmp_path):
+    """No network (here: nothing listens where the hub should be): the hub client would retry for half a minute."""
+    pq.write_table(pa.table({"key": ["a"], "image": [b"x"]}), tmp_path / "t.parquet")
+    quiet_hub = {k: v for k, v in env().items() if k != "HF_HUB_OFFLINE"}
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "embed", "--input", str(tmp_path / "t.parquet"), "--out",
+                           str(tmp_path / "o"), "--model", "openai/clip-vit-base-patch32"], capture_output=True,
+                          text=True, timeout=120, env={**quiet_hub, "HF_ENDPOINT": "http://127.0.0.1:9",
+                                                       "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 1 and time.time() - t0 < 15
+    assert done.stderr.splitlines() == ["mieb-ray: error: model openai/clip-vit-base-patch32 is not a local directory "
+                                        "or cached here, and cannot reach the Hugging Face hub http://127.0.0.1:9: "
+                                        "connection refused"]
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_raylet_notices_are_filtered_on_stdout_as_on_stderr(tmp_path):
+    """Ray's driver prints a raylet's warnings with print_to_stdstream to sys.stdout (is_err False), its C++ log to
+    the stderr descriptor: both are held back, the job's own lines on both pass, in order."""
+    script = """
+import sys
+from ray._private.worker import print_to_stdstream
+from mieb_ray.runtime.quiet import quiet
+with quiet():
+    print("[embed] before")
+    print_to_stdstream({"lines": ["WARNING: 10 PYTHON worker processes have been started on node: x"],
+                        "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    sys.stderr.write("[2026-12-02 21:16:56,714 E 6571 6571] core_worker.cc:2465: Actor restart will fail\\n")
+    print("mieb-ray: an error of the job", file=sys.stderr)
+    print("[embed] after")
+print("[embed] outside")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**env(), "RAY_COLOR_PREFIX": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[embed] before", "[embed] after", "[embed] outside"]
+    assert done.stderr.splitlines() == ["mieb-ray: an error of the job"]

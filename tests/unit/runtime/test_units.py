@@ -1,0 +1,78 @@
+"""A job's units through its stages (mieb_ray/runtime/units.py): on Ray Data and inline with the same results, a
+class stage's rows reported as it goes, a stage's UserError as the job's one line, Ray Data's settings restored
+after a job."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import ray.cloudpickle
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.runtime import units
+from mieb_ray.runtime.pools import Pool
+
+pytestmark = pytest.mark.timeout(300)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import a test module
+
+
+def read(batch: dict, names: list[str], out: str) -> dict:
+    (i,) = batch["unit"]
+    if names[i] == "bad":
+        raise UserError(f"{names[i]} is not a table")
+    return {"unit": batch["unit"], "name": np.array([names[i]], dtype=object)}
+
+
+class Upper:
+    """A class stage (an actor pool on Ray): built once, called per unit."""
+
+    def __init__(self, suffix: str):
+        self.suffix, self.on_rows = suffix, None
+
+    def __call__(self, batch: dict) -> dict:
+        if self.on_rows is not None:
+            self.on_rows(1)
+        return {**batch, "name": np.array([n.upper() + self.suffix for n in batch["name"]], dtype=object)}
+
+
+def commit(batch: dict, out: str) -> dict:
+    results = [{"unit": int(u), "path": f"{n}.txt", "rows": 1} for u, n in zip(batch["unit"], batch["name"])]
+    for r in results:
+        storage.write_bytes(storage.join(out, r["path"]), b"x")
+    return {"unit": batch["unit"], "result": np.array([json.dumps(r) for r in results], dtype=object)}
+
+
+def _stages(names, out):
+    pool = Pool(1, 1, 0.5, 0.0, "test")
+    return [units.Stage(read, dict(names=names, out=out), num_cpus=0.5),
+            units.Stage(Upper, dict(suffix="!"), num_cpus=0.5, pool=pool),
+            units.Stage(commit, dict(out=out), num_cpus=0.5)]
+
+
+def test_units_run_the_same_on_ray_data_and_inline(ray_local, tmp_path):
+    import ray
+
+    names = ["a", "b", "c", "d"]
+    ctx = ray.data.DataContext.get_current()
+    before = (ctx.target_max_block_size, ctx.raise_original_map_exception, ctx.retried_map_errors)
+    got, ticks = {}, []
+    for where in ("ray", "local"):
+        out = str(tmp_path / where)
+        got[where] = [r for _, r in sorted(units.run([0, 2, 3], _stages(names, out), where, on_rows=ticks.append),
+                                           key=lambda pair: pair[0])]
+        assert sorted(p.name for p in (tmp_path / where).iterdir()) == ["A!.txt", "C!.txt", "D!.txt"]
+    assert got["ray"] == got["local"] == [{"unit": u, "path": f"{n}!.txt", "rows": 1}
+                                          for u, n in ((0, "A"), (2, "C"), (3, "D"))]
+    assert ticks == [1, 1, 1]  # inline, a class stage reports its rows as it goes
+    assert (ctx.target_max_block_size, ctx.raise_original_map_exception, ctx.retried_map_errors) == before
+    assert list(units.run([], _stages(names, str(tmp_path)), "ray")) == []
+
+
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_a_stage_s_user_error_is_the_job_s_one_line(ray_local, tmp_path, where):
+    with pytest.raises(UserError, match="^bad is not a table$"):
+        list(units.run([0, 1], _stages(["good", "bad"], str(tmp_path)), where))
