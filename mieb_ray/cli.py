@@ -10,7 +10,7 @@ from contextlib import nullcontext
 from mieb_ray import __version__, flags
 from mieb_ray.audit.job import AuditConfig, audit
 from mieb_ray.errors import UserError, surfaced
-from mieb_ray.evals import registry
+from mieb_ray.evals import benchmarks, registry
 from mieb_ray.evals.job import EvalConfig, evaluate
 from mieb_ray.formats import DETECTORS
 from mieb_ray.pipelines import preflight
@@ -63,7 +63,7 @@ def run_check(args: argparse.Namespace) -> None:
 
 
 EMBED_FLAGS = ("input", "out", "model", "revision", "modality", "image_column", "text_column", "key_column",
-               "carry_columns", "batch_size", "rows_per_shard", "dtype", "resume", "overwrite", "max_error_rate",
+               "carry_columns", "batch_size", "rows_per_shard", "dtype", "raw", "resume", "overwrite", "max_error_rate",
                "decode", "executor", "workers", "gpus_per_worker", "cpus_per_worker")
 
 
@@ -78,8 +78,9 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
     names = [n for suite in within for n in suite.tasks]
     if len(names) > 1:
         p.add_argument("--tasks", default=registry.ALL,
-                       help=f"comma-separated mteb task names, or {registry.ALL} (default): "
-                            + ", ".join(names[:3]) + ", ...")
+                       help=f"comma-separated mteb task names or MIEB benchmark names, or {registry.ALL} "
+                            "(default): " + ", ".join(names[:3]) + ", ..."
+                            + (f"; {', '.join(benchmarks.BENCHMARKS)}" if within == registry.SUITES else ""))
     add_sources_flag(p, "where the tasks' data is read: ")
     flags.add_flags(p, EvalConfig, ("images", "texts", "model", "revision", "out"))
     for setting in dict.fromkeys(s for suite in within for s in suite.settings):  # the suites' own settings

@@ -313,7 +313,7 @@ class Encoder:
     none, whatever CUDA_VISIBLE_DEVICES says); None: cuda when torch sees one (a process of its own). A cuda
     device torch cannot use is a one-line error, never a silent run on the CPU."""
 
-    def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto"):
+    def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto", raw: bool = False):
         import torch
         import transformers
 
@@ -327,6 +327,7 @@ class Encoder:
         # to(device) after loading: device_map= would need accelerate, which we do not depend on
         self.model = cls.from_pretrained(path, dtype=self.dtype, trust_remote_code=False).to(self.device).eval()
         self._tokenizer = None
+        self.raw = raw  # the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an image's and a text's)
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Float (n, 3, h, w), already normalised -> L2-normalised float32 (n, dim), left on the device."""
@@ -334,7 +335,7 @@ class Encoder:
 
         with torch.inference_mode():
             pixel_values = pixel_values.to(self.device, self.dtype, non_blocking=True)
-            return self._checked(_unit(self.family.image_features(self.model, pixel_values)))
+            return self._checked(_unit(self.family.image_features(self.model, pixel_values), self.raw))
 
     def encode_pixel_values(self, pixel_values: torch.Tensor) -> np.ndarray:
         """image_features as a numpy array."""
@@ -351,7 +352,8 @@ class Encoder:
             self._tokenizer = load_tokenizer(self.path, self.info.name)
         batch = self._tokenizer(list(texts), **self.family.tokenizer_kwargs(self.info.max_text_length))
         with torch.inference_mode():
-            return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device)))).cpu().numpy()
+            return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device)),
+                                       self.raw)).cpu().numpy()
 
     def _checked(self, emb: torch.Tensor) -> torch.Tensor:
         if emb.ndim != 2 or emb.shape[1] != self.info.dim:  # a generic model's dim is read from its config by name
@@ -360,10 +362,10 @@ class Encoder:
         return emb
 
 
-def _unit(out) -> torch.Tensor:
+def _unit(out, raw: bool = False) -> torch.Tensor:
     import torch
 
     # transformers 5 returns an output object whose pooler_output is the projected embedding; 4.x a tensor.
     # Normalised in float32: a bf16 norm would round every component again.
     emb = getattr(out, "pooler_output", out).float()
-    return torch.nn.functional.normalize(emb, dim=-1)
+    return emb if raw else torch.nn.functional.normalize(emb, dim=-1)

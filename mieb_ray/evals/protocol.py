@@ -136,6 +136,8 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
           pool: PoolRequest = PoolRequest()) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
     of the same identity are reused, any others replaced)."""
+    if hasattr(suite, "embed"):  # a suite with its own cache of embeddings (evals/mteb_suite.py)
+        return suite.embed(out, model, revision, log, executor, pool)
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)
@@ -165,10 +167,11 @@ def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
     tasks inline in this process, Ray never started) or "auto" (placement_of)."""
     t0 = time.time()
     outputs = {f"image ({n})" if n else "image": root for n, root in enumerate(embeddings.roots(images))}
-    if texts:
-        for root in outputs.values():
-            check_sides(root, texts)
-        outputs["text"] = texts
+    text_roots = embeddings.roots(texts) if texts else []
+    for root in outputs.values():
+        for text_root in text_roots:
+            check_sides(root, text_root)
+    outputs |= {f"text ({n})" if n else "text": root for n, root in enumerate(text_roots)}
     for note in embeddings.check_inputs(outputs, allow_mixed_models):
         log(f"[eval] warning: {note}")
     where = placement_of(executor_name, images, texts)

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mieb_ray.errors import UserError
-from mieb_ray.evals import biovita_data, clustering, probe_tasks, protocol, retrieval
+from mieb_ray.evals import benchmarks, biovita_data, clustering, probe_tasks, protocol, retrieval
 from mieb_ray.evals.biovita import BioVITASuite
 from mieb_ray.evals.linear_probe import LinearProbeSuite
+from mieb_ray.evals.mteb_suite import MtebSuite
 from mieb_ray.evals.zeroshot import ZeroShotSuite
 from mieb_ray.evals.zeroshot_tasks import TASKS, select_tasks
 
@@ -79,6 +80,10 @@ SUITES = (
     _suite("retrieval", retrieval.TASKS,
            lambda names, o: retrieval.RetrievalSuite(retrieval.select_tasks(names), o.sources, exclude=o.exclude)),
 )
+# the rest of MIEB: scored by mteb's own loaders and evaluators (evals/mteb_suite.py)
+_HAND_BUILT = {task for suite in SUITES for task in suite.tasks}
+SUITES += (Suite("mteb", tuple(t for t in benchmarks.MULTILINGUAL if t not in _HAND_BUILT),
+                 lambda names, o: MtebSuite(names, o.sources, exclude=o.exclude)),)
 BY_NAME = {suite.name: suite for suite in SUITES}
 
 
@@ -103,6 +108,7 @@ def select(tasks: str | None, within: tuple[Suite, ...] = SUITES, log=print) -> 
     the valid ones."""
     valid = [name for suite in within for name in suite.tasks]
     given = valid if tasks in (None, ALL) else [t.strip() for t in tasks.split(",") if t.strip()]
+    given = list(dict.fromkeys(n for t in given for n in benchmarks.BENCHMARKS.get(t, (t,))))  # "MIEB(lite)": its tasks
     # an alias of a task outside `within` (eval-zeroshot) stays unknown, under the name the user gave
     wanted = [ALIASES[t] if ALIASES.get(t) in valid else t for t in given]
     for name, task in zip(given, wanted):

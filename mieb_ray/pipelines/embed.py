@@ -95,6 +95,9 @@ class EmbedConfig:
         help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its device with "
              "nvJPEG, other images by the read tasks; needs torchvision) or auto (default): gpu when the encoders "
              "have GPUs, torchvision imports and the model's resize filter runs there, else cpu (docs/embed.md)")
+    raw: bool = flags.option(False, flag="--raw", action="store_true",
+                             help="keep the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an "
+                                  "image's and a text's raw vectors for a query of both)")
     executor: str = flags.executor_option()  # auto: local on a machine alone without a GPU
     reuse: bool = False  # a complete output of the same identity is kept, one of another replaced (eval --model)
 
@@ -150,11 +153,12 @@ def embed(config: EmbedConfig, log=print) -> dict:
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
-                pool: PoolRequest = PoolRequest(), executor: str = "auto", max_error_rate: float = 0.01) -> str:
+                pool: PoolRequest = PoolRequest(), executor: str = "auto", max_error_rate: float = 0.01,
+                raw: bool = False) -> str:
     """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output complete there of
     the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target."""
     embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
-                      executor=executor, max_error_rate=max_error_rate, **dataclasses.asdict(pool)), log=log)
+                      executor=executor, max_error_rate=max_error_rate, raw=raw, **dataclasses.asdict(pool)), log=log)
     return target
 
 
@@ -188,7 +192,7 @@ def _identity(config: EmbedConfig, info, path: str) -> dict:
     return {"format": formats.EMBEDDINGS.stamp(), "model": model_identity(config.model, path, info),
             "input": identity.of_input(config.input), "modality": config.modality,
             "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
-            "decode": config.decode if config.modality == "image" else None,
+            "raw": config.raw, "decode": config.decode if config.modality == "image" else None,
             "preprocessing": _image_spec(info) if config.modality == "image" else None}
 
 
@@ -203,7 +207,7 @@ def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
             gpu_decode.resolve("gpu", 1, ImageSpec(**spec))  # a filter the device lacks: one line, now
         if config.decode != "cpu" and mode == "ray":  # the JPEGs may travel undecoded: bound their bytes too
             raw_bytes = UNIT_BYTES
-    meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": True,
+    meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": not config.raw,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     # a resumed run must be of the same input and model content too, not only the same names
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
@@ -254,7 +258,7 @@ def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads:
     return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode),
             dict(model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
                  spec=plan.spec, batch_size=config.batch_size, device=device, threads=threads,
-                 decode=decode, strict=config.decode == "gpu"),
+                 decode=decode, strict=config.decode == "gpu", raw=config.raw),
             dict(units=plan.units, out=config.out, schema=plan.schema, columns=columns, progress=job.progress))
 
 

@@ -1,0 +1,365 @@
+"""Every MIEB task the hand-built suites do not score, scored by mteb's own loaders and evaluators from embeddings
+the embed job's pools make: equal to `mteb.evaluate` by construction, wherever our vectors equal mteb's wrapper's.
+
+collect  a task each (Ray, or this process): mteb loads the task with its own code (from the hub, or from a mirror:
+         root/<its hub path>) and runs it with a Recorder, which keys every input mteb would encode by its content
+         (an image: sha256 of its stored bytes, never decoded; a text: itself) and writes the task's item tables
+         (OUT/embeddings/mteb/_items/<task>/); the evaluator runs on stand-in vectors and its result is dropped
+embed    the items no earlier run embedded with this model, each once however many tasks hold it, embedded by the
+         embed job into a content-keyed cache (OUT/embeddings/mteb/<model>/{images,texts}-<digest>/) as the
+         model's raw vectors: mteb's CLIP wrapper returns those, and adds an image's and a text's for an input of both
+score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
+         input of both: the sum of its parts) -> the TaskResult mteb writes
+A second run with the same model embeds nothing; the driver reads no image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mieb_ray import formats, storage
+from mieb_ray.errors import UserError
+from mieb_ray.evals import benchmarks
+from mieb_ray.io import embeddings
+from mieb_ray.runtime import identity, placement, tasks
+from mieb_ray.runtime.pools import PoolRequest
+
+HF = "hf"
+IMAGES, TEXTS = "images", "texts"
+ITEM_SCHEMA = {IMAGES: pa.schema([("key", pa.string()), ("image", pa.binary())]),
+               TEXTS: pa.schema([("key", pa.string()), ("text", pa.string())])}
+BATCH = 512  # rows of a dataset read at a time
+
+
+def image_key(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- mteb's side
+
+
+def load_task(name: str, sources: str):
+    """mteb's task, reading its data from the hub (`hf`) or from the mirror root/<its hub path> (a local folder is
+    resolved as the hub resolves the repo: datasets' own rules; the revision is the mirror's)."""
+    import mteb
+
+    if sources != HF and storage.is_s3(sources):
+        raise UserError(f"{name}: mteb's loaders read the hub or a local mirror, not {storage.display(sources)}")
+    task = mteb.get_task(name)
+    if sources != HF:
+        _redirect(task, sources)
+    return task
+
+
+def _redirect(task, root: str) -> None:
+    hub = (type(task).metadata.dataset or {}).get("path")  # the class's: a sub-task may have been redirected already
+    if hub:
+        task.metadata = type(task).metadata.model_copy(deep=True)
+        task.metadata.dataset["path"] = os.path.join(root, hub)
+    for sub in getattr(task, "tasks", None) or []:  # an aggregate's sub-tasks (shared instances)
+        _redirect(sub, root)
+
+
+def inputs(dataset):
+    """(image bytes or None, text or None) per row of what mteb gives an encoder, a batch at a time; images are
+    read as stored (datasets' Image feature undecoded), or written as PNG where a task made them in memory."""
+    import datasets
+
+    has_image, has_text = "image" in dataset.column_names, "text" in dataset.column_names
+    stored = has_image and isinstance(dataset.features["image"], datasets.Image)
+    if stored:
+        dataset = dataset.cast_column("image", datasets.Image(decode=False))
+    for batch in dataset.iter(batch_size=BATCH):
+        n = len(next(iter(batch.values())))
+        images = [_bytes(v, stored) for v in batch["image"]] if has_image else [None] * n
+        texts = [None if t is None else str(t) for t in batch["text"]] if has_text else [None] * n
+        yield images, texts
+
+
+def _bytes(value, stored: bool) -> bytes | None:
+    if value is None:
+        return None
+    if stored:
+        if value.get("bytes") is not None:
+            return value["bytes"]
+        with open(value["path"], "rb") as f:
+            return f.read()
+    out = io.BytesIO()
+    value.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _encoder_base(dim: int):
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class Base(AbsEncoder):
+        def __init__(self):
+            self.model = None
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": "mieb-ray/served", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+                "modalities": ["image", "text"], "embed_dim": dim, "framework": ["PyTorch"]})
+
+    return Base
+
+
+def recorder(dim: int, sink: ItemSink):
+    """An mteb encoder that records what it is asked to encode and answers with seeded stand-in vectors."""
+    class Recorder(_encoder_base(dim)):
+        def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            n = 0
+            for images, texts in inputs(inputs_.dataset):
+                sink.add(images, texts)
+                n += len(images)
+            return np.random.default_rng(n).standard_normal((n, dim)).astype(np.float32)
+
+    return Recorder()
+
+
+def server(dim: int, vectors: dict[str, np.ndarray], task: str):
+    """An mteb encoder that answers each input with its cached vector (an image and a text: their sum, as mteb's
+    CLIP wrapper adds them)."""
+    class Server(_encoder_base(dim)):
+        def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            rows = []
+            for images, texts in inputs(inputs_.dataset):
+                for image, text in zip(images, texts):
+                    parts = [k for k in (text, None if image is None else image_key(image)) if k is not None]
+                    missing = [k for k in parts if k not in vectors]
+                    if missing or not parts:
+                        raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
+                    rows.append(vectors[parts[0]] + vectors[parts[1]] if len(parts) == 2 else vectors[parts[0]])
+            return np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+
+    return Server()
+
+
+class ItemSink:
+    """A task's inputs, each key once, into local Parquet files (images streamed: a corpus may not fit memory)."""
+
+    def __init__(self, folder: str):
+        self.paths = {kind: os.path.join(folder, f"{kind}.parquet") for kind in ITEM_SCHEMA}
+        self.writers = {kind: pq.ParquetWriter(path, ITEM_SCHEMA[kind]) for kind, path in self.paths.items()}
+        self.seen: set[str] = set()
+
+    def add(self, images: list, texts: list) -> None:
+        for kind, values in ((IMAGES, images), (TEXTS, texts)):
+            rows = {}
+            for v in values:
+                if v is not None and (key := image_key(v) if kind == IMAGES else v) not in self.seen:
+                    self.seen.add(key)
+                    rows[key] = v
+            if rows:
+                self.writers[kind].write_table(pa.table([list(rows), list(rows.values())], schema=ITEM_SCHEMA[kind]))
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+
+def _quiet_evaluate(model, task, predictions: str | None = None) -> dict:
+    """mteb.evaluate on one task, no result cache, no progress bars: the TaskResult JSON it writes."""
+    import mteb
+
+    result = mteb.evaluate(model, task, cache=None, show_progress_bar=False, co2_tracker=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "result.json")
+        result.task_results[0].to_disk(path)
+        with open(path) as f:
+            return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------- the tasks
+
+
+def read_parquet(uri: str, columns: list[str] | None = None) -> pa.Table:
+    fs, path = storage.filesystem(uri)
+    return pq.read_table(path, filesystem=fs, columns=columns)
+
+
+def items_root(out: str, task: str) -> str:
+    return storage.join(out, "embeddings", "mteb", "_items", task)
+
+
+@tasks.remote(num_cpus=1)
+def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
+    """Load a task with mteb's code, record its inputs into items_root(out, name); the count of each kind."""
+    task = load_task(name, sources)
+    try:
+        task.load_data()
+    except Exception as exc:  # the hub's or a mirror's data as mteb's own loader finds it: one line, not its trace
+        hub = (task.metadata.dataset or {}).get("path", "")
+        where = "the hub" if sources == HF else storage.display(os.path.join(sources, hub))
+        raise UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = ItemSink(tmp)
+        try:
+            with warnings.catch_warnings():  # the stand-in vectors' scores are dropped, and so are their warnings
+                warnings.simplefilter("ignore")
+                _quiet_evaluate(recorder(dim, sink), task)
+        finally:
+            sink.close()
+        counts = {}
+        for kind, path in sink.paths.items():
+            counts[kind] = pq.read_metadata(path).num_rows
+            storage.commit_file(storage.join(items_root(out, name), f"{kind}.parquet"),
+                                lambda local, path=path: shutil.copyfile(path, local))
+    return counts
+
+
+@tasks.remote(num_cpus=1)
+def select_task(source: str, target: str, rows: list[int]) -> None:
+    """The chosen rows of an item table into `target` (the items to embed)."""
+    table = read_parquet(source)
+    storage.commit_file(target, lambda local: pq.write_table(table.take(rows), local))
+
+
+@tasks.remote(num_cpus=1)
+def score_task(name: str, sources: str, items: str | None, cache: list[str]) -> dict:
+    """Load a task with mteb's code, answer its inputs from the cache (of the keys its item tables list, when
+    collected): its TaskResult JSON."""
+    keys = None
+    if items is not None:
+        keys = set()
+        for kind in ITEM_SCHEMA:
+            keys.update(read_parquet(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
+    vectors, dim = cached_vectors(cache, keys)
+    return _quiet_evaluate(server(dim, vectors, name), load_task(name, sources))
+
+
+def cached_vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """key -> vector of the cache's outputs (only `keys` when given), and their dim."""
+    found, dim = {}, 0
+    for root in roots:
+        for uri in embeddings.shard_uris(root):
+            table = embeddings.open_shard(uri)
+            dim = embeddings.dim(table) or dim
+            names = table["key"].to_pylist()
+            take = [i for i, k in enumerate(names) if keys is None or k in keys]
+            if take:
+                matrix = embeddings.matrix(table, dim)
+                found.update((names[i], np.asarray(matrix[i], np.float32)) for i in take)
+    return found, dim
+
+
+# ---------------------------------------------------------------------------------------------- the suite
+
+
+class MtebSuite:
+    """The tasks scored through mteb's own code (module docstring): collect, embed what the cache lacks, score."""
+
+    kind = formats.suite_kind("mteb")
+    title = "MIEB through mteb's evaluators"
+
+    def __init__(self, names: list[str], sources: str, exclude: str | None = None):
+        if exclude:
+            raise UserError(f"--exclude does not reach {names[0]} yet: the audit flags the catalog sources' eval "
+                            "images; score it without --exclude")
+        self.names, self.sources = list(names), sources
+        self.needs_texts = any(n not in benchmarks.IMG for n in names)  # MIEB(Img): the image-only tasks
+        self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def task_names(self) -> list[str]:
+        return list(self.names)
+
+    def embed(self, out: str, model: str, revision: str | None, log, executor: str = "auto",
+              pool: PoolRequest = PoolRequest()) -> tuple[str, str]:
+        """Collect every task's inputs, embed the ones the cache lacks (raw vectors) into new cache outputs;
+        (image outputs, text outputs) of the cache, comma-separated."""
+        from mieb_ray.encode.model import identity as model_identity
+        from mieb_ray.encode.model import load_info, resolve
+        from mieb_ray.pipelines.embed import embed_table
+
+        path = resolve(model, revision)
+        info = load_info(path, model, revision)
+        folder = storage.join(out, "embeddings", "mteb", identity.digest(model_identity(model, path, info))[:16])
+        where = placement.choose(executor, None)
+        t0, self.out = time.time(), out
+        with tasks.using(where.mode):
+            self.counts = dict(zip(self.names, tasks.get(
+                [collect_task.remote(n, self.sources, out, info.dim) for n in self.names])))
+        log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
+            + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
+        made = {}
+        for kind, modality in ((IMAGES, "image"), (TEXTS, "text")):
+            segments = _complete(folder, kind)
+            todo = self._todo(out, kind, segments)
+            if todo:
+                embed_table(todo, "key", storage.join(folder, f"{kind}-{_name_of(todo)}"), model, revision, modality,
+                            log, pool, executor, raw=True)
+                storage.delete_tree(todo)  # its items are in the cache now
+                segments = _complete(folder, kind)
+            else:
+                log(f"[eval] mteb: every {modality} is in the cache ({storage.display(folder)})")
+            made[kind] = ",".join(segments)
+        return made[IMAGES], made[TEXTS]
+
+    def _todo(self, out: str, kind: str, segments: list[str]) -> str | None:
+        """The items of `kind` that no cache output holds, each once, as a folder of tables; None: nothing to do."""
+        cached = set()
+        for root in segments:
+            for uri in embeddings.shard_uris(root):
+                cached.update(embeddings.open_shard(uri)["key"].to_pylist())
+        picks = {}
+        for name in self.names:
+            source = storage.join(items_root(out, name), f"{kind}.parquet")
+            keys = read_parquet(source, ["key"])["key"].to_pylist()
+            rows = [i for i, k in enumerate(keys) if k not in cached and not (k in picks or cached.add(k))]
+            if rows:
+                picks[source] = rows
+        if not picks:
+            return None
+        digest = identity.digest({s: r for s, r in picks.items()})[:16]
+        target = storage.join(out, "embeddings", "mteb", "_todo", f"{kind}-{digest}")
+        with tasks.using(placement.choose("auto", None).mode):
+            tasks.get([select_task.remote(s, storage.join(target, f"{n:05d}.parquet"), rows)
+                       for n, (s, rows) in enumerate(picks.items())])
+        return target
+
+    def embed_inputs(self, out: str, log):
+        raise NotImplementedError("the mteb suite embeds through its own cache (embed)")
+
+    def submit(self, images: str, texts: str, log):
+        cache = [r for uri in (images, texts) if uri for r in embeddings.roots(uri)]
+        for root in cache:  # mteb's CLIP wrapper scores raw vectors: normalised ones change every non-cosine metric
+            shards = embeddings.shard_uris(root)
+            meta = json.loads((embeddings.open_shard(shards[0]).schema.metadata or {}).get(b"mieb_ray", b"{}")) \
+                if shards else {}
+            if meta.get("normalized", True):
+                raise UserError(f"{storage.display(root)} holds L2-normalised embeddings; mteb's tasks score the "
+                                "model's raw vectors: embed with --raw, or eval with --model")
+        items = {n: items_root(self.out, n) for n in self.names} if self.out else {}
+        log(f"[eval] mteb: scoring {len(self.names)} tasks with mteb's evaluators")
+        return {n: score_task.remote(n, self.sources, items.get(n), cache) for n in self.names}
+
+    def collect(self, pending, log) -> dict[str, dict]:
+        return {name: tasks.get(ref) for name, ref in pending.items()}
+
+    def write(self, out: str, results: dict[str, dict], pending, log) -> tuple[list[str], dict]:
+        return [], {"items": self.counts}
+
+
+def _complete(folder: str, kind: str) -> list[str]:
+    """The cache's complete outputs of `kind` (a manifest: committed last)."""
+    names = sorted({uri[len(folder) + 1:].split("/")[0] for uri in storage.list_files(folder)}) \
+        if storage.exists(folder) else []
+    return [storage.join(folder, n) for n in names
+            if n.startswith(f"{kind}-") and storage.read_manifest(storage.join(folder, n)) is not None]
+
+
+def _name_of(todo: str) -> str:
+    return todo.rstrip("/").rsplit("-", 1)[-1]

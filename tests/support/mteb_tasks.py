@@ -1,0 +1,87 @@
+"""mteb's own run of a MIEB task on a fixture mirror, the reference the eval job's scores are compared with.
+
+`redirect(task, root)` points a task (and an aggregate's sub-tasks) at root/<its hub path>, so that mteb's own
+`load_data` reads the mirror with `datasets.load_dataset(path=<folder>, ...)` (a local folder: the revision is
+ignored, the data files resolve as on the hub). `mteb_result` runs `mteb.evaluate` with mteb's own CLIP wrapper
+(mteb.models.model_implementations.clip_models.CLIPModel: AutoModel + AutoProcessor, float32, Pillow) on a model
+folder written by save_pretrained, and returns the TaskResult JSON mteb writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from support.mteb_reference import quiet_env
+
+
+def redirect(task, root: str):
+    """The task, its metadata (a class attribute: copied, not changed in place) and an aggregate's sub-tasks' reading
+    from root/<hub path> instead of the hub."""
+    hub = (type(task).metadata.dataset or {}).get("path")  # the class's: a sub-task instance may be redirected already
+    if hub:
+        task.metadata = type(task).metadata.model_copy(deep=True)
+        task.metadata.dataset["path"] = os.path.join(root, hub)
+    for sub in getattr(task, "tasks", None) or []:  # AbsTaskAggregate: its sub-tasks are shared instances
+        redirect(sub, root)
+    return task
+
+
+def clip_model(path: str):
+    """mteb's CLIP wrapper on a saved model folder, on the CPU, with the metadata mteb.evaluate reads."""
+    from mteb.models.model_implementations.clip_models import CLIPModel
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+    from transformers import AutoConfig
+
+    model = CLIPModel(path, revision=None, device="cpu")
+    dim = AutoConfig.from_pretrained(path).projection_dim
+    model.mteb_model_meta = ModelMeta.create_empty({
+        "name": "mieb-ray/tiny-clip", "revision": "0", "similarity_fn_name": ScoringFunction.COSINE,
+        "modalities": ["image", "text"], "embed_dim": dim, "framework": ["PyTorch"]})
+    return model
+
+
+def mteb_result(task_name: str, root: str, model_path: str) -> dict:
+    """The TaskResult JSON (as TaskResult.to_disk writes it) of mteb.evaluate on `task_name` read from the mirror
+    under `root`, with mteb's CLIP wrapper on the model at `model_path`."""
+    import mteb
+
+    with tempfile.TemporaryDirectory() as tmp, quiet_env(tmp):
+        task = redirect(mteb.get_task(task_name), root)
+        result = mteb.evaluate(clip_model(model_path), task, cache=None, show_progress_bar=False)
+        path = Path(tmp, f"{task_name}.json")
+        result.task_results[0].to_disk(path)
+        return json.loads(path.read_text())
+
+
+def ours(task_names: list[str], root: str, model_path: str, out: str, **settings) -> dict[str, dict]:
+    """The eval job's TaskResults of `task_names` read from the mirror under `root`, embedded with the model at
+    `model_path` (in this process unless settings say otherwise): {task: TaskResult JSON}."""
+    from mieb_ray.evals import job, registry
+
+    settings = {"executor": "local", "log": lambda *a: None, **settings}
+    return job.evaluate(registry.select(",".join(task_names)), registry.Options(root), out, model=model_path,
+                        **settings)
+
+
+def assert_same_scores(ours_: dict, theirs: dict, atol: float = 1e-5) -> None:
+    """Every metric of every split and subset of two TaskResults equal: the same splits, subsets, metric names;
+    floats within `atol` (our pixels and batching against mteb's wrapper: last bits, then 6-decimal rounding),
+    anything else exactly."""
+    def same(a, b, where):
+        if isinstance(a, dict) and isinstance(b, dict):
+            assert sorted(a) == sorted(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+            for k in a:
+                same(a[k], b[k], f"{where}.{k}")
+        elif isinstance(a, list) and isinstance(b, list):
+            assert len(a) == len(b), f"{where}: {len(a)} items != {len(b)}"
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{where}[{i}]")
+        elif isinstance(a, float) or isinstance(b, float):
+            assert abs(a - b) <= atol, f"{where}: {a} != {b}"
+        else:
+            assert a == b, f"{where}: {a!r} != {b!r}"
+
+    by_subset = lambda r: {s: {e["hf_subset"]: e for e in entries} for s, entries in r["scores"].items()}  # noqa: E731
+    same(by_subset(ours_), by_subset(theirs), ours_["task_name"])

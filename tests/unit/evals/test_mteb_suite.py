@@ -1,0 +1,127 @@
+"""The tasks scored through mteb's own code (mieb_ray/evals/mteb_suite.py): each input embedded once per model across
+tasks and runs (a content-keyed cache), precomputed raw embeddings accepted and normalised ones refused, bad input in
+one line, benchmark names expanded. Each task type's equality with mteb is in test_mteb_<type>.py."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from support.mteb_tasks import assert_same_scores, mteb_result, ours
+
+from mieb_ray.demo_data.models import make_tiny_clip
+from mieb_ray.errors import UserError
+from mieb_ray.evals import benchmarks, registry
+from mieb_ray.io import embeddings
+
+FEATURES = datasets.Features({"sentence1": datasets.Image(), "sentence2": datasets.Image(),
+                              "score": datasets.Value("float32")})
+
+
+def _png(rgb) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (40, 24), rgb).save(out, "PNG")
+    return out.getvalue()
+
+
+def _sts(root, repo: str, pairs: list[tuple[bytes, bytes]], scores: list[float]) -> None:
+    """A rendered-STS repo as the hub holds it: data/test-00000-of-00001.parquet, sentence1/2 images, score."""
+    rows = {"sentence1": [{"bytes": a, "path": None} for a, _ in pairs],
+            "sentence2": [{"bytes": b, "path": None} for _, b in pairs], "score": scores}
+    datasets.Dataset.from_dict(rows, features=FEATURES).to_parquet(
+        os.path.join(root, repo, "data", "test-00000-of-00001.parquet"))
+
+
+@pytest.fixture(scope="module")
+def two_tasks(tmp_path_factory):
+    """STS13VisualSTS and STS15VisualSTS sharing images: 8 distinct images in 12 slots."""
+    root = tmp_path_factory.mktemp("mirror")
+    images = [_png((37 * i % 256, 91 * i % 256, 53 * i % 256)) for i in range(1, 9)]
+    _sts(root, "mteb/rendered-sts13", [(images[0], images[1]), (images[2], images[3]), (images[4], images[5])],
+         [0.5, 2.0, 4.5])
+    _sts(root, "mteb/rendered-sts15", [(images[1], images[0]), (images[3], images[6]), (images[7], images[5])],
+         [1.0, 3.5, 5.0])
+    model = make_tiny_clip(str(tmp_path_factory.mktemp("model")))
+    return str(root), model, {hashlib.sha256(b).hexdigest() for b in images}
+
+
+def _cache(out) -> dict[str, int]:
+    """Each cache output under OUT/embeddings/mteb/<model>/: its rows."""
+    folder = _model_dir(out)
+    return {name: len(embeddings.read_all(os.path.join(folder, name))[0]) for name in sorted(os.listdir(folder))}
+
+
+def test_each_image_is_embedded_once_across_tasks_and_runs(two_tasks, tmp_path):
+    root, model, distinct = two_tasks
+    names = ["STS13VisualSTS", "STS15VisualSTS"]
+    first = ours(names, root, model, str(tmp_path))
+    for name in names:
+        assert_same_scores(first[name], mteb_result(name, root, model))
+    cache = _cache(tmp_path)
+    assert list(cache.values()) == [len(distinct)]  # one image output, each distinct image once
+    keys = embeddings.read_all(os.path.join(_model_dir(tmp_path), list(cache)[0]))[0]
+    assert {k.removeprefix("sha256:") for k in keys} == distinct
+
+    lines = []
+    again = ours(names, root, model, str(tmp_path), overwrite=True, log=lines.append)
+    assert _cache(tmp_path) == cache  # the second run embedded nothing
+    assert "[eval] mteb: every image is in the cache" in "\n".join(lines)
+    assert {n: again[n]["scores"] for n in names} == {n: first[n]["scores"] for n in names}
+
+
+def _model_dir(out) -> str:
+    """OUT/embeddings/mteb/<model>: the cache of the one model used."""
+    folder = os.path.join(out, "embeddings", "mteb")
+    (model,) = [d for d in os.listdir(folder) if not d.startswith("_")]
+    return os.path.join(folder, model)
+
+
+def test_precomputed_raw_embeddings_score_the_same(two_tasks, tmp_path):
+    from mieb_ray.evals import job
+
+    root, model, _ = two_tasks
+    made = ours(["STS13VisualSTS"], root, model, str(tmp_path / "made"))
+    folder = _model_dir(tmp_path / "made")
+    (images,) = [os.path.join(folder, d) for d in os.listdir(folder)]
+    given = job.evaluate(registry.select("STS13VisualSTS"), registry.Options(root), str(tmp_path / "given"),
+                         log=lambda *a: None, images=images, executor="local")
+    assert given["STS13VisualSTS"]["scores"] == made["STS13VisualSTS"]["scores"]
+
+
+def test_normalised_embeddings_are_refused_in_one_line(two_tasks, tmp_path):
+    from mieb_ray.evals import job
+    from mieb_ray.pipelines.embed import embed_table
+
+    root, model, _ = two_tasks
+    table = tmp_path / "items.parquet"
+    pq.write_table(pa.table({"key": ["a"], "image": [_png((1, 2, 3))]}), table)
+    normalised = embed_table(str(table), "key", str(tmp_path / "emb"), model, None, "image", log=lambda *a: None,
+                             executor="local")
+    with pytest.raises(UserError, match=r"holds L2-normalised embeddings; .* embed with --raw"):
+        job.evaluate(registry.select("STS13VisualSTS"), registry.Options(root), str(tmp_path / "out"),
+                     log=lambda *a: None, images=normalised, executor="local")
+
+
+def test_a_task_whose_mirror_folder_is_missing_is_one_line(two_tasks, tmp_path):
+    _, model, _ = two_tasks
+    with pytest.raises(UserError, match=r"^STS12VisualSTS: mteb cannot load its data from .*mteb/rendered-sts12: "):
+        ours(["STS12VisualSTS"], str(tmp_path), model, str(tmp_path / "out"))
+
+
+def test_benchmark_names_are_mtebs():
+    import mteb
+
+    for name, tasks in benchmarks.BENCHMARKS.items():
+        assert tasks == tuple(t.metadata.name for t in mteb.get_benchmark(name).tasks), name
+
+
+def test_a_benchmark_name_selects_its_tasks_in_every_suite():
+    chosen = [t for _, names in registry.select("MIEB(lite),STS13VisualSTS") for t in names]
+    assert sorted(chosen) == sorted(benchmarks.LITE)  # STS13VisualSTS is in MIEB(lite): once
+    assert sum(len(names) for _, names in registry.select("MIEB(Multilingual)")) == 130
