@@ -113,6 +113,9 @@ class ImageSpec:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     rescale_factor: float
+    # as the processor computes it: decoded in full (no draft) and resized by Pillow (torch's resize rounds a pixel
+    # the other way now and then: one level, rarely, which moves a tiny or near-tied task's score)
+    exact: bool = False
 
     @classmethod
     def from_processor_config(cls, config: dict) -> ImageSpec:
@@ -261,7 +264,7 @@ def _open(data: bytes, spec: ImageSpec, max_pixels: int, slot=None) -> _Decoded 
         raise ImageError("empty image")
     try:
         with Image.open(io.BytesIO(data)) as im:
-            if spec.resample not in TORCH_FILTERS:
+            if spec.exact or spec.resample not in TORCH_FILTERS:
                 return _preprocess(im, spec, max_pixels)
             return _decode(im, data, spec, max_pixels, slot)
     except ImageError:
@@ -431,7 +434,7 @@ def _preprocess(im: Image.Image, spec: ImageSpec, max_pixels: int) -> np.ndarray
     out_h, out_w, orientation, swap = _sizes(im, spec, max_pixels)
     w, h = im.size
     want = (DRAFT_FACTOR * out_h, DRAFT_FACTOR * out_w) if swap else (DRAFT_FACTOR * out_w, DRAFT_FACTOR * out_h)
-    drafted = im.draft("RGB", want)  # None unless JPEG
+    drafted = None if spec.exact else im.draft("RGB", want)  # None unless JPEG
     # The original image's extent in (draft) pixels: in draft mode the last pixel may cover less.
     box = drafted[1] if drafted else (0, 0, w, h)
     im.load()  # decode errors (truncated, corrupt) surface here

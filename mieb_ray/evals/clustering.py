@@ -87,7 +87,8 @@ class ClusteringSuite:
 
     def embed_inputs(self, out: str, log) -> EmbedInputs:
         """The eval splits built by the build job (reused when complete); no texts."""
-        return EmbedInputs(build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks]), "key", None)
+        return EmbedInputs(build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks]), "key", None,
+                           raw=True)
 
     def submit(self, images: str, texts: str | None, log) -> _Pending:
         start = time.time()

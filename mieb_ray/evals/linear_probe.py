@@ -192,7 +192,7 @@ class LinearProbeSuite:
                                  for p in planned for u in p.train])
         log(f"[eval] the {sum(written):,} drawn train rows written to embed: {storage.display(drawn)}")
         evaluated = build_eval_splits(self.sources, out, log, [p.task.slug for p in planned])
-        return EmbedInputs(f"{drawn},{evaluated}", "key", None)
+        return EmbedInputs(f"{drawn},{evaluated}", "key", None, raw=True)
 
     def submit(self, images: str, texts: str | None, log) -> _Pending:
         start = time.time()

@@ -64,41 +64,66 @@ def load_task(name: str, sources: str):
 
 
 def _redirect(task, root: str) -> None:
+    subs = getattr(task.metadata, "tasks", None)  # an aggregate (VisualSTS17Eng): its sub-tasks hold the data
+    if subs:
+        for sub in subs:
+            _redirect(sub, root)
+        return
     hub = (type(task).metadata.dataset or {}).get("path")  # the class's: a sub-task may have been redirected already
     if hub:
         task.metadata = type(task).metadata.model_copy(deep=True)
         task.metadata.dataset["path"] = os.path.join(root, hub)
-    for sub in getattr(task, "tasks", None) or []:  # an aggregate's sub-tasks (shared instances)
-        _redirect(sub, root)
 
 
-def inputs(dataset):
-    """(image bytes or None, text or None) per row of what mteb gives an encoder, a batch at a time; images are
-    read as stored (datasets' Image feature undecoded), or written as PNG where a task made them in memory."""
+def inputs(loader, payload: bool = True):
+    """Batches of (image keys, image bytes, texts) of what mteb gives an encoder, None where a row has none. An HF
+    dataset's images are keyed and read as stored (its Image feature undecoded: the driver of a score pass never
+    decodes one); a picture a task made in memory (a PIL image) by mteb's own content hash, its bytes a PNG of it
+    (only with `payload`)."""
     import datasets
 
+    dataset = loader.dataset
+    if not isinstance(dataset, datasets.Dataset):  # a task's own torch dataset of pictures (Compositionality)
+        for batch in loader:
+            n = len(next(iter(batch.values())))
+            images = batch.get("image", [None] * n)
+            keys = [None if im is None else "pixels:" + _hash_image(im) for im in images]
+            data = [None if im is None or not payload else _png(im) for im in images]
+            yield keys, data, [None if t is None else str(t) for t in batch.get("text", [None] * n)]
+        return
     has_image, has_text = "image" in dataset.column_names, "text" in dataset.column_names
     stored = has_image and isinstance(dataset.features["image"], datasets.Image)
     if stored:
         dataset = dataset.cast_column("image", datasets.Image(decode=False))
     for batch in dataset.iter(batch_size=BATCH):
         n = len(next(iter(batch.values())))
-        images = [_bytes(v, stored) for v in batch["image"]] if has_image else [None] * n
+        data = [_bytes(v, stored) for v in batch["image"]] if has_image else [None] * n
+        keys = [None if d is None else image_key(d) for d in data]
         texts = [None if t is None else str(t) for t in batch["text"]] if has_text else [None] * n
-        yield images, texts
+        yield keys, data if payload else [None] * n, texts
+
+
+def _hash_image(image) -> str:
+    from mteb._content_hashes import hash_image  # pixels, mode, size, palette: what tells two pictures apart
+
+    return hash_image(image)
+
+
+def _png(image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
 
 
 def _bytes(value, stored: bool) -> bytes | None:
     if value is None:
         return None
-    if stored:
-        if value.get("bytes") is not None:
-            return value["bytes"]
-        with open(value["path"], "rb") as f:
-            return f.read()
-    out = io.BytesIO()
-    value.save(out, format="PNG")
-    return out.getvalue()
+    if not stored:
+        return _png(value)
+    if value.get("bytes") is not None:
+        return value["bytes"]
+    with open(value["path"], "rb") as f:
+        return f.read()
 
 
 def _encoder_base(dim: int):
@@ -120,9 +145,9 @@ def recorder(dim: int, sink: ItemSink):
     class Recorder(_encoder_base(dim)):
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             n = 0
-            for images, texts in inputs(inputs_.dataset):
-                sink.add(images, texts)
-                n += len(images)
+            for keys, data, texts in inputs(inputs_):
+                sink.add(keys, data, texts)
+                n += len(keys)
             return np.random.default_rng(n).standard_normal((n, dim)).astype(np.float32)
 
     return Recorder()
@@ -134,9 +159,9 @@ def server(dim: int, vectors: dict[str, np.ndarray], task: str):
     class Server(_encoder_base(dim)):
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows = []
-            for images, texts in inputs(inputs_.dataset):
-                for image, text in zip(images, texts):
-                    parts = [k for k in (text, None if image is None else image_key(image)) if k is not None]
+            for keys, _, texts in inputs(inputs_, payload=False):
+                for image, text in zip(keys, texts):
+                    parts = [k for k in (text, image) if k is not None]
                     missing = [k for k in parts if k not in vectors]
                     if missing or not parts:
                         raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
@@ -154,13 +179,13 @@ class ItemSink:
         self.writers = {kind: pq.ParquetWriter(path, ITEM_SCHEMA[kind]) for kind, path in self.paths.items()}
         self.seen: set[str] = set()
 
-    def add(self, images: list, texts: list) -> None:
-        for kind, values in ((IMAGES, images), (TEXTS, texts)):
+    def add(self, keys: list, data: list, texts: list) -> None:
+        for kind, pairs in ((IMAGES, zip(keys, data)), (TEXTS, zip(texts, texts))):
             rows = {}
-            for v in values:
-                if v is not None and (key := image_key(v) if kind == IMAGES else v) not in self.seen:
+            for key, value in pairs:
+                if key is not None and key not in self.seen:
                     self.seen.add(key)
-                    rows[key] = v
+                    rows[key] = value
             if rows:
                 self.writers[kind].write_table(pa.table([list(rows), list(rows.values())], schema=ITEM_SCHEMA[kind]))
 
@@ -193,17 +218,23 @@ def items_root(out: str, task: str) -> str:
     return storage.join(out, "embeddings", "mteb", "_items", task)
 
 
-@tasks.remote(num_cpus=1)
-def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
-    """Load a task with mteb's code, record its inputs into items_root(out, name); the count of each kind."""
-    task = load_task(name, sources)
+def _load(name: str, task, sources: str) -> None:
+    """mteb's own load of a task's data; what it cannot read, in one line rather than its trace."""
     try:
         task.load_data()
-    except Exception as exc:  # the hub's or a mirror's data as mteb's own loader finds it: one line, not its trace
+    except Exception as exc:
         hub = (task.metadata.dataset or {}).get("path", "")
         where = "the hub" if sources == HF else storage.display(os.path.join(sources, hub))
         raise UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+@tasks.remote(num_cpus=1)
+def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
+    """Load a task with mteb's code, record its inputs into items_root(out, name); the count of each kind."""
+    task = load_task(name, sources)
+    for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
+        _load(name, loading, sources)
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
         try:

@@ -38,6 +38,9 @@ class EmbedInputs:
     images: str  # one table, or several separated by commas (each embedded into its own output)
     image_key: str
     texts: str | None  # None: the suite needs no texts
+    # the model's own vectors, not L2-normalised: what mteb's CLIP wrapper gives a scorer that is not a cosine
+    # (the linear probe's logistic regression, k-means); cosine scorers are the same either way
+    raw: bool = False
 
 
 class EvalSuite(Protocol):
@@ -142,7 +145,7 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)
     images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
-                          revision, "image", log, pool, executor) for n, table in enumerate(tables)]
+                          revision, "image", log, pool, executor, raw=inputs.raw) for n, table in enumerate(tables)]
     texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, pool,
                         executor) if inputs.texts else None
     return ",".join(images), texts

@@ -98,8 +98,21 @@ class EmbedConfig:
     raw: bool = flags.option(False, flag="--raw", action="store_true",
                              help="keep the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an "
                                   "image's and a text's raw vectors for a query of both)")
+    exact: bool = flags.option(False, flag="--exact", action="store_true",
+                               help="compute as mteb's model wrappers do: JPEGs decoded in full on the CPU (no draft "
+                                    "decode, no device decode) and the model in float32; slower (eval embeds so)")
     executor: str = flags.executor_option()  # auto: local on a machine alone without a GPU
     reuse: bool = False  # a complete output of the same identity is kept, one of another replaced (eval --model)
+
+    @property
+    def decoding(self) -> str:
+        """Where images are decoded: --decode, or the CPU under --exact."""
+        return "cpu" if self.exact else self.decode
+
+    @property
+    def precision(self) -> str:
+        """The encoder's torch dtype: float32 under --exact, else the device's (bf16 on a GPU)."""
+        return "float32" if self.exact else "auto"
 
     @property
     def columns(self) -> reader.TableColumns:
@@ -108,7 +121,9 @@ class EmbedConfig:
 
     def check(self) -> None:
         flags.check(self)
-        if self.decode == "gpu" and self.modality == "image" and (why := gpu_decode.torchvision_problem()):
+        if self.exact and self.decode == "gpu":
+            raise UserError("--exact decodes images on the CPU, as the model's processor does: drop --decode gpu")
+        if self.decoding == "gpu" and self.modality == "image" and (why := gpu_decode.torchvision_problem()):
             raise UserError(f"--decode gpu needs torchvision: {why}")
 
 
@@ -154,11 +169,13 @@ def embed(config: EmbedConfig, log=print) -> dict:
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
                 pool: PoolRequest = PoolRequest(), executor: str = "auto", max_error_rate: float = 0.01,
-                raw: bool = False) -> str:
+                raw: bool = False, exact: bool = True) -> str:
     """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output complete there of
-    the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target."""
+    the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target.
+    exact: as mteb's model wrappers compute them (the eval's embeddings: --exact)."""
     embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
-                      executor=executor, max_error_rate=max_error_rate, raw=raw, **dataclasses.asdict(pool)), log=log)
+                      executor=executor, max_error_rate=max_error_rate, raw=raw, exact=exact,
+                      **dataclasses.asdict(pool)), log=log)
     return target
 
 
@@ -167,7 +184,7 @@ def placement_of(config: EmbedConfig) -> placement.Placement:
     when no pool was asked for; a laptop's CPU encoder waits on its model, so Ray's parallel decode buys
     nothing there, while a fresh actor process importing torch and transformers costs seconds."""
     needs_ray = None
-    if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decode == "gpu":
+    if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decoding == "gpu":
         needs_ray = "a pool of encoders or GPUs was asked for"
     elif config.executor == "auto" and not placement.keep_ray():
         import torch
@@ -192,8 +209,9 @@ def _identity(config: EmbedConfig, info, path: str) -> dict:
     return {"format": formats.EMBEDDINGS.stamp(), "model": model_identity(config.model, path, info),
             "input": identity.of_input(config.input), "modality": config.modality,
             "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
-            "raw": config.raw, "decode": config.decode if config.modality == "image" else None,
-            "preprocessing": _image_spec(info) if config.modality == "image" else None}
+            "raw": config.raw, "precision": config.precision,
+            "decode": config.decoding if config.modality == "image" else None,
+            "preprocessing": _image_spec(info, exact=config.exact) if config.modality == "image" else None}
 
 
 def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
@@ -203,25 +221,25 @@ def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
     rows, raw_bytes = config.rows_per_shard, None
     if spec is not None:  # a unit's pixels are one block: bound its bytes
         rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
-        if config.decode == "gpu":
+        if config.decoding == "gpu":
             gpu_decode.resolve("gpu", 1, ImageSpec(**spec))  # a filter the device lacks: one line, now
-        if config.decode != "cpu" and mode == "ray":  # the JPEGs may travel undecoded: bound their bytes too
+        if config.decoding != "cpu" and mode == "ray":  # the JPEGs may travel undecoded: bound their bytes too
             raw_bytes = UNIT_BYTES
     meta = {"model": info.to_dict(), "modality": config.modality, "dtype": config.dtype, "normalized": not config.raw,
             "preprocessing": spec, "package": f"mieb-ray {__version__}"}
     # a resumed run must be of the same input and model content too, not only the same names
     settings = {"version": __version__, "input": storage.display(config.input), "model": info.to_dict(),
                 "identity": identity.digest(made_of), "modality": config.modality, "dtype": config.dtype,
-                "preprocessing": spec, "rows_per_unit": rows, "decode": config.decode if spec is not None else None,
+                "preprocessing": spec, "rows_per_unit": rows, "decode": config.decoding if spec is not None else None,
                 "unit_bytes": raw_bytes, "columns": [config.key_column, config.columns.data, *config.columns.carry]}
     return Plan(fmt, table_units(files, rows, raw_bytes), info, spec,
                 formats.embedding_schema(info.dim, config.dtype, carry_schema, meta), settings)
 
 
-def _image_spec(info) -> dict:
+def _image_spec(info, exact: bool = False) -> dict:
     if not info.image_config:
         raise UserError(f"model {info.name} has no image processor config (preprocessor_config.json)")
-    return ImageSpec.from_processor_config(info.image_config).to_dict()
+    return dataclasses.replace(ImageSpec.from_processor_config(info.image_config), exact=exact).to_dict()
 
 
 _index_tar = tasks.remote(num_cpus=0.5)(tar.index_tar)
@@ -258,7 +276,7 @@ def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads:
     return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode),
             dict(model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
                  spec=plan.spec, batch_size=config.batch_size, device=device, threads=threads,
-                 decode=decode, strict=config.decode == "gpu", raw=config.raw),
+                 decode=decode, strict=config.decoding == "gpu", raw=config.raw, precision=config.precision),
             dict(units=plan.units, out=config.out, schema=plan.schema, columns=columns, progress=job.progress))
 
 
@@ -267,13 +285,13 @@ def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log)
     if not todo:
         return [], None
     spec = ImageSpec(**plan.spec) if plan.spec else None
-    device_decode = spec is not None and gpu_decode.resolve(config.decode, 1, spec)[0] == "gpu"
+    device_decode = spec is not None and gpu_decode.resolve(config.decoding, 1, spec)[0] == "gpu"
     pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
                         cap=len(todo), device_decode=device_decode)
     log(f"[embed] {pool.why}")
     decode = "cpu"
     if spec is not None:
-        decode, why = gpu_decode.resolve(config.decode, pool.num_gpus, spec)
+        decode, why = gpu_decode.resolve(config.decoding, pool.num_gpus, spec)
         where = "baseline JPEGs by the encoders on their GPUs, the rest by CPU tasks" if decode == "gpu" \
             else "by CPU tasks"
         log(f"[embed] images decoded {where} ({why})")
@@ -292,7 +310,7 @@ def _local_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], lo
     on one)."""
     import torch
 
-    decode = gpu_decode.resolve(config.decode, 0, ImageSpec(**plan.spec))[0] if plan.spec else "cpu"
+    decode = gpu_decode.resolve(config.decoding, 0, ImageSpec(**plan.spec))[0] if plan.spec else "cpu"
     threads = torch.get_num_threads()
     log(f"[embed] one encoder in this process, {threads} torch threads; a thread beside it reads "
         f"{'and decodes ' if config.modality == 'image' else ''}the next unit")
@@ -332,7 +350,7 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
         f"{time.time() - job.t0:.1f}s -> {storage.display(config.out)}")
     if decoded := _decoded(results):
         log(f"[embed] images decoded: {decoded['decoded_on_device']:,} on the encoders' devices, "
-            f"{decoded['decoded_on_cpu']:,} on CPUs (--decode {config.decode})")
+            f"{decoded['decoded_on_cpu']:,} on CPUs (--decode {config.decoding})")
     return manifest
 
 

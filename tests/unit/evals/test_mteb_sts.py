@@ -1,0 +1,117 @@
+"""MIEB's VisualSTS tasks scored by the eval job equal mteb's own run, metric by metric: STS12VisualSTS ..
+STS16VisualSTS and the aggregates VisualSTS17Eng, VisualSTS17Multilingual, VisualSTS-b-Eng, VisualSTS-b-Multilingual,
+on fixture mirrors of their hub repos (support/hub_tasks/sts.py: subsets and splits as on the hub, pictures in
+palette, RGBA, LA, greyscale, CMYK and EXIF-rotated files, one file in two rows and in two tasks, gold scores at 0
+and 5) with a tiny CLIP; mteb's run is mteb.evaluate with mteb's own CLIP wrapper (support/mteb_tasks.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from support.hub_tasks import sts
+from support.mteb_tasks import mteb_result, ours, redirect
+
+from mieb_ray.demo_data.models import make_tiny_clip
+
+NAMES = list(sts.TASKS)
+# mteb's TaskResult rounds each score to 6 decimals: two scores a hair apart can round one step apart, and that
+# step, 1e-6, computes as 1.000000000001e-06 in floating point; hence the 1e-12 of slack
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """Every task's repo under one root (the aggregates' writers are their sub-tasks': each written once), and a
+    tiny CLIP."""
+    root = tmp_path_factory.mktemp("sts-mirror")
+    for write in dict.fromkeys(sts.TASKS.values()):
+        write(str(root))
+    return str(root), make_tiny_clip(str(tmp_path_factory.mktemp("model")))
+
+
+@pytest.fixture(scope="module")
+def ours_results(mirror, tmp_path_factory):
+    """The eval job's TaskResults of all the file's tasks, from one run."""
+    root, model = mirror
+    return ours(NAMES, root, model, str(tmp_path_factory.mktemp("out")))
+
+
+@pytest.fixture(scope="module")
+def theirs(mirror):
+    """mteb's TaskResult of a task, run once per module."""
+    root, model = mirror
+    done: dict[str, dict] = {}
+
+    def result(name: str) -> dict:
+        if name not in done:
+            done[name] = mteb_result(name, root, model)
+        return done[name]
+
+    return result
+
+
+def assert_same_scores(got: dict, want: dict, tol: float = TOL) -> None:
+    """The same splits, the same hf_subsets in each, the same metric keys in each; each float within `tol`
+    (NaN only where the other is NaN), every other value equal."""
+    assert got["task_name"] == want["task_name"]
+    got_scores, want_scores = got["scores"], want["scores"]
+    assert sorted(got_scores) == sorted(want_scores), "splits"
+    for split, want_entries in want_scores.items():
+        got_by = {e["hf_subset"]: e for e in got_scores[split]}
+        want_by = {e["hf_subset"]: e for e in want_entries}
+        assert len(got_by) == len(got_scores[split]), f"{split}: an hf_subset twice"
+        assert sorted(got_by) == sorted(want_by), f"{split}: hf_subsets"
+        for subset, want_entry in want_by.items():
+            got_entry = got_by[subset]
+            assert sorted(got_entry) == sorted(want_entry), f"{split}/{subset}: metric keys"
+            for key, value in want_entry.items():
+                mine, where = got_entry[key], f"{split}/{subset}/{key}: ours {got_entry[key]!r}, mteb {value!r}"
+                if isinstance(value, float) or isinstance(mine, float):
+                    assert isinstance(mine, (int, float)) and isinstance(value, (int, float)), where
+                    if math.isnan(value) or math.isnan(mine):
+                        assert math.isnan(value) and math.isnan(mine), where
+                    else:
+                        assert abs(mine - value) <= tol + 1e-12, where
+                else:
+                    assert mine == value, where
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scores_equal_mtebs(name, ours_results, theirs):
+    assert_same_scores(ours_results[name], theirs(name))
+
+
+def test_mteb_scores_the_mirror(theirs):
+    """Not vacuous: every task (every hf_subset) has a finite main score, and they are not all one value."""
+    mains = []
+    for name in NAMES:
+        for split, entries in theirs(name)["scores"].items():
+            for entry in entries:
+                assert math.isfinite(entry["main_score"]), (name, split, entry["hf_subset"])
+                mains.append(entry["main_score"])
+    assert len(set(mains)) > len(NAMES) // 2
+
+
+def _loaded_rows(task) -> dict[str, dict[str, int]]:
+    """{hf_subset: {split: rows}} of what the task's load_data read (then unloaded: the sub-tasks of the aggregates
+    are module-level instances that other tests load too)."""
+    task.load_data()
+    try:
+        data = task.dataset if task.metadata.is_multilingual else {"default": task.dataset}
+        return {subset: {split: ds.num_rows for split, ds in splits.items()} for subset, splits in data.items()}
+    finally:
+        task.unload_data()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mteb_reads_every_row_of_the_mirror(name, mirror):
+    """mteb's own load_data, pointed at the mirror, reads the rows written (an aggregate: its sub-task's, for the
+    hf_subsets it keeps)."""
+    import mteb
+
+    root, _ = mirror
+    task = mteb.get_task(name)
+    subs = task.metadata.tasks if task.is_aggregate else [task]
+    assert len(subs) == 1
+    assert _loaded_rows(redirect(subs[0], root)) == sts.ROWS[name]
