@@ -34,16 +34,17 @@ from mieb_ray.runtime.output import Progress
 
 
 def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: str,
-               spec: dict | None, decode: str = "cpu") -> dict:
+               spec: dict | None, decode: str = "cpu", blank_texts: bool = False) -> dict:
     """One unit in (its number in `units`), all its rows out as one block: its key and carried columns, its data
-    (pixels, JPEGs for the device, or texts: _READERS), `__error` per row and `__unit`."""
+    (pixels or JPEGs for the device: _READERS; texts), `__error` per row and `__unit`. blank_texts: a text of
+    whitespace is encoded as it is (mteb's tasks hold some) rather than an error row."""
     (number,) = batch["unit"]
     unit = units[int(number)]
     n = unit.hi - unit.lo
     out = {name: np.empty(n, dtype=object) for name in (columns.key, *columns.carry)}
     errors = np.full(n, "", dtype=object)
     kind = "text" if modality == "text" else "jpeg" if decode == "gpu" else "pixels"
-    data = _READERS[kind](n, ImageSpec(**spec) if spec else None)
+    data = _Texts(n, blank_texts) if kind == "text" else _READERS[kind](n, ImageSpec(**spec) if spec else None)
     at = 0
     for chunk in reader.read(unit, columns.read_as("text" if kind == "text" else "image")):
         size = chunk.num_rows
@@ -100,19 +101,19 @@ class _Jpegs:
 class _Texts:
     """The texts to encode, a row's bytes decoded when they are UTF-8."""
 
-    def __init__(self, n: int, spec: None):
-        self.texts = np.empty(n, dtype=object)
+    def __init__(self, n: int, blank: bool = False):
+        self.texts, self.blank = np.empty(n, dtype=object), blank
 
     def add(self, at: int, values: list) -> list[str]:
         values = [_text(t) for t in values]
         self.texts[at:at + len(values)] = [t if isinstance(t, str) else "" for t in values]
-        return [_text_error(t) for t in values]
+        return [_text_error(t, self.blank) for t in values]
 
     def columns(self, data_column: str) -> dict:
         return {data_column: self.texts}
 
 
-_READERS = {"pixels": _Pixels, "jpeg": _Jpegs, "text": _Texts}
+_READERS = {"pixels": _Pixels, "jpeg": _Jpegs}
 
 
 def _text(value):
@@ -125,10 +126,10 @@ def _text(value):
     return value
 
 
-def _text_error(text) -> str:
+def _text_error(text, blank: bool = False) -> str:
     if isinstance(text, bytes):  # a tar member that did not decode
         return "text is not valid UTF-8"
-    return "" if isinstance(text, str) and text.strip() else "empty text"
+    return "" if isinstance(text, str) and (blank or text.strip()) else "empty text"
 
 
 class EncodeStage:

@@ -100,7 +100,8 @@ class EmbedConfig:
                                   "image's and a text's raw vectors for a query of both)")
     exact: bool = flags.option(False, flag="--exact", action="store_true",
                                help="compute as mteb's model wrappers do: JPEGs decoded in full on the CPU (no draft "
-                                    "decode, no device decode) and the model in float32; slower (eval embeds so)")
+                                    "decode, no device decode), the model in float32, a blank text encoded rather "
+                                    "than an error row; slower (eval embeds so)")
     executor: str = flags.executor_option()  # auto: local on a machine alone without a GPU
     reuse: bool = False  # a complete output of the same identity is kept, one of another replaced (eval --model)
 
@@ -273,7 +274,8 @@ def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads:
     # a local model path must mean the same directory to every worker
     model = os.path.abspath(config.model) if os.path.isdir(config.model) else config.model
     columns = config.columns
-    return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode),
+    return (dict(units=plan.units, columns=columns, modality=config.modality, spec=plan.spec, decode=decode,
+                 blank_texts=config.exact),
             dict(model=model, revision=plan.info.revision, modality=config.modality, data_column=columns.data,
                  spec=plan.spec, batch_size=config.batch_size, device=device, threads=threads,
                  decode=decode, strict=config.decoding == "gpu", raw=config.raw, precision=config.precision),

@@ -8,18 +8,13 @@ mteb's own CLIP wrapper (support/mteb_tasks.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from support.hub_tasks import compositionality
-from support.mteb_tasks import mteb_result, ours, redirect
+from support.mteb_tasks import assert_same_scores, mteb_result, ours, redirect
 
 from mieb_ray.demo_data.models import make_tiny_clip
 
 NAMES = list(compositionality.TASKS)
-# mteb's TaskResult rounds each score to 6 decimals: two scores a hair apart can round one step apart, and that
-# step, 1e-6, computes as 1.000000000001e-06 in floating point; hence the 1e-12 of slack
-TOL = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -50,32 +45,6 @@ def theirs(mirror):
         return done[name]
 
     return result
-
-
-def assert_same_scores(got: dict, want: dict, tol: float = TOL) -> None:
-    """The same splits, the same hf_subsets in each, the same metric keys in each; each float within `tol`
-    (NaN only where the other is NaN), every other value equal."""
-    assert got["task_name"] == want["task_name"]
-    got_scores, want_scores = got["scores"], want["scores"]
-    assert sorted(got_scores) == sorted(want_scores), "splits"
-    for split, want_entries in want_scores.items():
-        got_by = {e["hf_subset"]: e for e in got_scores[split]}
-        want_by = {e["hf_subset"]: e for e in want_entries}
-        assert len(got_by) == len(got_scores[split]), f"{split}: an hf_subset twice"
-        assert sorted(got_by) == sorted(want_by), f"{split}: hf_subsets"
-        for subset, want_entry in want_by.items():
-            got_entry = got_by[subset]
-            assert sorted(got_entry) == sorted(want_entry), f"{split}/{subset}: metric keys"
-            for key, value in want_entry.items():
-                mine, where = got_entry[key], f"{split}/{subset}/{key}: ours {got_entry[key]!r}, mteb {value!r}"
-                if isinstance(value, float) or isinstance(mine, float):
-                    assert isinstance(mine, (int, float)) and isinstance(value, (int, float)), where
-                    if math.isnan(value) or math.isnan(mine):
-                        assert math.isnan(value) and math.isnan(mine), where
-                    else:
-                        assert abs(mine - value) <= tol + 1e-12, where
-                else:
-                    assert mine == value, where
 
 
 @pytest.mark.parametrize("name", NAMES)

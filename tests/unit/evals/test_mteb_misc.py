@@ -17,10 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 from support.hub_tasks.tasks_misc import TASKS
-from support.mteb_tasks import mteb_result, redirect
+from support.mteb_tasks import assert_same_scores, mteb_result, redirect
 
 NAMES = list(TASKS)
-TOLERANCE = 1e-6
 # the TaskResult's keys that are not scores: when and how long it ran, the phases' timings
 NOT_SCORES = {"evaluation_time", "date", "evaluation_phases", "kg_co2_emissions"}
 
@@ -46,68 +45,13 @@ def ours(root, tiny_clip, tmp_path_factory):
     return eval_job(NAMES, root, tiny_clip, str(tmp_path_factory.mktemp("ours")))
 
 
-# ------------------------------------------------------------------------------------------------ comparison
-
-
-def assert_same(mine, ref, where: str) -> None:
-    """`mine` equals `ref`: dicts key for key, lists item for item, numbers within TOLERANCE (NaN where NaN),
-    anything else exactly."""
-    if isinstance(ref, dict):
-        assert isinstance(mine, dict), (where, mine)
-        assert set(mine) == set(ref), (where, sorted(set(mine) ^ set(ref)))
-        for key in ref:
-            assert_same(mine[key], ref[key], f"{where}/{key}")
-    elif isinstance(ref, list):
-        assert isinstance(mine, list) and len(mine) == len(ref), (where, mine, ref)
-        for i, (a, b) in enumerate(zip(mine, ref)):
-            assert_same(a, b, f"{where}[{i}]")
-    elif isinstance(ref, float | int) and not isinstance(ref, bool):
-        assert isinstance(mine, float | int) and not isinstance(mine, bool), (where, mine, ref)
-        if math.isnan(ref):
-            assert math.isnan(mine), (where, mine, ref)
-        else:
-            assert abs(mine - ref) <= TOLERANCE + 1e-12, (where, mine, ref)
-    else:
-        assert mine == ref, (where, mine, ref)
-
-
-def assert_scores_equal(ours: dict, theirs: dict, name: str) -> None:
-    """A TaskResult's scores equal mteb's: the same splits, the same hf_subsets in each, every metric."""
-    assert (ours["task_name"], ours["dataset_revision"]) == (theirs["task_name"], theirs["dataset_revision"]), name
-    assert set(ours["scores"]) == set(theirs["scores"]), (name, sorted(ours["scores"]), sorted(theirs["scores"]))
-    for split, entries in theirs["scores"].items():
-        mine = {e["hf_subset"]: e for e in ours["scores"][split]}
-        ref = {e["hf_subset"]: e for e in entries}
-        assert len(mine) == len(ours["scores"][split]) and set(mine) == set(ref), (name, split, sorted(mine))
-        for subset in ref:
-            assert_same(mine[subset], ref[subset], f"{name}/{split}/{subset}")
-
-
-def test_the_comparison_sees_every_difference():
-    ref = {"task_name": "T", "dataset_revision": "r", "evaluation_time": 1.0,
-           "scores": {"test": [{"hf_subset": "default", "accuracy": 0.5, "ap": float("nan"), "x": None,
-                                "per": [{"f1": 0.25}], "languages": ["eng-Latn"]}]}}
-    same = {**ref, "evaluation_time": 9.0,
-            "scores": {"test": [{**ref["scores"]["test"][0], "accuracy": 0.5 + 9e-7, "per": [{"f1": 0.25}]}]}}
-    assert_scores_equal(same, ref, "T")
-    for bad in ({"accuracy": 0.5 + 2e-6}, {"ap": 0.0}, {"x": 0}, {"per": [{"f1": 0.25}, {"f1": 0.25}]},
-                {"per": [{"f1": 0.26}]}, {"languages": ["fra-Latn"]}, {"extra": 1.0}):
-        other = {**ref, "scores": {"test": [{**ref["scores"]["test"][0], **bad}]}}
-        with pytest.raises(AssertionError):
-            assert_scores_equal(other, ref, "T")
-    for scores in ({"valid": ref["scores"]["test"]}, {"test": ref["scores"]["test"] * 2},
-                   {"test": [{**ref["scores"]["test"][0], "hf_subset": "en"}]}):
-        with pytest.raises(AssertionError):
-            assert_scores_equal({**ref, "scores": scores}, ref, "T")
-
-
 # ------------------------------------------------------------------------------------------------ the scores
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_scores_equal_mtebs(name, theirs, ours):
     assert set(ours) == set(NAMES)
-    assert_scores_equal(ours[name], theirs[name], name)
+    assert_same_scores(ours[name], theirs[name])
 
 
 def test_mtebs_scores_tell_implementations_apart(theirs):

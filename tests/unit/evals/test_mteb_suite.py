@@ -125,3 +125,31 @@ def test_a_benchmark_name_selects_its_tasks_in_every_suite():
     chosen = [t for _, names in registry.select("MIEB(lite),STS13VisualSTS") for t in names]
     assert sorted(chosen) == sorted(benchmarks.LITE)  # STS13VisualSTS is in MIEB(lite): once
     assert sum(len(names) for _, names in registry.select("MIEB(Multilingual)")) == 130
+
+
+def test_on_ray_the_tasks_load_and_score_in_workers(two_tasks, tmp_path, ray_local):
+    root, model, _ = two_tasks
+    got = ours(["STS13VisualSTS"], root, model, str(tmp_path), executor="ray")
+    assert_same_scores(got["STS13VisualSTS"], mteb_result("STS13VisualSTS", root, model))
+
+
+def test_the_comparison_with_mteb_sees_every_difference():
+    """support.mteb_tasks.assert_same_scores, which every test_mteb_*.py relies on, fails on any difference."""
+    ref = {"task_name": "T", "dataset_revision": "r", "evaluation_time": 1.0,
+           "scores": {"test": [{"hf_subset": "default", "accuracy": 0.5, "ap": float("nan"), "x": None,
+                                "per": [{"f1": 0.25}], "languages": ["eng-Latn"]}]}}
+    same = {**ref, "evaluation_time": 9.0,
+            "scores": {"test": [{**ref["scores"]["test"][0], "accuracy": 0.5 + 9e-7, "per": [{"f1": 0.25}]}]}}
+    assert_same_scores(same, ref)
+    for bad in ({"accuracy": 0.5 + 2e-6}, {"ap": 0.0}, {"x": 0}, {"per": [{"f1": 0.25}, {"f1": 0.25}]},
+                {"per": [{"f1": 0.26}]}, {"languages": ["fra-Latn"]}, {"extra": 1.0}):
+        other = {**ref, "scores": {"test": [{**ref["scores"]["test"][0], **bad}]}}
+        with pytest.raises(AssertionError):
+            assert_same_scores(other, ref)
+    for scores in ({"valid": ref["scores"]["test"]}, {"test": ref["scores"]["test"] * 2},
+                   {"test": [{**ref["scores"]["test"][0], "hf_subset": "en"}]}):
+        with pytest.raises(AssertionError):
+            assert_same_scores({**ref, "scores": scores}, ref)
+    with pytest.raises(AssertionError):
+        assert_same_scores({**ref, "dataset_revision": "other"}, ref)
+    assert_same_scores(other, ref, skip=lambda key: key == "extra")  # a metric said to be float noise: not compared
