@@ -196,7 +196,7 @@ class ItemSink:
             w.close()
 
 
-def _quiet_evaluate(model, task, predictions: str | None = None) -> dict:
+def _quiet_evaluate(model, task) -> dict:
     """mteb.evaluate on one task, no result cache, no progress bars: the TaskResult JSON it writes."""
     import mteb
 
@@ -240,7 +240,7 @@ def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
         try:
-            with warnings.catch_warnings():  # the stand-in vectors' scores are dropped, and so are their warnings
+            with warnings.catch_warnings():  # the scores of zero vectors are dropped, and so are their warnings
                 warnings.simplefilter("ignore")
                 _quiet_evaluate(recorder(dim, sink), task)
         finally:
@@ -330,7 +330,7 @@ class MtebSuite:
         made = {}
         for kind, modality in ((IMAGES, "image"), (TEXTS, "text")):
             segments = _complete(folder, kind)
-            todo = self._todo(out, kind, segments)
+            todo = self._todo(out, kind, segments, where.mode)
             if todo:
                 embed_table(todo, "key", storage.join(folder, f"{kind}-{_name_of(todo)}"), model, revision, modality,
                             log, pool, executor, raw=True)
@@ -341,7 +341,7 @@ class MtebSuite:
             made[kind] = ",".join(segments)
         return made[IMAGES], made[TEXTS]
 
-    def _todo(self, out: str, kind: str, segments: list[str]) -> str | None:
+    def _todo(self, out: str, kind: str, segments: list[str], mode: str) -> str | None:
         """The items of `kind` that no cache output holds, each once, as a folder of tables; None: nothing to do."""
         cached = set()
         for root in segments:
@@ -351,14 +351,18 @@ class MtebSuite:
         for name in self.names:
             source = storage.join(items_root(out, name), f"{kind}.parquet")
             keys = read_parquet(source, ["key"])["key"].to_pylist()
-            rows = [i for i, k in enumerate(keys) if k not in cached and not (k in picks or cached.add(k))]
+            rows = []
+            for i, key in enumerate(keys):
+                if key not in cached:  # nor taken from an earlier task's table
+                    cached.add(key)
+                    rows.append(i)
             if rows:
                 picks[source] = rows
         if not picks:
             return None
         digest = identity.digest({s: r for s, r in picks.items()})[:16]
         target = storage.join(out, "embeddings", "mteb", "_todo", f"{kind}-{digest}")
-        with tasks.using(placement.choose("auto", None).mode):
+        with tasks.using(mode):
             tasks.get([select_task.remote(s, storage.join(target, f"{n:05d}.parquet"), rows)
                        for n, (s, rows) in enumerate(picks.items())])
         return target
