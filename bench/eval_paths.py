@@ -26,6 +26,10 @@ from pathlib import Path
 
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 
+# a fresh `datasets` cache, set before `datasets` is imported (it reads the place once): a cache shared with earlier
+# runs can serve an old mirror's rows for a new one at a path of the same name
+HF_HOME = tempfile.mkdtemp(prefix="bench-hf-")
+os.environ.update(HF_HOME=HF_HOME, HF_HUB_OFFLINE="1")
 h.use_test_fixtures()
 from support.mteb_tasks import assert_same_scores  # noqa: E402
 
@@ -46,7 +50,6 @@ def main() -> None:
     h.add_records_option(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="eval-paths-"))
-    os.environ["HF_HOME"] = str(work / "hf")  # mteb's loads convert the mirror into this datasets cache
     try:
         mirror = str(work / "mirror")
         make_mirror(mirror, rows=args.rows, datasets=["cifar10"], eval_rows=args.eval_rows)
@@ -97,6 +100,7 @@ def main() -> None:
             "Both paths' scores were checked equal before timing."])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(HF_HOME, ignore_errors=True)
 
 
 if __name__ == "__main__":

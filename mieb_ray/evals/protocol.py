@@ -139,7 +139,7 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
           pool: PoolRequest = PoolRequest()) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
     of the same identity are reused, any others replaced)."""
-    if hasattr(suite, "embed"):  # a suite with its own cache of embeddings (evals/mteb_suite.py)
+    if hasattr(suite, "embed"):  # a suite that embeds into its own cache instead (evals/mteb_suite.py)
         return suite.embed(out, model, revision, log, executor, pool)
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")

@@ -1,8 +1,9 @@
-"""Every eval task by its mteb name, and the suite that scores it (evals/protocol.py's EvalSuite). A new task
-type is a suite module and an entry in SUITES, and more places besides (docs/architecture.md lists them).
+"""Every eval task by its mteb name, and the suite that scores it (evals/protocol.py's EvalSuite): the hand-built
+suites' tasks, and every other MIEB task through mteb's own code (the `mteb` suite, last). A MIEB task mteb defines
+needs nothing here; a hand-built path is a suite module and an entry in SUITES (docs/architecture.md: which path).
 
-`select` turns `--tasks` into the chosen tasks grouped by suite, which the eval job (evals/job.py) scores; the
-outputs of one suite go to OUT, of several each to OUT/<suite>/ (a Suite's name).
+`select` turns `--tasks` (task names, MIEB's benchmark names) into the chosen tasks grouped by suite, which the eval
+job (evals/job.py) scores; the outputs of one suite go to OUT, of several each to OUT/<suite>/ (a Suite's name).
 """
 
 from __future__ import annotations
