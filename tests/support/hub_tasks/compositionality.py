@@ -3,7 +3,7 @@ AROCocoOrder, AROFlickrOrder, AROVisualAttribution, AROVisualRelation, SugarCrep
 
 `TASKS[name](root)` writes the task's repo under root/<metadata.dataset["path"]> the way the hub serves it (parquet
 files carrying the HF features, a README.md whose front matter declares `configs` and `dataset_info`: see
-sts.Repo), so that mteb's own `load_data` reads it unchanged (support.mteb_tasks.redirect). `ROWS[name]` is
+repo.Repo), so that mteb's own `load_data` reads it unchanged (support.mteb_tasks.redirect). `ROWS[name]` is
 {hf_subset: {split: rows}} of what mteb evaluates.
 
 What mteb does with them (mteb/abstasks/image/image_text_pair_classification.py and its evaluator): each row's
@@ -32,7 +32,8 @@ from collections.abc import Callable
 import numpy as np
 from datasets import Features, Image, Sequence, Value
 
-from support.hub_tasks.sts import Repo, image, seed
+from support.hub_tasks.repo import Repo
+from support.hub_tasks.sts import image, seed
 
 # longer than CLIP's 77 tokens: the tokenizer truncates it (mteb's CLIP wrapper passes truncation=True), so two
 # captions that differ only after the 77th token embed alike, and a cache keyed by the whole text still holds one

@@ -51,20 +51,17 @@ alike and no two cosines tie; every text corpus holds distinct texts (CLIP lower
 from __future__ import annotations
 
 import io
-import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-import pyarrow.parquet as pq
-from datasets import Dataset, DatasetInfo, Features, Image, List, SplitDict, SplitInfo, Value
-from datasets.info import DatasetInfosDict
-from datasets.utils.metadata import MetadataConfigs
-from huggingface_hub import DatasetCardData
+from datasets import Features, Image, List, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw
+
+from support.hub_tasks.repo import Repo, at_root
 
 # ------------------------------------------------------------------------------------------------ pictures
 
@@ -207,49 +204,6 @@ def caption(key: tuple, lang: str) -> str:
     return f"{sentence(key, (3, 6))} {_SCRIPTS.get(lang, lang)}"
 
 
-# ------------------------------------------------------------------------------------------------ repos
-
-
-def shard_name(prefix: str, i: int, n: int) -> str:
-    return f"{prefix}-{i:05d}-of-{n:05d}.parquet"
-
-
-class Repo:
-    """A dataset repo under root/<hub path>: parquet files as push_to_hub writes them (the HF features in the
-    schema metadata) and the README front matter that declares each config's data files and dataset_info."""
-
-    def __init__(self, root: str, path: str):
-        self.dir = os.path.join(root, path)
-        os.makedirs(self.dir, exist_ok=True)
-        self.infos: dict[str, DatasetInfo] = {}
-        self.configs: dict[str, dict] = {}
-
-    def add(self, config: str, features: Features, splits: dict[str, dict[str, list]],
-            files: Callable[[str, int], list[str]], pattern: Callable[[str], str], shards: dict[str, int] = {}):
-        """One config: {split: columns}; split s written as files(s, shards[s] or 1), declared as pattern(s)."""
-        info = DatasetInfo(features=features, splits=SplitDict())
-        data_files = []
-        for split, columns in splits.items():
-            ds = Dataset.from_dict(columns, features=features)
-            paths = files(split, shards.get(split, 1))
-            bounds = np.linspace(0, len(ds), len(paths) + 1).astype(int)
-            for rel, lo, hi in zip(paths, bounds[:-1], bounds[1:], strict=True):
-                os.makedirs(os.path.dirname(os.path.join(self.dir, rel)), exist_ok=True)
-                pq.write_table(ds.select(range(lo, hi)).data.table, os.path.join(self.dir, rel))
-            info.splits.add(SplitInfo(name=split, num_bytes=ds.data.nbytes, num_examples=len(ds)))
-            data_files.append({"split": split, "path": pattern(split)})
-        info.dataset_size = sum(s.num_bytes for s in info.splits.values())
-        self.infos[config] = info
-        self.configs[config] = {"data_files": data_files}
-
-    def card(self) -> None:
-        card = DatasetCardData()
-        DatasetInfosDict(self.infos).to_dataset_card_data(card)
-        MetadataConfigs(self.configs).to_dataset_card_data(card)
-        with open(os.path.join(self.dir, "README.md"), "w", encoding="utf-8") as f:
-            f.write(f"---\n{card}\n---\n")
-
-
 def _columns(rows: list[dict], names: list[str]) -> dict[str, list]:
     return {n: [image_value(r.get(n)) if isinstance(r.get(n), Pic) else r.get(n) for r in rows] for n in names}
 
@@ -290,14 +244,12 @@ class V1:
             qcols["Q0"] = ["Q0"] * len(self.qrels)
         for j, name in enumerate(self.qrels_extra):
             qcols[name] = [r[3 + j] for r in self.qrels]
-        root_files = lambda prefix: (lambda s, n: [shard_name(prefix, i, n) for i in range(n)])  # noqa: E731
-        repo.add("qrels", qf, {"test": qcols}, root_files("qrels"), lambda s: "qrels-*")
+        repo.add("qrels", qf, {"test": qcols}, **at_root("qrels"))
         for config, split, rows, shards in (("corpus", "corpus", self.corpus, self.corpus_shards),
                                             ("query", "test", self.queries, 1)):
             names = self.side_columns(rows)
             rows = [{**r, "modality": _modality(r)} for r in rows]
-            repo.add(config, self.features(names), {split: _columns(rows, names)}, root_files(config),
-                     lambda s, c=config: f"{c}-*", shards={split: shards})
+            repo.add(config, self.features(names), {split: _columns(rows, names)}, **at_root(config), shards=shards)
         repo.card()
 
     def rows(self) -> dict:
@@ -622,14 +574,12 @@ class V2:
         repo = Repo(root, self.path)
         side = Features({"id": Value("string"), "modality": Value("string"), "text": Value("string"),
                          "image": Image()})
-        files = lambda c: (lambda s, n: [f"{c}/{shard_name(s, i, n)}" for i in range(n)])  # noqa: E731
         for config, rows in (("queries", self.queries), ("corpus", self.corpus)):
             rows = [{**r, "modality": _modality(r)} for r in rows]
-            repo.add(config, side, {"test": _columns(rows, list(side))}, files(config),
-                     lambda s, c=config: f"{c}/{s}-*")
+            repo.add(config, side, {"test": _columns(rows, list(side))})
         qf = Features({"query-id": Value("string"), "corpus-id": Value("string"), "score": Value("int64")})
         repo.add("qrels", qf, {"test": {"query-id": [r[0] for r in self.qrels], "corpus-id": [r[1] for r in self.qrels],
-                                        "score": [r[2] for r in self.qrels]}}, files("qrels"), lambda s: f"qrels/{s}-*")
+                                        "score": [r[2] for r in self.qrels]}})
         repo.card()
 
     def rows(self) -> dict:
@@ -655,17 +605,14 @@ class Beir:
 
     def write(self, root: str) -> None:
         repo = Repo(root, self.path)
-        files = lambda c: (lambda s, n: [f"{c}/{shard_name(s, i, n)}" for i in range(n)])  # noqa: E731
         repo.add("corpus", Features({"corpus-id": Value("int64"), "image": Image()}),
-                 {"test": {"corpus-id": list(range(len(self.pages))), "image": [image_value(p) for p in self.pages]}},
-                 files("corpus"), lambda s: f"corpus/{s}-*")
+                 {"test": {"corpus-id": list(range(len(self.pages))), "image": [image_value(p) for p in self.pages]}})
         qrels = Features({"query-id": Value("int64"), "corpus-id": Value("int64"), "score": Value(self.score)})
         repo.add("qrels", qrels,
                  {"test": {"query-id": [r[0] for r in self.qrels], "corpus-id": [r[1] for r in self.qrels],
-                           "score": [r[2] for r in self.qrels]}}, files("qrels"), lambda s: f"qrels/{s}-*")
+                           "score": [r[2] for r in self.qrels]}})
         repo.add("queries", Features({"query-id": Value("int64"), "query": Value("string")}),
-                 {"test": {"query-id": list(range(len(self.queries))), "query": self.queries}},
-                 files("queries"), lambda s: f"queries/{s}-*")
+                 {"test": {"query-id": list(range(len(self.queries))), "query": self.queries}})
         repo.card()
 
     def rows(self) -> dict:  # the evaluation drops the queries no qrels line names
@@ -702,7 +649,6 @@ class Splits:
     def write(self, root: str) -> None:
         repo = Repo(root, self.path)
         repo.add("default", self.features, {s: _columns(rows, list(self.features)) for s, rows in self.splits.items()},
-                 lambda s, n: [f"data/{shard_name(s, i, n)}" for i in range(n)], lambda s: f"data/{s}-*",
                  shards=self.shards)
         repo.card()
 

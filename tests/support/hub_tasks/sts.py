@@ -26,18 +26,15 @@ compositionality.py.
 from __future__ import annotations
 
 import io
-import os
 import zlib
 from collections.abc import Callable
 
 import numpy as np
-import pyarrow.parquet as pq
-from datasets import Dataset, DatasetInfo, Features, Image, SplitDict, SplitInfo, Value
-from datasets.info import DatasetInfosDict
-from datasets.utils.metadata import MetadataConfigs
-from huggingface_hub import DatasetCardData
+from datasets import DatasetInfo, Features, Image, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw, ImageFont
+
+from support.hub_tasks.repo import Repo
 
 # ------------------------------------------------------------------------------------------------ pictures
 
@@ -118,56 +115,6 @@ def image(key: tuple, size: tuple[int, int], kind: str = "png", text: str | None
     """An Image feature's value as a pushed dataset stores it: the file's bytes and (where the uploader had a file)
     its name; path None where the uploader pushed PIL images made in memory, as the rendered-STS repos did."""
     return {"bytes": encode(picture(key, size, text), kind), "path": None if name is None else f"{name}.{EXT[kind]}"}
-
-
-# ------------------------------------------------------------------------------------------------ repos
-
-
-def shard_name(split: str, i: int, n: int) -> str:
-    return f"{split}-{i:05d}-of-{n:05d}.parquet"
-
-
-class Repo:
-    """A dataset repo under root/<hub path>: parquet files as `push_to_hub` writes them (the HF features in the
-    schema metadata) and the README front matter that declares each config's data files and dataset_info."""
-
-    def __init__(self, root: str, path: str):
-        self.dir = os.path.join(root, path)
-        os.makedirs(self.dir, exist_ok=True)
-        self.infos: dict[str, DatasetInfo] = {}
-        self.configs: dict[str, dict] = {}
-
-    def add(self, config: str, features: Features, splits: dict[str, dict[str, list]],
-            files: Callable[[str, int], list[str]] | None = None, pattern: Callable[[str], str] | None = None,
-            shards: int = 1) -> None:
-        """One config: {split: columns}, each split written as `shards` files. `files(split, shards)` are the
-        files' paths in the repo (push_to_hub's by default: data/<split>-0000i-of-0000n.parquet for the default
-        config, <config>/<split>-... for the others), `pattern(split)` what the card declares (<dir>/<split>-*)."""
-        prefix = "data" if config == "default" else config
-        files = files or (lambda s, n: [f"{prefix}/{shard_name(s, i, n)}" for i in range(n)])
-        pattern = pattern or (lambda s: f"{prefix}/{s}-*")
-        info = DatasetInfo(features=features, splits=SplitDict())
-        data_files = []
-        for split, columns in splits.items():
-            ds = Dataset.from_dict(columns, features=features)
-            paths = files(split, shards)
-            bounds = np.linspace(0, len(ds), len(paths) + 1).astype(int)
-            for rel, lo, hi in zip(paths, bounds[:-1], bounds[1:], strict=True):
-                os.makedirs(os.path.dirname(os.path.join(self.dir, rel)), exist_ok=True)
-                # the schema metadata carries the features (Image, not a bare struct)
-                pq.write_table(ds.select(range(lo, hi)).data.table, os.path.join(self.dir, rel))
-            info.splits.add(SplitInfo(name=split, num_bytes=ds.data.nbytes, num_examples=len(ds)))
-            data_files.append({"split": split, "path": pattern(split)})
-        info.dataset_size = sum(s.num_bytes for s in info.splits.values())
-        self.infos[config] = info
-        self.configs[config] = {"data_files": data_files}
-
-    def card(self) -> None:
-        card = DatasetCardData()
-        DatasetInfosDict(self.infos).to_dataset_card_data(card)
-        MetadataConfigs(self.configs).to_dataset_card_data(card)
-        with open(os.path.join(self.dir, "README.md"), "w", encoding="utf-8") as f:
-            f.write(f"---\n{card}\n---\n")
 
 
 # ------------------------------------------------------------------------------------------------ STS rows

@@ -21,18 +21,15 @@ zh-plus/tiny-imagenet: train/valid, wnid ClassLabel, 64x64 JPEGs some of them gr
 from __future__ import annotations
 
 import io
-import os
 import zlib
 from collections.abc import Callable
 
 import numpy as np
-import pyarrow.parquet as pq
-from datasets import ClassLabel, Dataset, DatasetInfo, Features, Image, Sequence, SplitDict, SplitInfo, Value
-from datasets.info import DatasetInfosDict
-from datasets.utils.metadata import MetadataConfigs
-from huggingface_hub import DatasetCardData
+from datasets import ClassLabel, Features, Image, Sequence, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw
+
+from support.hub_tasks.repo import Repo, at_root
 
 # ------------------------------------------------------------------------------------------------ pictures
 
@@ -93,45 +90,6 @@ def _size(rng: np.random.Generator, lo: int = 40, hi: int = 140) -> tuple[int, i
     return int(rng.integers(lo, hi)), int(rng.integers(lo, hi))
 
 
-# ------------------------------------------------------------------------------------------------ repos
-
-
-class Repo:
-    """A dataset repo under root/<hub path>: parquet files as `push_to_hub` writes them (the HF features in the
-    schema metadata) and the README front matter that declares each config's data files and dataset_info."""
-
-    def __init__(self, root: str, path: str):
-        self.dir = os.path.join(root, path)
-        os.makedirs(self.dir, exist_ok=True)
-        self.infos: dict[str, DatasetInfo] = {}
-        self.configs: dict[str, dict] = {}
-
-    def add(self, config: str, features: Features, splits: dict[str, dict[str, list]],
-            file: Callable[[str], str] | None = None) -> None:
-        """One config: {split: columns}. `file(split)` is the file's path in the repo (push_to_hub's by default:
-        data/<split>-00000-of-00001.parquet for the default config, <config>/<split>-... for the others)."""
-        file = file or (lambda s: f"{'data' if config == 'default' else config}/{s}-00000-of-00001.parquet")
-        info = DatasetInfo(features=features, splits=SplitDict())
-        data_files = []
-        for split, columns in splits.items():
-            ds = Dataset.from_dict(columns, features=features)
-            rel = file(split)
-            os.makedirs(os.path.dirname(os.path.join(self.dir, rel)), exist_ok=True)
-            pq.write_table(ds.data.table, os.path.join(self.dir, rel))  # the schema metadata carries the features
-            info.splits.add(SplitInfo(name=split, num_bytes=ds.data.nbytes, num_examples=len(ds)))
-            data_files.append({"split": split, "path": rel.replace("-00000-of-00001.parquet", "-*")})
-        info.dataset_size = sum(s.num_bytes for s in info.splits.values())
-        self.infos[config] = info
-        self.configs[config] = {"data_files": data_files}
-
-    def card(self) -> None:
-        card = DatasetCardData()
-        DatasetInfosDict(self.infos).to_dataset_card_data(card)
-        MetadataConfigs(self.configs).to_dataset_card_data(card)
-        with open(os.path.join(self.dir, "README.md"), "w", encoding="utf-8") as f:
-            f.write(f"---\n{card}\n---\n")
-
-
 # ------------------------------------------------------------------------------------------------ BLINK
 
 # longer than CLIP's 77 tokens: the tokenizer truncates it (mteb's CLIP wrapper passes truncation=True)
@@ -169,14 +127,14 @@ def write_blink_it2i(root: str) -> None:
     repo.add("query", Features({"id": Value("string"), "modality": Value("string"), "text": Value("string"),
                                 "image": Image()}),
              {"test": {"id": qids, "modality": ["image,text"] * len(qids), "text": qtext, "image": qimage}},
-             file=lambda s: "query-00000-of-00001.parquet")
+             **at_root("query"))
     repo.add("corpus", Features({"id": Value("string"), "modality": Value("string"), "image": Image()}),
              {"corpus": {"id": cids, "modality": ["image"] * len(cids), "image": cimage}},
-             file=lambda s: "corpus-00000-of-00001.parquet")
+             **at_root("corpus"))
     repo.add("qrels", Features({"query-id": Value("string"), "corpus-id": Value("string"), "score": Value("int8")}),
              {"test": {"query-id": [r[0] for r in qrels], "corpus-id": [r[1] for r in qrels],
                        "score": [r[2] for r in qrels]}},
-             file=lambda s: "qrels-00000-of-00001.parquet")
+             **at_root("qrels"))
     repo.card()
 
 
@@ -205,15 +163,15 @@ def write_blink_it2t(root: str) -> None:
     repo.add("query", Features({"id": Value("string"), "modality": Value("string"), "text": Value("string"),
                                 "image": Image()}),
              {"test": {"id": qids, "modality": ["image,text"] * len(qids), "text": questions, "image": qimage}},
-             file=lambda s: "query-00000-of-00001.parquet")
+             **at_root("query"))
     repo.add("corpus", Features({"id": Value("string"), "modality": Value("string"), "text": Value("string")}),
              {"corpus": {"id": [f"corpus_{d}" for d in range(len(docs))], "modality": ["text"] * len(docs),
                          "text": docs}},
-             file=lambda s: "corpus-00000-of-00001.parquet")
+             **at_root("corpus"))
     repo.add("qrels", Features({"query-id": Value("string"), "corpus-id": Value("string"), "score": Value("int8")}),
              {"test": {"query-id": [r[0] for r in qrels], "corpus-id": [r[1] for r in qrels],
                        "score": [r[2] for r in qrels]}},
-             file=lambda s: "qrels-00000-of-00001.parquet")
+             **at_root("qrels"))
     repo.card()
 
 

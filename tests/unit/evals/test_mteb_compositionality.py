@@ -8,22 +8,22 @@ mteb's own CLIP wrapper (support/mteb_tasks.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from support.hub_tasks import compositionality
 from support.mteb_tasks import assert_same_scores, mteb_result, ours, redirect
-
-from mieb_ray.demo_data.models import make_tiny_clip
 
 NAMES = list(compositionality.TASKS)
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
+def mirror(tmp_path_factory, tiny_clip):
     """Every task's repo under one root, and a tiny CLIP."""
     root = tmp_path_factory.mktemp("compositionality-mirror")
     for write in compositionality.TASKS.values():
         write(str(root))
-    return str(root), make_tiny_clip(str(tmp_path_factory.mktemp("model")))
+    return str(root), tiny_clip
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +37,7 @@ def ours_results(mirror, tmp_path_factory):
 def theirs(mirror):
     """mteb's TaskResult of a task, run once per module."""
     root, model = mirror
-    done: dict[str, dict] = {}
-
-    def result(name: str) -> dict:
-        if name not in done:
-            done[name] = mteb_result(name, root, model)
-        return done[name]
-
-    return result
+    return functools.cache(lambda name: mteb_result(name, root, model))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -12,8 +12,6 @@ from support import mteb_tasks
 from support.hub_tasks import retrieval as hub
 from support.mteb_tasks import assert_same_scores, mteb_result
 
-from mieb_ray.demo_data.models import make_tiny_clip
-
 pytestmark = pytest.mark.timeout(900)
 NAMES = list(hub.TASKS)
 # CUB200, SOP, Stanford Cars and RP2k query their own corpus (the hub's layout: same images, same ids): each query's
@@ -29,13 +27,13 @@ def noise_decided(name: str, key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory) -> tuple[str, str]:
+def mirror(tmp_path_factory, tiny_clip) -> tuple[str, str]:
     """Every task's repo under one root (a repo two tasks share written once) and the tiny CLIP: (root, model).
     The fixtures' salts keep every query's documents apart under this model's weights (make_tiny_clip's seed)."""
     root = tmp_path_factory.mktemp("mirror")
     for path in dict.fromkeys(hub.PATHS.values()):
         hub.TASKS[next(n for n in NAMES if hub.PATHS[n] == path)](str(root))
-    return str(root), make_tiny_clip(str(tmp_path_factory.mktemp("model")))
+    return str(root), tiny_clip
 
 
 @pytest.fixture(scope="module")
