@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The whole GPU check, on a lent GPU machine, in under ten minutes; run at once when a session's device status
-# says a machine is lent (after bench/gpu_wheels.sh here):
+# says a machine is lent (after bench/gpu_wheels.sh and `python bench/gpu_eval.py prepare .gpu_eval` here):
 #
-#   device run, carry [".whl"], timeout 590:   bash bench/gpu_check.sh
+#   device run, carry [".whl", ".gpu_eval"], timeout 590:   bash bench/gpu_check.sh
 #
+# In order of what matters most, each step under its own timeout:
 # 1. the device's torch, torchvision, CUDA and driver;
 # 2. the GPU tests with MIEB_REQUIRE_GPU=1 (a CUDA or torchvision test that would skip fails instead):
-#    tests/system/test_cuda.py (bf16 vs fp32, nvJPEG vs the CPU path on mixed sizes, the stream race, one Ray GPU
-#    actor end to end), tests/unit/encode/test_gpu_decode.py and tests/unit/encode/test_model.py;
-# 3. bench/gpu_encode.py: B/32 and L/14 in bf16, images/s against the datasheet and the measured matmul bound,
-#    per decode path, the stream-race probe;
-# 4. one real `mieb-ray embed` on the GPU (--decode gpu, a B/32-sized CLIP, 2,048 photos of mixed sizes).
+#    tests/system/test_cuda.py (bf16 and fp32 against the CPU, nvJPEG against the CPU path on mixed sizes, the
+#    stream race, one Ray GPU actor end to end), tests/unit/encode/test_gpu_decode.py and test_model.py;
+# 3. bench/gpu_eval.py device: the eval's embeddings of fixture tasks of every type, exact (the default) and
+#    --fast, made on the GPU; scored against mteb back here (`python bench/gpu_eval.py score`);
+# 4. bench/gpu_embed.py: `mieb-ray embed` on 100,000 photos of mixed sizes, B/32 and L/14, against the encoder
+#    alone and the CPU decode ceiling, the other feed beside --decode auto's choice, the GPU's utilisation;
+# 5. bench/gpu_encode.py: B/32 and L/14 in bf16 against timm's models of the same shapes and torch.compile,
+#    images/s against the datasheet and the measured matmul bound.
 # Everything it prints is also under $OUT; it exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,9 +37,10 @@ step versions python3 -c "import torch, torchvision, transformers, ray
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
-step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/system/test_cuda.py \
+step tests timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
   tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py
-step gpu_encode timeout 200 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 256,512
-step embed timeout 120 python3 bench/gpu_embed.py "$out"
+step eval timeout 60 python3 bench/gpu_eval.py device .gpu_eval "$out"
+step embed timeout 200 python3 bench/gpu_embed.py "$out"
+step gpu_encode timeout 150 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
 echo "failed steps: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]

@@ -5,14 +5,17 @@ to a temp dir and loaded with mieb_ray's Encoder, as an embed actor loads them. 
   synthetic   model.get_image_features on a bf16 batch already on the GPU: the model alone;
   pipeline    what an actor does per unit: uint8 NHWC pixels pinned and copied to the GPU once, then per batch
               normalise + cast -> Encoder.image_features (model, float32 L2-normalise), results copied back once.
+  compiled    Encoder(compile=True).image_features on the synthetic batch (torch.compile's inductor kernels);
+              its compile time beside it.
+  timm        timm's model of the same shape (vit_base_patch32_clip_224, vit_large_patch14_clip_224: the open_clip
+              architecture) on the same batch: the contender the encoder is held to.
   gpu decode  raw JPEG bytes -> DeviceDecoder (header read on the CPU, batched nvJPEG decode, resize and crop
-              on the GPU) -> normalise -> encode (`embed --decode gpu`), on photos of 400x300, of 1600x1200 and
-              of mixed sizes and orientations (same-size grouping gets no help there); its host CPU seconds per
+              on the GPU) -> normalise -> encode (`embed --decode gpu`), on photos of mixed sizes and
+              orientations (same-size grouping gets no help there); its host CPU seconds per
               image give the CPU cores per GPU that path needs. Every image must decode on the device: a row that
               fell back to the CPU fails the run.
 Then JPEG decode + resize + centre crop of real pictures in a CPU process pool (`--decode cpu`): the per-core
-rate that sizes the CPU pool feeding one GPU. And a probe of nvJPEG's stream race (pytorch/vision#9606): long
-work queued, tensors freed under queued reductions, then a decode, with and without the decoder's stream drain.
+rate that sizes the CPU pool feeding one GPU (tests/system/test_cuda.py probes nvJPEG's stream race).
 
 The FLOP bound is given twice: from the datasheet's dense bf16 peak, and from a bf16 8192^3 matmul measured on
 the same device (what this GPU reaches at its clocks). Needs torch, torchvision, transformers, Pillow, numpy
@@ -71,6 +74,15 @@ PEAK_TFLOPS = [
     (r"H[12]00 NVL", 835), (r"H100 PCIe", 756), (r"GH200|H100|H200", 989), (r"B200", 2250), (r"A100", 312),
     (r"L40S", 362), (r"L4\b", 121), (r"A10\b", 125),
 ]
+
+# timm's models of the same shapes (the open_clip architecture: fused QKV, F.scaled_dot_product_attention)
+TIMM = {"ViT-B/32": "vit_base_patch32_clip_224", "ViT-L/14": "vit_large_patch14_clip_224"}
+
+
+def timm_forward(model, x):
+    with torch.inference_mode():
+        return model(x)
+
 
 def flops_per_image(model) -> float:
     v = model.config.vision_config
@@ -150,31 +162,6 @@ def matmul_tflops(device: torch.device, seconds: float) -> float | None:
     return 2 * 8192 ** 3 * iters / elapsed / 1e12
 
 
-def stream_race(decoder: DeviceDecoder, photos: list[bytes], device: torch.device, rounds: int = 20) -> dict:
-    """Rounds in which reductions over freed tensors came out wrong while a decode ran, with the decoder as it
-    is and with a bare torchvision decode_jpeg (no stream drain first)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    def bare():
-        decode_jpeg([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in photos], mode=ImageReadMode.RGB,
-                    device=device)
-
-    wrong = {}
-    for name, decode in (("DeviceDecoder (drains the stream)", lambda: decoder(photos)), ("bare decode_jpeg", bare)):
-        count = 0
-        for _ in range(rounds):
-            big = torch.randn(8192, 8192, device=device)
-            for _ in range(4):
-                big = big @ big.T / 8192  # ~100 ms of queued work
-            blocks = [torch.full((1 << 20,), float(i), device=device) for i in range(16)]
-            sums = [b.sum() for b in blocks]
-            del blocks  # freed while their sums are queued: the allocator may hand the decoder these blocks
-            decode()
-            count += int(any(float(s) != float(i) * (1 << 20) for i, s in enumerate(sums)))
-        wrong[name] = count
-    return wrong
-
-
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
@@ -187,6 +174,7 @@ def main() -> int:
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak of this GPU, TFLOP/s")
     parser.add_argument("--decode-workers", type=int, default=os.cpu_count())
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU, to check the script")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile contender")
     args = parser.parse_args()
 
     if args.cpu_smoke:
@@ -198,7 +186,7 @@ def main() -> int:
         device = torch.device("cuda")
         models = [("ViT-B/32", make_clip_b32), ("ViT-L/14", make_clip_l14)]
         batch_sizes, seconds, warmup, decode_seconds = [int(b) for b in args.batch_sizes.split(",")], \
-            args.seconds, 5, 5.0
+            args.seconds, 5, args.seconds
         mixed_n = 256
     else:
         print("gpu_encode: no CUDA device here (torch.cuda.is_available() is False). Run it on a GPU machine, "
@@ -212,9 +200,7 @@ def main() -> int:
           f"{f'{measured:.0f}' if measured else 'n/a'} TFLOP/s", flush=True)
     rows, notes, gpu_feed, failures = [], [], [], []
     files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(PICTURES, "*.jpg")))]
-    sets = {"400x300": files, "1600x1200": [resized_jpeg(f, (1600, 1200)) for f in files],
-            "mixed sizes": mixed_jpegs(files, mixed_n)}
-    race = None
+    sets = {"mixed sizes": mixed_jpegs(files, mixed_n)}
 
     def bound(rate: float, flops: float) -> list[str]:
         """TFLOP/s, % of the datasheet peak, % of the measured matmul ceiling, FLOP-bound images/s of each."""
@@ -236,6 +222,25 @@ def main() -> int:
                          f"vision params, {flops / 1e9:.2f} GFLOP/image, built and loaded in "
                          f"{time.perf_counter() - t:.1f} s, attention {encoder.model.config._attn_implementation}")
             print(f"[gpu_encode] {notes[-1]}", flush=True)
+            compiled, compiled_s = None, 0.0
+            if not args.no_compile:
+                t = time.perf_counter()
+                compiled = Encoder(path, info, device=str(device), dtype="bfloat16", compile=True)
+                with torch.inference_mode():  # compiles now, not inside the timing
+                    compiled.image_features(torch.randn(batch_sizes[-1], 3, spec.height, spec.width, device=device,
+                                                        dtype=encoder.dtype))
+                sync(device)
+                compiled_s = time.perf_counter() - t
+                print(f"[gpu_encode] {label}: compiled in {compiled_s:.1f} s", flush=True)
+            timm_name, timm_model = TIMM.get(label), None
+            if timm_name and not args.cpu_smoke:
+                try:
+                    import timm
+
+                    timm_model = timm.create_model(timm_name, pretrained=False, num_classes=0)
+                    timm_model = timm_model.to(device, encoder.dtype).eval()
+                except Exception as exc:  # no timm here: the row says so
+                    rows.append([label, f"timm {timm_name}", "", f"not run: {exc}", "", "", "", "", ""])
             for bs in batch_sizes:
                 synthetic = torch.randn(bs, 3, spec.height, spec.width, device=device, dtype=encoder.dtype)
                 pixels = np.random.default_rng(0).integers(0, 256, (bs, spec.height, spec.width, 3), dtype=np.uint8)
@@ -249,7 +254,13 @@ def main() -> int:
                     on = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
                     encoder.image_features(normalize(on, encoder.dtype)).cpu()
 
-                for kind, step in (("synthetic", model_only), ("pipeline", pipeline)):
+                measures = [("synthetic", model_only), ("pipeline", pipeline)]
+                if bs == batch_sizes[-1]:  # the contenders, at the largest batch
+                    measures += [(f"compiled (torch.compile, {compiled_s:.0f} s to compile)",
+                                  lambda: compiled.image_features(synthetic))] if compiled else []
+                    measures += [(f"timm {timm_name}", lambda: timm_forward(timm_model, synthetic))] \
+                        if timm_model is not None else []
+                for kind, step in measures:
                     try:  # one failed measurement (out of memory, say) must not cost the rest of a GPU run
                         iters, elapsed = timed(step, device, seconds, warmup)
                     except Exception as exc:
@@ -295,15 +306,10 @@ def main() -> int:
                                 f"{cpu_per_image * 1e3:.2f} ms of host CPU per image (one process), so "
                                 f"{rate * cpu_per_image:.2f} cores per GPU")
                 print(f"[gpu_encode] {gpu_feed[-1]}", flush=True)
-                if race is None and device.type == "cuda":
-                    race = stream_race(decoder, sets["mixed sizes"][:64], device)
-                    print(f"[gpu_encode] stream race, wrong rounds of 20: {race}", flush=True)
-                    if race["DeviceDecoder (drains the stream)"]:
-                        failures.append(f"stream race: {race}")
             if device.type == "cuda":
                 notes.append(f"{label}: peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
                 torch.cuda.reset_peak_memory_stats(device)
-            encoder = synthetic = None  # free this model's memory before the next one loads
+            encoder = synthetic = compiled = timm_model = None  # free this model's memory before the next one loads
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -335,7 +341,6 @@ def main() -> int:
         f"{len(files)} pictures of about 400x300 px, {sum(map(len, files)) / len(files) / 1e3:.0f} KB each.\n\n"
         + table(["processes", "images/s", "images/s per process"], decode_rows)
         + "\n\n" + "\n".join(f"- {f}" for f in feed + gpu_feed),
-        f"Stream race (rounds of 20 with a wrong reduction): {race}" if race else "Stream race: not run (no CUDA)",
         "FAILURES:\n" + "\n".join(f"- {f}" for f in failures) if failures else "No failures.",
     ]) + "\n"
     print("\n" + report)

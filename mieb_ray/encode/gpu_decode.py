@@ -49,6 +49,12 @@ CHUNK_PIXELS = 64 << 20
 # are decoded on the CPU, whose draft decode shrinks them cheaply anyway.
 MAX_DOWNSCALE = 32
 _FILTER_NAMES = {int(f): f.name.lower() for f in Image.Resampling}
+# What each feed gave one H200 (bench/gpu_encode.py, 2026-11; bench/RESULTS.md), photos of about 400x300 to 224 px:
+# a CPU decodes 540 images/s per core, while the device path is bound by its one encoder process's host work
+# (0.43 to 0.77 ms an image) at about 2,350 images/s per GPU. So `auto` decodes on the GPU only where a GPU's share
+# of the cluster's CPUs decodes less than that: fewer than about 4 CPUs per GPU.
+CPU_DECODE_PER_CORE = 540
+DEVICE_DECODE_PER_GPU = 2350
 
 
 class Route(NamedTuple):
@@ -81,10 +87,11 @@ def torchvision_problem() -> str | None:
     return None
 
 
-def resolve(mode: str, gpus: float, spec: ImageSpec) -> tuple[str, str]:
+def resolve(mode: str, gpus: float, spec: ImageSpec, cpus_per_gpu: float | None = None) -> tuple[str, str]:
     """(the decode mode a job runs, why). auto is gpu when the encoders have GPUs, the model's filter can run
-    there and torchvision imports here (the driver, often on a node without a GPU, cannot check CUDA for them: an
-    encoder that cannot decode on its device under auto says so once and decodes on its CPU, see DeviceDecoder)."""
+    there, torchvision imports here (the driver, often on a node without a GPU, cannot check CUDA for them: an
+    encoder that cannot decode on its device under auto says so once and decodes on its CPU, see DeviceDecoder),
+    and the cluster's CPUs per GPU (None: unknown) would feed a GPU more slowly than the device path does."""
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "cpu":
@@ -96,9 +103,14 @@ def resolve(mode: str, gpus: float, spec: ImageSpec) -> tuple[str, str]:
         return "gpu", "--decode gpu"
     if gpus <= 0:
         return "cpu", "--decode auto: the encoders have no GPU"
+    if cpus_per_gpu is not None and cpus_per_gpu * CPU_DECODE_PER_CORE >= DEVICE_DECODE_PER_GPU:
+        return "cpu", (f"--decode auto: {cpus_per_gpu:g} CPUs per GPU decode about "
+                       f"{cpus_per_gpu * CPU_DECODE_PER_CORE:,.0f} images/s, more than the device path's "
+                       f"{DEVICE_DECODE_PER_GPU:,} per GPU")
     problem = problem or torchvision_problem()
     return ("cpu", f"--decode auto: {problem}") if problem else \
-        ("gpu", "--decode auto: the encoders have GPUs and torchvision imports")
+        ("gpu", "--decode auto: the encoders have GPUs and torchvision imports" + (
+            f", and {cpus_per_gpu:g} CPUs per GPU decode less than the device path" if cpus_per_gpu else ""))
 
 
 def route(data: bytes | None, spec: ImageSpec, max_pixels: int = MAX_PIXELS) -> Route | None:

@@ -13,6 +13,7 @@ torch: Ray's decode tasks import the pipeline module that imports it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import functools
@@ -313,7 +314,8 @@ class Encoder:
     none, whatever CUDA_VISIBLE_DEVICES says); None: cuda when torch sees one (a process of its own). A cuda
     device torch cannot use is a one-line error, never a silent run on the CPU."""
 
-    def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto", raw: bool = False):
+    def __init__(self, path: str, info: ModelInfo, device: str | None = None, dtype: str = "auto", raw: bool = False,
+                 compile: bool = False):
         import torch
         import transformers
 
@@ -328,14 +330,17 @@ class Encoder:
         self.model = cls.from_pretrained(path, dtype=self.dtype, trust_remote_code=False).to(self.device).eval()
         self._tokenizer = None
         self.raw = raw  # the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an image's and a text's)
+        self._image_call = functools.partial(self.family.image_features, self.model)
+        if compile:  # inductor's fused kernels; the batch dimension symbolic, so a unit's last batch compiles nothing
+            self._image_call = torch.compile(self._image_call, dynamic=True)
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Float (n, 3, h, w), already normalised -> L2-normalised float32 (n, dim), left on the device."""
         import torch
 
-        with torch.inference_mode():
+        with torch.inference_mode(), _strict_float32(self.device, self.dtype):
             pixel_values = pixel_values.to(self.device, self.dtype, non_blocking=True)
-            return self._checked(_unit(self.family.image_features(self.model, pixel_values), self.raw))
+            return self._checked(_unit(self._image_call(pixel_values), self.raw))
 
     def encode_pixel_values(self, pixel_values: torch.Tensor) -> np.ndarray:
         """image_features as a numpy array."""
@@ -351,7 +356,7 @@ class Encoder:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.path, self.info.name)
         batch = self._tokenizer(list(texts), **self.family.tokenizer_kwargs(self.info.max_text_length))
-        with torch.inference_mode():
+        with torch.inference_mode(), _strict_float32(self.device, self.dtype):
             return self._checked(_unit(self.family.text_features(self.model, batch.to(self.device)),
                                        self.raw)).cpu().numpy()
 
@@ -360,6 +365,26 @@ class Encoder:
             raise RuntimeError(f"model {self.info.name} made embeddings of shape {tuple(emb.shape)}, not (n, "
                                f"{self.info.dim}) as its config says")
         return emb
+
+
+@contextlib.contextmanager
+def _strict_float32(device: torch.device, dtype: torch.dtype):
+    """float32 on a GPU as on a CPU: no TF32 (10-bit mantissa) in convolutions (cuDNN allows it by default: CLIP's
+    patch embedding) or matrix products, whose error would move scores off mteb's float32 ones."""
+    import torch
+
+    if device.type != "cuda" or dtype != torch.float32:
+        yield
+        return
+    backends = (torch.backends.cudnn, torch.backends.cuda.matmul)
+    before = [b.allow_tf32 for b in backends]
+    for b in backends:
+        b.allow_tf32 = False
+    try:
+        yield
+    finally:
+        for b, was in zip(backends, before):
+            b.allow_tf32 = was
 
 
 def _unit(out, raw: bool = False) -> torch.Tensor:

@@ -287,13 +287,15 @@ def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log)
     if not todo:
         return [], None
     spec = ImageSpec(**plan.spec) if plan.spec else None
-    device_decode = spec is not None and gpu_decode.resolve(config.decoding, 1, spec)[0] == "gpu"
-    pool = encoder_pool(read_cluster(), config.gpus_per_worker, config.cpus_per_worker, config.workers,
+    cluster = read_cluster()
+    per_gpu = cluster.max_cpus / cluster.max_gpus if cluster.max_gpus else None  # what auto weighs (gpu_decode)
+    device_decode = spec is not None and gpu_decode.resolve(config.decoding, 1, spec, per_gpu)[0] == "gpu"
+    pool = encoder_pool(cluster, config.gpus_per_worker, config.cpus_per_worker, config.workers,
                         cap=len(todo), device_decode=device_decode)
     log(f"[embed] {pool.why}")
     decode = "cpu"
     if spec is not None:
-        decode, why = gpu_decode.resolve(config.decoding, pool.num_gpus, spec)
+        decode, why = gpu_decode.resolve(config.decoding, pool.num_gpus, spec, per_gpu)
         where = "baseline JPEGs by the encoders on their GPUs, the rest by CPU tasks" if decode == "gpu" \
             else "by CPU tasks"
         log(f"[embed] images decoded {where} ({why})")

@@ -1,19 +1,23 @@
 """On a CUDA machine only (each test takes the `cuda` fixture: skipped without CUDA, failed under
 MIEB_REQUIRE_GPU=1, which bench/gpu_check.sh sets): what a GPU run must show before its numbers are trusted.
 
-- the model in bf16 on the GPU against float32 on the CPU;
-- nvJPEG plus the device resize against the CPU path, pixel by pixel, on a mixed-size set;
+- the model in bf16 on the GPU against float32 on the CPU, and in float32 (eval's default) equal to it;
+- nvJPEG plus the device resize against the CPU path on a mixed-size set: the resize and crop pixel by pixel, the
+  decoders' own difference bounded, the embeddings within the equivalence bar;
 - the decoder's output intact when the caller's stream still has work queued (nvJPEG's stream race);
 - one Ray GPU actor, end to end: the embed job with --decode gpu on the tests' Ray.
 """
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from PIL import Image
 from support.equivalence import BAR, centred_cosine, photos
 from support.pictures import encode, picture
 
@@ -21,7 +25,15 @@ from mieb_ray.encode.gpu_decode import DeviceDecoder
 from mieb_ray.encode.model import Encoder, load_info
 from mieb_ray.encode.preprocess import ImageSpec, load_images, normalize
 
-PIXEL_TOLERANCE = 1.5  # mean uint8 levels between the device path and the CPU path (test_gpu_decode's bar)
+# The old bar (1.5 levels between the device path and the CPU path) failed on an H200 at 3.27; the CPU path alone
+# gives the same 3.27 with Pillow in place of nvJPEG (support/torchvision_standin.py): the CPU path draft-decodes a
+# JPEG it shrinks (libjpeg's DCT scaling), the device path resizes the full decode. So the parts are held apart:
+RESIZE_TOLERANCE = 1.5  # mean uint8 levels: the device's resize and crop against Pillow's on the same pixels
+# Mean uint8 levels between nvJPEG's and libjpeg-turbo's full decodes of one JPEG. The standard leaves the IDCT's
+# rounding and the chroma upsampling to the decoder: libjpeg-turbo's own fast IDCT and plain upsampling move the
+# mixed-size set by up to 1.9 levels (simplejpeg's fastdct/fastupsample). A colour-space, channel or offset error
+# moves it by tens of levels.
+DECODER_TOLERANCE = 5.0
 
 
 def mixed_sizes() -> list[bytes]:
@@ -44,14 +56,46 @@ def test_bf16_on_the_gpu_is_close_to_float32_on_the_cpu(cuda, tiny_clip):
     assert centred_cosine(b, a, a.mean(0)).min() >= 0.99
 
 
+def test_float32_on_the_gpu_equals_float32_on_the_cpu(cuda, tiny_clip):
+    """eval's default (--exact): float32 on the GPU, no TF32, as mteb computes on a CPU."""
+    info = load_info(tiny_clip, tiny_clip, None)
+    gpu, cpu = Encoder(tiny_clip, info, device=cuda, dtype="float32"), Encoder(tiny_clip, info, device="cpu")
+    spec = ImageSpec.from_processor_config(info.image_config)
+    pixels = normalize(torch.from_numpy(load_images(list(photos().values()), spec)[0]), spec)
+    assert np.abs(gpu.encode_pixel_values(pixels) - cpu.encode_pixel_values(pixels)).max() < 1e-5
+    texts = ["a photo of a cat", "a diagram", " "]
+    assert np.abs(gpu.encode_texts(texts) - cpu.encode_texts(texts)).max() < 1e-5
+
+
 def test_device_decode_matches_the_cpu_path_on_mixed_sizes(cuda, torchvision, tiny_clip):
-    spec = ImageSpec.from_processor_config(load_info(tiny_clip, tiny_clip, None).image_config)
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    info = load_info(tiny_clip, tiny_clip, None)
+    spec = ImageSpec.from_processor_config(info.image_config)
     items = mixed_sizes()
     got = DeviceDecoder(spec, cuda)(items)
     assert got.on_device.all() and got.errors == [None] * len(items)
-    want = load_images(items, spec)[0].astype(np.int16)
-    diff = np.abs(got.pixels.cpu().numpy().astype(np.int16) - want)
-    assert diff.mean(axis=(1, 2, 3)).max() < PIXEL_TOLERANCE, diff.mean(axis=(1, 2, 3))
+    device = got.pixels.cpu().numpy()
+    # the resize and crop: the device's against Pillow's (the CPU path), both from nvJPEG's full decode
+    full = [decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8), mode=ImageReadMode.RGB, device=cuda).cpu()
+            for d in items]
+    pillow = load_images([encode(Image.fromarray(f.permute(1, 2, 0).numpy()), "PNG") for f in full], spec)[0]
+    resize = np.abs(device.astype(np.int16) - pillow).mean(axis=(1, 2, 3))
+    assert resize.max() < RESIZE_TOLERANCE, resize
+    # the decoders: nvJPEG's full decode against libjpeg-turbo's (Pillow)
+    turbo = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in items]
+    decoders = [np.abs(f.permute(1, 2, 0).numpy().astype(np.int16) - t).mean() for f, t in zip(full, turbo)]
+    print(f"nvJPEG - libjpeg-turbo, mean levels per image: max {max(decoders):.2f}, mean {np.mean(decoders):.2f}; "
+          f"device path - CPU path after resizing: max "
+          f"{np.abs(device.astype(np.int16) - load_images(items, spec)[0]).mean(axis=(1, 2, 3)).max():.2f}")
+    assert max(decoders) < DECODER_TOLERANCE, decoders
+    # what the user relies on: the embeddings, within the bar the CPU path meets against the processor
+    encoder = Encoder(tiny_clip, info, device=cuda, dtype="float32")
+    a = encoder.encode_pixel_values(normalize(torch.from_numpy(load_images(items, spec)[0]), spec))
+    b = encoder.encode_pixel_values(normalize(got.pixels, spec))
+    cos = centred_cosine(b, a, (a.mean(0) + b.mean(0)) / 2)
+    print(f"embeddings, device path against the CPU path: centred cosine min {cos.min():.4f}")
+    assert cos.min() >= BAR, cos
 
 
 def test_decoded_pixels_survive_work_queued_on_the_stream(cuda, torchvision, tiny_clip):

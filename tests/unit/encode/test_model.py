@@ -14,7 +14,6 @@ from PIL import Image
 from support import paths
 from transformers import BertConfig, BertModel, CLIPModel, CLIPProcessor
 
-from mieb_ray import storage
 from mieb_ray.demo_data.models import make_tiny_clip
 from mieb_ray.encode.model import Encoder, ModelInfo, load_info, resolve
 from mieb_ray.errors import UserError
@@ -166,43 +165,6 @@ def test_hub_name_while_offline_is_one_line(tmp_path, monkeypatch):
         resolve("openai/clip-vit-base-patch32", cache_dir=str(tmp_path))
     message = str(caught.value)
     assert "\n" not in message and "openai/clip-vit-base-patch32" in message and "3d74acf9" in message
-
-
-def test_resolve_from_s3_downloads_once(s3, tiny, tmp_path, monkeypatch):
-    storage.reset_clients()  # made for this server's environment
-    client = s3.client()
-    for name in os.listdir(tiny):
-        client.upload_file(os.path.join(tiny, name), s3.bucket, f"models/tiny/{name}")
-    # a second weight format the repo also carries: never downloaded beside the safetensors
-    client.put_object(Bucket=s3.bucket, Key="models/tiny/pytorch_model.bin", Body=b"not used")
-    uri = f"s3://{s3.bucket}/models/tiny"
-    cache = str(tmp_path / "cache")
-
-    path = resolve(uri, cache_dir=cache)
-    assert os.path.dirname(path) == cache and sorted(os.listdir(cache)) == [os.path.basename(path)]
-    assert set(os.listdir(path)) == set(os.listdir(tiny)) | {".mieb-ray-complete"}
-    for name in os.listdir(tiny):
-        assert open(os.path.join(path, name), "rb").read() == open(os.path.join(tiny, name), "rb").read()
-    info = load_info(path, uri, None)
-    assert info.name == uri and info.revision is None and info.dim == 32
-
-    def offline(*args, **kwargs):
-        raise AssertionError("the second resolve must not touch S3")
-
-    marker = os.path.join(path, ".mieb-ray-complete")
-    before = os.stat(marker).st_mtime_ns
-    monkeypatch.setattr(storage, "list_files", offline)
-    monkeypatch.setattr(storage, "open_input", offline)
-    assert resolve(uri + "/", cache_dir=cache) == path
-    assert os.stat(marker).st_mtime_ns == before
-
-
-def test_s3_prefix_without_a_model_is_a_user_error(s3, tmp_path):
-    storage.reset_clients()
-    for uri in (f"s3://{s3.bucket}/models/nothing-here", "s3://no-such-bucket-mieb/model"):
-        with pytest.raises(UserError) as caught:
-            resolve(uri, cache_dir=str(tmp_path))
-        assert "\n" not in str(caught.value) and uri in str(caught.value)
 
 
 def test_hub_snapshot_in_the_cache_resolves_offline_to_its_commit(tiny, tmp_path, monkeypatch):
