@@ -88,7 +88,7 @@ def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...
     p.add_argument("--exclude", type=flags.existing_folder,
                    help="an audit output (mieb-ray audit --out): every task also scored without the eval images it "
                         "flagged (the linear probe also without the train rows it flagged), under mieb_ray.clean")
-    flags.add_flags(p, EvalConfig, ("results_dir", "trained_on_mieb_train", "resume", "overwrite",
+    flags.add_flags(p, EvalConfig, ("fast", "results_dir", "trained_on_mieb_train", "resume", "overwrite",
                                     "allow_mixed_models", "executor", "workers", "gpus_per_worker", "cpus_per_worker"))
     p.set_defaults(run=run_eval, within=within)
 

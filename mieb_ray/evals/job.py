@@ -65,6 +65,10 @@ class EvalConfig:
         False, flag="--trained-on-mieb-train", action="store_true",
         help="the model was trained on mieb-train: model_meta.json's training_datasets names the MIEB tasks drawn "
              "from its sources, so a leaderboard does not count them as zero-shot")
+    fast: bool = flags.option(False, flag="--fast", action="store_true",
+                              help="with --model: embed as the embed job does by default (bf16 on a GPU, --decode "
+                                   "auto), faster but not mteb's computation; each TaskResult, the manifest and the "
+                                   "report say so (default: as mteb's model wrappers compute, embed --exact)")
     resume: bool = flags.option(False, flag="--resume", action="store_true",
                                 help="continue an unfinished run: skip the suites it scored from the same inputs and "
                                      "settings (an unfinished output needs --resume or --overwrite)")
@@ -97,7 +101,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     job.start()
     planned = {suite.name: {"tasks": names} for suite, names in selected}
     done = job.earlier(planned, _settings(options, config))
-    t0, results, keep, scored_from, manifest = time.time(), {}, set(), None, {}
+    t0, results, keep, scored_from, manifest, made = time.time(), {}, set(), None, {}, []
     for (suite, names), scorer in zip(selected, scorers):
         folder = f"{suite.name}/" if several else ""
         where = storage.join(out, suite.name) if several else out
@@ -110,15 +114,17 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         results |= {n: json.loads(storage.read_text(storage.join(where, formats.result_file(n)))) for n in names}
         keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
         scored_from, manifest = scored_from or record["images"], record["manifest"]
+        made.append(manifest.get("embeddings"))
     if several:  # the run's page, then its manifest, last
         sections = [(scorer.title, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
                     for (suite, names), scorer in zip(selected, scorers)]
+        made_by = _combined(made)
         storage.write_bytes(storage.join(out, formats.REPORT),
-                            run_report.render(sections, embeddings.model_of(scored_from)).encode())
+                            run_report.render(sections, embeddings.model_of(scored_from), made_by).encode())
         keep.add(formats.REPORT)
         manifest = {**formats.EVAL.stamp(), "version": __version__, "tasks": list(results),
                     "suites": {suite.name: suite.name for suite, _ in selected}, "files": [formats.REPORT],
-                    "seconds": round(time.time() - t0, 3)}
+                    "embeddings": made_by, "seconds": round(time.time() - t0, 3)}
     job.finish(manifest, keep)
     if config.results_dir:
         results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
@@ -126,10 +132,24 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     return results
 
 
+def _combined(made: list[dict | None]) -> dict:
+    """The suites' protocol.made_by as one: each value, or "mixed: a, b" where the suites' differ."""
+    made = [m or {} for m in made]
+    combined = {}
+    for key in ("mode", "precision", "decode"):
+        values = list(dict.fromkeys(v for m in made for v in
+                                    (m.get(key)[len("mixed: "):].split(", ") if str(m.get(key)).startswith("mixed: ")
+                                     else [m.get(key)]) if v is not None))
+        combined[key] = None if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
+    return combined
+
+
 def _check_inputs(config: EvalConfig, selected, scorers) -> None:
     """A model, or the embeddings every chosen task needs: one line naming what is missing."""
     if bool(config.model) == bool(config.images or config.texts):
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
+    if config.fast and not config.model:
+        raise UserError("--fast is how --model embeds: precomputed embeddings say themselves how they were made")
     needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts for n in names]
     if not config.model and not config.images:
         raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
@@ -141,13 +161,14 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
 def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log) -> dict:
     """One unit: the suite embedded (with --model) and scored into `where`; its progress record's result."""
     inputs = protocol.embed(scorer, where, config.model, config.revision, log, executor=config.executor,
-                            pool=config.pool) if config.model \
+                            pool=config.pool, exact=not config.fast) if config.model \
         else (config.images, config.texts if scorer.needs_texts else None)
     scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
                             executor_name=config.executor)
     manifest = {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
                 "image_embeddings": storage.display(inputs[0]),
                 "text_embeddings": storage.display(inputs[1]) if inputs[1] else None, **scored.extra,
+                "embeddings": scored.embeddings,
                 "executor": scored.executor, "seconds": scored.seconds}
     if several:  # each suite's folder says what it holds, as a single suite's OUT does
         storage.write_manifest(where, manifest)
@@ -165,4 +186,4 @@ def _settings(options: registry.Options, config: EvalConfig) -> dict:
             "images": [identity.of_input(r) for r in embeddings.roots(config.images)] if config.images else None,
             "texts": identity.of_input(config.texts) if config.texts else None,
             "exclude": identity.of_input(options.exclude) if options.exclude else None,
-            "settings": options.settings}
+            "settings": options.settings, "fast": config.fast}

@@ -68,9 +68,18 @@ def _write_drawn(unit: reader.Unit, slug: str, wanted: np.ndarray, dest: str) ->
             keys += [f"{slug}/{i}" for i in pc.filter(chunk["index"], keep).to_pylist()]
             images.append(pc.filter(chunk["image"], keep))
     if keys:
-        storage.commit_file(dest, lambda local: pq.write_table(
-            pa.table({"key": keys, "image": pa.concat_arrays([c for a in images for c in a.chunks])}), local))
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.table({"key": keys, "image": pa.concat_arrays([c for a in images for c in a.chunks])}),
+                       buffer)
+        data = buffer.getvalue().to_pybytes()
+        if not storage.exists(dest) or _read(dest) != data:  # the same table kept as it is: its files' times are
+            storage.write_bytes(dest, data)  # part of its identity, so a rerun reuses its embeddings
     return len(keys)
+
+
+def _read(uri: str) -> bytes:
+    with storage.open_input(uri) as f:
+        return f.read()
 
 
 @tasks.remote(num_cpus=1)

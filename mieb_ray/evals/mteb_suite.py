@@ -310,16 +310,18 @@ class MtebSuite:
         return list(self.names)
 
     def embed(self, out: str, model: str, revision: str | None, log, executor: str = "auto",
-              pool: PoolRequest = PoolRequest()) -> tuple[str, str]:
-        """Collect every task's inputs, embed the ones the cache lacks (raw vectors) into new cache outputs;
-        (image outputs, text outputs) of the cache, comma-separated."""
+              pool: PoolRequest = PoolRequest(), exact: bool = True) -> tuple[str, str]:
+        """Collect every task's inputs, embed the ones the cache lacks (raw vectors; exact: as mteb's wrapper
+        computes them, else eval --fast's) into new cache outputs; (image outputs, text outputs) of the cache,
+        comma-separated. The cache is kept apart for each: OUT/embeddings/mteb/<model>[-fast]/."""
         from mieb_ray.encode.model import identity as model_identity
         from mieb_ray.encode.model import load_info, resolve
         from mieb_ray.pipelines.embed import embed_table
 
         path = resolve(model, revision)
         info = load_info(path, model, revision)
-        folder = storage.join(out, "embeddings", "mteb", identity.digest(model_identity(model, path, info))[:16])
+        folder = storage.join(out, "embeddings", "mteb", identity.digest(model_identity(model, path, info))[:16]
+                              + ("" if exact else "-fast"))
         where = placement.choose(executor, None)
         t0, self.out = time.time(), out
         with tasks.using(where.mode):
@@ -333,7 +335,7 @@ class MtebSuite:
             todo = self._todo(out, kind, segments, where.mode)
             if todo:
                 embed_table(todo, "key", storage.join(folder, f"{kind}-{_name_of(todo)}"), model, revision, modality,
-                            log, pool, executor, raw=True)
+                            log, pool, executor, raw=True, exact=exact)
                 storage.delete_tree(todo)  # its items are in the cache now
                 segments = _complete(folder, kind)
             else:

@@ -11,6 +11,7 @@ job (evals/job.py) makes that an output: its lifecycle, the manifest last.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import time
 from dataclasses import dataclass
@@ -136,19 +137,67 @@ def placement_of(requested: str, images: str, texts: str | None) -> placement.Pl
 
 
 def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, executor: str = "auto",
-          pool: PoolRequest = PoolRequest()) -> tuple[str, str | None]:
+          pool: PoolRequest = PoolRequest(), exact: bool = True) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
-    of the same identity are reused, any others replaced)."""
+    of the same identity are reused, any others replaced). exact: as mteb's wrappers compute them (embed --exact);
+    False: the embed job's default (eval --fast: bf16 on a GPU, --decode auto)."""
     if hasattr(suite, "embed"):  # a suite that embeds into its own cache instead (evals/mteb_suite.py)
-        return suite.embed(out, model, revision, log, executor, pool)
+        return suite.embed(out, model, revision, log, executor, pool, exact=exact)
     inputs = suite.embed_inputs(out, log)
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)
     images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
-                          revision, "image", log, pool, executor, raw=inputs.raw) for n, table in enumerate(tables)]
+                          revision, "image", log, pool, executor, raw=inputs.raw, exact=exact)
+              for n, table in enumerate(tables)]
     texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, pool,
-                        executor) if inputs.texts else None
+                        executor, exact=exact) if inputs.texts else None
     return ",".join(images), texts
+
+
+FAST_NOTE = ("These scores are not mteb's computation: the embeddings were made with eval --fast ({how}), not as "
+             "mteb's model wrappers compute them; the measured differences are in bench/RESULTS.md "
+             "(Eval: --fast and exact on a GPU against mteb).")
+
+
+def made_by(*uris: str | None) -> dict:
+    """Which computation made the embeddings, from the embed outputs' manifests: mode "exact" (embed --exact, what
+    mteb's wrappers compute: JPEGs decoded in full on the CPU, the model in float32), "fast" (the embed job's
+    default: bf16 on a GPU, --decode auto), "unknown" (another tool's, no manifest); the precision and where the
+    images were decoded. Values that differ between the outputs are listed, "mixed: a, b"."""
+    seen: dict[str, list] = {"mode": [], "precision": [], "decode": []}
+    for root in [r for uri in uris if uri for r in embeddings.roots(uri)]:
+        manifest = storage.read_manifest(root) or {}
+        config, made = manifest.get("config"), manifest.get("identity") or {}
+        if not isinstance(config, dict) or "exact" not in config:
+            seen["mode"].append("unknown")
+            continue
+        seen["mode"].append("exact" if config["exact"] else "fast")
+        seen["precision"].append("float32" if made.get("precision", "float32") == "float32"
+                                 else "auto (bf16 on a GPU, float32 on a CPU)")
+        if config.get("modality") == "image":
+            counts = manifest.get("counts") or {}
+            on_device = counts.get("decoded_on_device")
+            seen["decode"].append("cpu" if config["exact"] else f"{config.get('decode')}" + (
+                f" ({on_device:,} on the GPU, {counts.get('decoded_on_cpu', 0):,} on CPUs)" if on_device else ""))
+
+    def one(values: list) -> str | None:
+        values = list(dict.fromkeys(values))
+        return None if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
+
+    return {key: one(values) for key, values in seen.items()}
+
+
+def note_fast(out: str, page: str, made: dict) -> None:
+    """Under --fast, FAST_NOTE at the top of a report page (after its heading), so that nobody takes it for mteb's."""
+    if made.get("mode") not in ("fast", "mixed: exact, fast", "mixed: fast, exact"):
+        return
+    uri = storage.join(out, page)
+    text = storage.read_text(uri)
+    how = f"precision {made['precision']}, decode {made['decode'] or '-'}"
+    line = f"<p class=meta><b>{html.escape(FAST_NOTE.format(how=how))}</b></p>"
+    at = text.find("</h1>")
+    at = at + len("</h1>") if at >= 0 else 0
+    storage.write_bytes(uri, (text[:at] + line + text[at:]).encode())
 
 
 @dataclass(frozen=True)
@@ -160,6 +209,7 @@ class Scored:
     extra: dict
     executor: str  # where it ran: ray or local
     seconds: float
+    embeddings: dict  # made_by: which computation made the embeddings scored
 
 
 def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
@@ -179,12 +229,19 @@ def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
         log(f"[eval] warning: {note}")
     where = placement_of(executor_name, images, texts)
     log(f"[eval] {where.describe()}")
+    made = made_by(images, texts)
+    if made["mode"] != "exact":
+        log(f"[eval] embeddings made {made['mode']} (precision {made['precision']}, decode {made['decode']}): "
+            "not mteb's computation")
     with tasks.using(where.mode):
         pending = suite.submit(images, texts, log)
         results = suite.collect(pending, log)
-        files = []
-        for name, result in results.items():
+        files, written = [], {}
+        for name, result in results.items():  # which computation made its embeddings, beside mteb's keys
+            written[name] = {**result, "mieb_ray": {**result.get("mieb_ray", {}), "embeddings": made}}
             files.append(formats.result_file(name))
-            storage.write_bytes(storage.join(out, files[-1]), (json.dumps(result, indent=2) + "\n").encode())
+            storage.write_bytes(storage.join(out, files[-1]), (json.dumps(written[name], indent=2) + "\n").encode())
         own, extra = suite.write(out, results, pending, log)
-    return Scored(results, files + own, extra, where.mode, round(time.time() - t0, 3))
+        if formats.REPORT in own:
+            note_fast(out, formats.REPORT, made)
+    return Scored(written, files + own, extra, where.mode, round(time.time() - t0, 3), made)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 
+from mieb_ray.evals.protocol import FAST_NOTE
 from mieb_ray.page import CSS, num
 
 
@@ -14,12 +15,18 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.4f}"
 
 
-def render(sections: list[tuple[str, str | None, dict[str, dict]]], model: dict) -> str:
-    """sections: (a suite's title, the link to its own page or None, {task: TaskResult})."""
+def render(sections: list[tuple[str, str | None, dict[str, dict]]], model: dict, made: dict | None = None) -> str:
+    """sections: (a suite's title, the link to its own page or None, {task: TaskResult}); made: which computation
+    made the embeddings (protocol.made_by), said beside the model, and in a line of its own unless exact."""
+    made = made or {}
     parts = [f"<!doctype html><meta charset=utf-8><title>MIEB eval run</title><style>{CSS}</style>",
              "<h1>MIEB eval run</h1>",
              f"<div class=meta><span>model <b>{html.escape(str(model.get('name') or 'unknown'))}</b></span>"
-             f"<span>revision <b>{html.escape(str(model.get('revision') or '—'))}</b></span></div>"]
+             f"<span>revision <b>{html.escape(str(model.get('revision') or '—'))}</b></span>"
+             f"<span>embeddings <b>{html.escape(str(made.get('mode') or 'unknown'))}</b></span></div>"]
+    if made.get("mode") != "exact":
+        how = f"precision {made.get('precision') or '-'}, decode {made.get('decode') or '-'}"
+        parts.append(f"<p class=meta><b>{html.escape(FAST_NOTE.format(how=how))}</b></p>")
     for title, link, results in sections:
         rows = []
         for name, result in results.items():
