@@ -3,6 +3,9 @@
 # says a machine is lent (after bench/gpu_wheels.sh and `python bench/gpu_eval.py prepare .gpu_eval` here):
 #
 #   device run, carry [".whl", ".gpu_eval"], timeout 590:   bash bench/gpu_check.sh
+#   ... or some steps only, in two calls that each leave device time for the other:
+#                                                              bash bench/gpu_check.sh tests eval embed
+#                                                              bash bench/gpu_check.sh encode
 #
 # In order of what matters most, each step under its own timeout:
 # 1. the device's torch, torchvision, CUDA and driver;
@@ -25,7 +28,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && tar xJf .whl/ray.tar.xz -C /tmp/site || { echo "gpu_check: install from .whl failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PATH=/tmp/site/bin:$PATH
 failed=()
-step() {  # step NAME COMMAND...: run it, its output to the screen and $out/NAME.log
+wanted=" ${*:-versions tests eval embed encode} "
+step() {  # step NAME COMMAND...: run it (when asked for), its output to the screen and $out/NAME.log
+  [[ $1 == versions || $wanted == *" $1 "* ]] || return 0
   echo "== $1"
   local t0=$SECONDS
   "${@:2}" 2>&1 | tee "$out/$1.log"
@@ -37,10 +42,10 @@ step versions python3 -c "import torch, torchvision, transformers, ray
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
-step tests timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
+step tests timeout 160 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
   tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py
-step eval timeout 60 python3 bench/gpu_eval.py device .gpu_eval "$out"
-step embed timeout 200 python3 bench/gpu_embed.py "$out"
-step gpu_encode timeout 150 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
+step eval timeout 120 python3 bench/gpu_eval.py device .gpu_eval "$out"
+step embed timeout 230 python3 bench/gpu_embed.py "$out"
+step encode timeout 240 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
 echo "failed steps: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -173,7 +174,7 @@ def main() -> int:
     file_rows, extra = FILE_ROWS, ()
     if args.cpu_smoke:  # on Ray, as a GPU machine's default placement runs it
         rows, distinct, other, names, file_rows, extra = 400, 64, 200, ["tiny"], 50, ("--executor", "ray")
-    work = os.path.join(args.out, "gpu-embed")
+    work = os.path.join(tempfile.gettempdir(), "gpu-embed")  # gigabytes: never under OUT, whose files travel back
     shutil.rmtree(work, ignore_errors=True)
     t = time.time()
     photos = write_photos(os.path.join(work, "photos"), rows, distinct, file_rows)
@@ -227,8 +228,6 @@ def main() -> int:
                for r in results]),
     ]) + "\n"
     print("\n" + report)
-    with open(os.path.join(args.out, "gpu_embed.md"), "w") as f:
-        f.write(report)
     with open(os.path.join(args.out, "gpu_embed.json"), "w") as f:
         json.dump({"bounds": bounds, "jobs": results}, f, indent=1)
     shutil.rmtree(work, ignore_errors=True)
