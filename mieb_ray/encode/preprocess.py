@@ -3,13 +3,14 @@
 CPU tasks: `load_images` decodes bytes and resizes + center-crops to the model's input size, as uint8
 (a quarter of the bytes of float32 to ship to the encoder). GPU actor: `normalize` rescales and
 normalises on the device. Together they reproduce the `pixel_values` of the model's transformers image
-processor (PIL backend: `convert_rgb` -> PIL resize -> center crop -> rescale -> normalise).
+processor (PIL backend: `convert_rgb` -> PIL resize -> center crop -> rescale -> normalise), as the installed
+transformers release computes them: its RGB conversion of transparent images changed in 5.21 (`_to_rgb`).
 
 How, per image (bench/preprocess.py measures each choice against the processor, one core):
   decode   RGB and greyscale JPEGs by simplejpeg (libjpeg-turbo, the same pixels as Pillow's decode, at
            the same DCT scale as Pillow's draft mode: see `DRAFT_FACTOR`), straight to RGB; anything
            else (PNG, WebP, GIF, CMYK JPEGs, JPEGs simplejpeg refuses) by Pillow, converted to RGB as
-           transformers does (`_to_rgb`).
+           the installed transformers does (`_to_rgb`: transparency onto white, or dropped before 5.21).
   resize   bilinear and bicubic: torch's antialiased uint8 resampler (`_resize`), which computes Pillow's
            filter (Keys a = -0.5 for bicubic, support widened by the scale when shrinking, the draft
            box as its scale) and rounds to uint8 after each pass as Pillow does: within one level of
@@ -30,6 +31,8 @@ No Ray and no torch at import time: torch is imported on the first resize.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -451,17 +454,34 @@ def _preprocess(im: Image.Image, spec: ImageSpec, max_pixels: int) -> np.ndarray
 
 
 def _to_rgb(im: Image.Image) -> Image.Image:
-    """As transformers' image_transforms.convert_to_rgb: transparency is composited onto white.
+    """As the installed transformers' image_transforms.convert_to_rgb, which every image processor applies first
+    (do_convert_rgb), on its PIL and its torchvision backend alike.
 
-    "Transparency" is what transformers tests: an "A" band (RGBA, LA, PA, and also LAB, whose A is
-    not alpha; converting it through RGBA is harmless) or a `transparency` entry (palette or
-    colour-key PNG/GIF). Other modes go through PIL's convert("RGB"); I;16 clips at 255.
+    Releases differ here, and only here (issue 40): from 5.21 transparency is composited onto white, where
+    "transparency" is an "A" band (RGBA, LA, PA, and also LAB, whose A is not alpha; converting it through RGBA is
+    harmless) or a `transparency` entry (palette or colour-key PNG/GIF); up to 5.20 every mode goes through PIL's
+    convert("RGB"), which drops alpha (a transparent pixel keeps its stored colour) and ignores the entry. Which
+    one is asked of the installed release itself (`_alpha_onto_white`), not read from a table of versions. Other
+    modes go through convert("RGB") in both; I;16 clips at 255.
     """
-    if "A" in im.getbands() or im.info.get("transparency") is not None:
+    if ("A" in im.getbands() or im.info.get("transparency") is not None) and _alpha_onto_white():
         rgba = im.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     return im if im.mode == "RGB" else im.convert("RGB")
+
+
+@functools.cache
+def _alpha_onto_white() -> bool:
+    """Whether the installed transformers' convert_to_rgb composites transparency onto white (5.21 on) or drops it
+    (before): its answer for one fully transparent black pixel, white or black. Once per process, on the first
+    image with transparency (importing transformers takes a second or more)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    pixel = Image.new("RGBA", (1, 1), (0, 0, 0, 0))
+    # 5.21 on warns unless asked for an array (the PIL return is deprecated); earlier releases have no such argument
+    numpy = {"return_numpy": True} if "return_numpy" in inspect.signature(convert_to_rgb).parameters else {}
+    return bool(np.asarray(convert_to_rgb(pixel, **numpy)).reshape(-1)[0] == 255)
 
 
 class Normalizer:

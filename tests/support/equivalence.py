@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from support.pictures import encode, i16_png, large_jpeg, palette_png, picture, rgba_png, with_orientation
+from support.pictures import encode, i16_png, la_png, large_jpeg, palette_png, picture, rgba_png, with_orientation
 
 BAR = 0.95
 MIX = {  # as bench/preprocess.py's KINDS
@@ -36,11 +36,12 @@ def photos() -> dict[str, bytes]:
         "large jpeg 1600x1200": large_jpeg(),
         "small png 100x80": encode(picture("coffee.jpg").resize((100, 80)), "PNG"),
         "grayscale jpeg": encode(picture("rocket.jpg").convert("L"), "JPEG", quality=90),
-        "rgba png": rgba_png(),
+        "rgba png": rgba_png(),  # transparency: composited onto white from transformers 5.21, dropped before
         "cmyk jpeg": encode(picture("flower.jpg").convert("CMYK"), "JPEG", quality=90),
         "exif-rotated jpeg": with_orientation(astronaut, "JPEG", 6, quality=92),
         "palette png with transparency": palette_png(),
         "16-bit png": i16_png(),
+        "la png": la_png(),
     }
     # mieb-train's kinds of image (bench/preprocess.py KINDS), small ones resized in groups of one size
     for name, (fmt, w, h, mode, params) in MIX.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -67,6 +68,14 @@ def processor(request):
     return PROCESSORS[request.param]()
 
 
+def colour_key_png() -> bytes:
+    """An RGB PNG whose most common colour is transparent (a tRNS colour key, info["transparency"] an RGB tuple)."""
+    im = picture("coffee.jpg").resize((200, 150)).quantize(8).convert("RGB")  # few colours: the key covers an area
+    colours = np.asarray(im).reshape(-1, 3)
+    values, counts = np.unique(colours, axis=0, return_counts=True)
+    return encode(im, "PNG", transparency=tuple(int(v) for v in values[counts.argmax()]))
+
+
 IMAGES = {
     "large jpeg 1600x1200": large_jpeg,
     "jpeg 400x266": lambda: (PICTURES / "chelsea.jpg").read_bytes(),
@@ -81,11 +90,15 @@ IMAGES = {
     "rgba png": rgba_png,
     "la png": la_png,
     "palette png with transparency": palette_png,
+    "rgb png with a colour key": colour_key_png,
     "bilevel png (1)": lambda: encode(picture("text.png").convert("1"), "PNG"),
     "16-bit png (I;16)": i16_png,
     "1x1 png": lambda: encode(Image.new("RGB", (1, 1), (200, 30, 90)), "PNG"),
     "webp": lambda: encode(picture("hubble_deep_field.jpg"), "WEBP", quality=90),
 }
+
+
+TRANSPARENT = ["rgba png", "la png", "palette png with transparency", "rgb png with a colour key"]
 
 
 @lru_cache
@@ -127,6 +140,63 @@ def test_matches_the_processor(name, processor):
         assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
     else:
         assert resampled(diff)
+
+
+def release_rule(onto_white: bool):
+    """transformers' convert_to_rgb for PIL images as one side of the 5.21 change has it: transparency composited
+    onto white (5.21 on), or PIL's plain convert("RGB"), which drops it (5.0 to 5.20)."""
+    def convert_to_rgb(image, return_numpy=False, input_data_format=None):
+        if onto_white and ("A" in image.getbands() or image.info.get("transparency") is not None):
+            rgba = image.convert("RGBA")
+            image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+        rgb = image.convert("RGB")
+        return np.array(rgb) if return_numpy else rgb
+    return convert_to_rgb
+
+
+@pytest.fixture
+def fresh_probe():
+    """preprocess asks transformers once per process whether it composites transparency: ask again here."""
+    preprocess._alpha_onto_white.cache_clear()
+    yield
+    preprocess._alpha_onto_white.cache_clear()
+
+
+@pytest.mark.parametrize("name", TRANSPARENT)
+def test_transparency_is_converted_as_the_installed_transformers_does(name):
+    """Issue 40: transformers 5.21 on composites transparency onto white, 5.0-5.20 drop it (a transparent RGBA pixel
+    keeps its colour, a palette its transparent entry's): the CPU path converts as the installed release's
+    convert_to_rgb, which both its backends (PIL, torchvision) apply to a PIL image, to the pixel."""
+    from transformers.image_transforms import convert_to_rgb
+
+    with Image.open(io.BytesIO(image_bytes(name))) as im:
+        im.load()
+        assert np.array_equal(np.asarray(preprocess._to_rgb(im)), np.asarray(convert_to_rgb(im)))
+
+
+@pytest.mark.parametrize("name", TRANSPARENT)
+def test_transparency_follows_either_side_of_the_5_21_change(name, fresh_probe, monkeypatch):
+    """Both releases' rules in any one environment (CI's newest and oldest transformers each have one): with
+    transformers' convert_to_rgb swapped for each rule wherever its modules hold it, the processor's pixel_values
+    and the CPU path's agree, and the two rules differ on the image (the code before the fix always composited:
+    its 'dropped' side fails here, as the rgba png's embedding did under transformers 5.17 and 5.18, at a centred
+    cosine of 0.29)."""
+    import transformers.image_transforms
+
+    data, proc = image_bytes(name), CLIPImageProcessorPil()
+    original = transformers.image_transforms.convert_to_rgb
+    ours_, theirs = {}, {}
+    for onto_white in (True, False):
+        with monkeypatch.context() as m:
+            for module in [v for k, v in sys.modules.items() if k.startswith("transformers") and v is not None]:
+                for attr in ("convert_to_rgb", "convert_to_rgb_pil"):  # 5.21 on imports it as the latter
+                    if vars(module).get(attr) is original:  # not getattr: a lazy module would import more
+                        m.setattr(module, attr, release_rule(onto_white))
+            preprocess._alpha_onto_white.cache_clear()
+            ours_[onto_white], theirs[onto_white] = ours(data, proc), reference(data, proc)
+    for onto_white in (True, False):
+        assert resampled(levels(ours_[onto_white], theirs[onto_white], proc)), onto_white
+    assert levels(theirs[True], theirs[False], proc).mean() > 1
 
 
 @pytest.mark.parametrize("name", [n for n in IMAGES if "jpeg" in n])
