@@ -11,7 +11,9 @@
 # 1. the device's torch, torchvision, CUDA and driver;
 # 2. the GPU tests with MIEB_REQUIRE_GPU=1 (a CUDA or torchvision test that would skip fails instead):
 #    tests/system/test_cuda.py (bf16 and fp32 against the CPU, nvJPEG against the CPU path on mixed sizes, the
-#    stream race, one Ray GPU actor end to end), tests/unit/encode/test_gpu_decode.py and test_model.py;
+#    stream race, one Ray GPU actor end to end), tests/unit/encode/test_gpu_decode.py and test_model.py, and the
+#    CPU path against the processor under the device's transformers and torchvision (test_preprocess.py and
+#    test_equivalence.py);
 # 3. bench/gpu_eval.py device: the eval's embeddings of fixture tasks of every type, exact (the default) and
 #    --fast, made on the GPU; scored against mteb back here (`python bench/gpu_eval.py score`);
 # 4. bench/gpu_embed.py: `mieb-ray embed` on 100,000 photos of mixed sizes, B/32 and L/14, against the encoder
@@ -43,7 +45,8 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', tor
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
 step tests timeout 160 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
-  tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py
+  tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py tests/unit/encode/test_preprocess.py \
+  tests/unit/encode/test_equivalence.py
 step eval timeout 120 python3 bench/gpu_eval.py device .gpu_eval "$out"
 step embed timeout 230 python3 bench/gpu_embed.py "$out"
 step encode timeout 240 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
