@@ -155,7 +155,14 @@ def device(root: Path, out: Path, fast_executor: str = "auto") -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     reference = {_role(e): e for e in index["outputs"] if e["mode"] == "exact"}
     work, out = Path(tempfile.mkdtemp(prefix="gpu-eval-")), out.resolve()
-    summary = {"device": name, "torch": torch.__version__, "outputs": []}
+    import transformers
+
+    from mieb_ray.encode.preprocess import _alpha_onto_white
+
+    # the machine's transformers decides how a transparent image becomes RGB (preprocess._to_rgb): score() runs
+    # mteb's reference under the same rule
+    summary = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+               "alpha_onto_white": _alpha_onto_white(), "outputs": []}
     t_all = time.time()
     try:
         for e in index["outputs"]:
@@ -208,10 +215,14 @@ def _compare(keys, vectors, ref_keys, ref) -> dict:
 # ---------------------------------------------------------------------------------------------- score (CPU)
 
 
-def score(root: Path, tarball: Path, record: bool = True) -> dict:
+def score(root: Path, tarball: Path, record: bool = True, alpha_onto_white: bool | None = None) -> dict:
     """Per mode, the eval rerun on the device's vectors and compared with mteb's own run: per task type, exact
-    equal or its first difference, fast the largest |difference| of the main score and of any metric."""
+    equal or its first difference, fast the largest |difference| of the main score and of any metric. mteb runs
+    under the device's rule for transparent images (its transformers': the summary says, or `alpha_onto_white`
+    for a tarball from before it did), as mteb on that machine would."""
     _mteb_env()
+    from _pytest.monkeypatch import MonkeyPatch
+    from support import rgb_rules
     from support.mteb_tasks import assert_same_scores, mteb_result
 
     from mieb_ray.evals import job, registry
@@ -224,7 +235,12 @@ def score(root: Path, tarball: Path, record: bool = True) -> dict:
             tar.extractall(work / "device", filter="data")
         summary = json.loads((work / "device" / "summary.json").read_text())
         mirror, model = str(root / index["mirror"]), str(root / index["model"])  # the model where prepare saved it:
-        theirs = {t: mteb_result(t, mirror, model) for t in TASKS.values()}  # a local model's name is its path
+        onto_white = summary.get("alpha_onto_white", alpha_onto_white)
+        if onto_white is None:
+            raise SystemExit("the tarball does not say how its machine's transformers makes transparent images RGB: "
+                             "pass --alpha-onto-white yes (5.21 on) or no (before)")
+        with rgb_rules.rule(onto_white, MonkeyPatch()):  # a local model's name is its path
+            theirs = {t: mteb_result(t, mirror, model) for t in TASKS.values()}
         found = {}
 
         def no_embed(*a, **k):  # every embedding must be reused: the swapped vectors are what is scored
@@ -341,6 +357,9 @@ def main() -> None:
     sc = sub.add_parser("score")
     sc.add_argument("dir", type=Path)
     sc.add_argument("tarball", type=Path)
+    sc.add_argument("--alpha-onto-white", choices=("yes", "no"),
+                    help="the device's transformers' rule for transparent images (yes: 5.21 on), where the tarball "
+                         "does not say")
     args = parser.parse_args()
     if args.cpu_smoke:
         work = Path(tempfile.mkdtemp(prefix="gpu-eval-smoke-"))
@@ -355,7 +374,8 @@ def main() -> None:
     elif args.step == "device":
         device(args.dir, args.out, args.fast_executor)
     elif args.step == "score":
-        score(args.dir, args.tarball)
+        score(args.dir, args.tarball, alpha_onto_white=None if args.alpha_onto_white is None
+              else args.alpha_onto_white == "yes")
     else:
         parser.error("a step: prepare, device or score (or --cpu-smoke)")
 

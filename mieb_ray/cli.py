@@ -64,7 +64,7 @@ def run_check(args: argparse.Namespace) -> None:
 
 EMBED_FLAGS = ("input", "out", "model", "revision", "modality", "image_column", "text_column", "key_column",
                "carry_columns", "batch_size", "rows_per_shard", "dtype", "raw", "exact", "resume", "overwrite",
-               "max_error_rate", "decode", "executor", "workers", "gpus_per_worker", "cpus_per_worker")
+               "max_error_rate", "decode", "compile", "executor", "workers", "gpus_per_worker", "cpus_per_worker")
 
 
 def run_embed(args: argparse.Namespace) -> None:

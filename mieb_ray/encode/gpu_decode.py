@@ -49,12 +49,13 @@ CHUNK_PIXELS = 64 << 20
 # are decoded on the CPU, whose draft decode shrinks them cheaply anyway.
 MAX_DOWNSCALE = 32
 _FILTER_NAMES = {int(f): f.name.lower() for f in Image.Resampling}
-# What each feed gave one H200 (bench/gpu_encode.py, 2026-11; bench/RESULTS.md), photos of about 400x300 to 224 px:
-# a CPU decodes 540 images/s per core, while the device path is bound by its one encoder process's host work
-# (0.43 to 0.77 ms an image) at about 2,350 images/s per GPU. So `auto` decodes on the GPU only where a GPU's share
-# of the cluster's CPUs decodes less than that: fewer than about 4 CPUs per GPU.
-CPU_DECODE_PER_CORE = 540
-DEVICE_DECODE_PER_GPU = 2350
+# What each feed gave one H200 with 16 CPUs (bench/gpu_encode.py and bench/gpu_embed.py, 2026-12-04; bench/RESULTS.md):
+# 16 CPU decode processes gave 6,350 to 6,600 images/s (about 400 a process) of photos 160 to 800 px a side, while
+# the device path is bound by its one encoder process's host work (0.43 to 0.79 ms an image) at about 2,400
+# images/s per GPU (2,377 in the bench, 2,569 steady in the job, ViT-B/32). So `auto` decodes on the GPU only where
+# a GPU's share of the cluster's CPUs decodes less than that: fewer than 6 CPUs per GPU.
+CPU_DECODE_PER_CORE = 400
+DEVICE_DECODE_PER_GPU = 2400
 
 
 class Route(NamedTuple):

@@ -141,13 +141,13 @@ class EncodeStage:
 
     def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
                  batch_size: int, device: str | None, threads: int, decode: str = "cpu", strict: bool = True,
-                 raw: bool = False, precision: str = "auto"):
+                 raw: bool = False, precision: str = "auto", compile: bool = False):
         import torch
 
         torch.set_num_threads(max(1, threads))
         path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device,
-                               dtype=precision, raw=raw)
+                               dtype=precision, raw=raw, compile=compile)
         self.modality, self.data_column, self.batch_size = modality, data_column, batch_size
         self.spec = ImageSpec(**spec) if modality == "image" else None
         self.normalize = Normalizer(self.spec, self.encoder.device) if self.spec else None

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from functools import lru_cache
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
+from support import rgb_rules
 from support.paths import PICTURES
 from support.pictures import (
     bad_inputs,
@@ -142,18 +142,6 @@ def test_matches_the_processor(name, processor):
         assert resampled(diff)
 
 
-def release_rule(onto_white: bool):
-    """transformers' convert_to_rgb for PIL images as one side of the 5.21 change has it: transparency composited
-    onto white (5.21 on), or PIL's plain convert("RGB"), which drops it (5.0 to 5.20)."""
-    def convert_to_rgb(image, return_numpy=False, input_data_format=None):
-        if onto_white and ("A" in image.getbands() or image.info.get("transparency") is not None):
-            rgba = image.convert("RGBA")
-            image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-        rgb = image.convert("RGB")
-        return np.array(rgb) if return_numpy else rgb
-    return convert_to_rgb
-
-
 @pytest.fixture
 def fresh_probe():
     """preprocess asks transformers once per process whether it composites transparency: ask again here."""
@@ -181,18 +169,10 @@ def test_transparency_follows_either_side_of_the_5_21_change(name, fresh_probe, 
     and the CPU path's agree, and the two rules differ on the image (the code before the fix always composited:
     its 'dropped' side fails here, as the rgba png's embedding did under transformers 5.17 and 5.18, at a centred
     cosine of 0.29)."""
-    import transformers.image_transforms
-
     data, proc = image_bytes(name), CLIPImageProcessorPil()
-    original = transformers.image_transforms.convert_to_rgb
     ours_, theirs = {}, {}
     for onto_white in (True, False):
-        with monkeypatch.context() as m:
-            for module in [v for k, v in sys.modules.items() if k.startswith("transformers") and v is not None]:
-                for attr in ("convert_to_rgb", "convert_to_rgb_pil"):  # 5.21 on imports it as the latter
-                    if vars(module).get(attr) is original:  # not getattr: a lazy module would import more
-                        m.setattr(module, attr, release_rule(onto_white))
-            preprocess._alpha_onto_white.cache_clear()
+        with rgb_rules.rule(onto_white, monkeypatch):
             ours_[onto_white], theirs[onto_white] = ours(data, proc), reference(data, proc)
     for onto_white in (True, False):
         assert resampled(levels(ours_[onto_white], theirs[onto_white], proc)), onto_white

@@ -160,6 +160,21 @@ def test_in_process_embed_equals_the_ray_run_and_resumes(image_run, mieb_train, 
     assert output_rows(str(tmp_path / "out")).keys() == output_rows(out).keys()
 
 
+def test_compile_gives_the_uncompiled_vectors(image_run, mieb_train, tiny_clip, tmp_path):
+    """--compile (torch.compile's kernels for the image tower, for speed on GPUs) changes no vector: in float32
+    here, the Ray run's within float rounding, a unit's short last batch included."""
+    out, _ = image_run
+    root, _ = mieb_train
+    compiled = embed(EmbedConfig(root, str(tmp_path / "out"), tiny_clip, carry_columns=("dataset_name", "label"),
+                                 batch_size=16, executor="local", compile=True), log=lambda line: None)
+    keys, vectors = embeddings.read_all(str(tmp_path / "out"))
+    ref_keys, ref_vectors = embeddings.read_all(out)
+    assert compiled["counts"]["errors"] == 0 and keys == ref_keys
+    assert np.abs(vectors - ref_vectors).max() < 1e-5
+    with pytest.raises(UserError, match="drop --compile"):
+        embed(EmbedConfig(root, str(tmp_path / "exact"), tiny_clip, exact=True, compile=True))
+
+
 def test_the_encoder_reports_each_model_call_for_in_process_progress(tiny_clip):
     from mieb_ray.encode.stages import EncodeStage
 
