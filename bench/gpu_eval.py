@@ -266,7 +266,7 @@ def score(root: Path, tarball: Path, record: bool = True, alpha_onto_white: bool
                   f" | fast: main {d['fast']['main']:.2e}, any metric {d['fast']['any']:.2e}"
                   f" ({d['fast']['metric']})")
         if record and summary["device"] != "cpu":
-            _record(summary, found)
+            _record({**summary, "alpha_onto_white": onto_white}, found)
         return found
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -337,7 +337,9 @@ def _record(summary: dict, found: dict) -> None:
                              "fast metric": d["fast"]["metric"]} for k, d in found.items()},
         "vectors": {f"{o['mode']} {o['output']}": {"rows": o["rows"], "max_abs_diff": o["max_abs_diff"],
                                                     "min_cosine": o["min_cosine"]} for o in summary["outputs"]},
-        "device": summary["device"], "torch": summary["torch"]}, notes=[
+        "device": summary["device"], "torch": summary["torch"], "transformers": summary.get("transformers"),
+        "transparency onto white (the device's transformers' rule; mteb's reference ran under it)":
+            summary["alpha_onto_white"]}, notes=[
         "Vectors made on the device, scored here: per mode DIR's eval output with the device's vectors swapped in, "
         "the eval rerun on them (no embedding redone), every task compared with mteb.evaluate of mteb's CLIP "
         "wrapper on this CPU. The fast swap is a measurement device: the outputs' manifests are the CPU --fast run's.",
