@@ -123,8 +123,12 @@ def run_job(name: str, inputs: str, out: str, model: str, decode: str, rows: int
            "--decode", decode, "--batch-size", "512", "--overwrite", *extra]
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    lines: list[str] = []  # each stamped with its seconds since the process started: where start-up goes
+
+    def read():
+        for line in iter(proc.stdout.readline, ""):
+            lines.append(f"{time.time() - t0:6.1f}s {line}")
+    threading.Thread(target=read, daemon=True).start()
     while proc.poll() is None:
         for path in glob.glob(os.path.join(progress, "*.json")):
             if path not in seen:
