@@ -71,10 +71,17 @@ def embed_record(log: str, date: str) -> None:
     seconds = {"encoder alone": [PER / auto["encoder_alone"]], "CPU decode ceiling": [PER / auto["cpu_decode_ceiling"]],
                contenders[2].name: [PER / auto["steady_rows_s"]], contenders[3].name: [PER / other["steady_rows_s"]],
                contenders[4].name: [PER / auto["job_rows_s"]]}
+    for r in (r for r in runs if r["model"] == "ViT-L/14"):  # the L/14 job, where its run got that far
+        contenders += [h.Contender("ViT-L/14 encoder alone", "Encoder.image_features, bf16, batch 512 resident"),
+                       h.Contender("ViT-L/14 embed job, steady", "as for B/32, --decode auto",
+                                   baseline="ViT-L/14 encoder alone")]
+        seconds |= {"ViT-L/14 encoder alone": [PER / r["encoder_alone"]],
+                    "ViT-L/14 embed job, steady": [PER / r["steady_rows_s"]]}
     bench = h.Benchmark("gpu_embed", "`mieb-ray embed` of 100,000 photos (160 to 800 px) with a ViT-B/32-sized "
                         "CLIP on one H200 and 16 CPUs, on Ray, against what bounds it", contenders, group="Embed",
                         ratio=(contenders[2].name, "CPU decode ceiling"))
-    l14 = re.search(r"ViT-L/14: encoder alone ([\d,]+) images/s; CPU decode ceiling ([\d,]+)", log)
+    l14 = None if any(r["model"] == "ViT-L/14" for r in runs) else \
+        re.search(r"ViT-L/14: encoder alone ([\d,]+) images/s; CPU decode ceiling ([\d,]+)", log)
     h.measured(bench, seconds).finish(figures={"jobs": runs, "date": date}, notes=[
         "Run on a lent NVIDIA H200 (16 CPUs) by bench/gpu_check.sh (step embed); made from its log by "
         "bench/gpu_records.py. The ViT-L/14 job did not run: the step's time ran out after its bounds were measured "
