@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,16 +40,36 @@ except UserError as exc:
 """
 
 
-def run(tmp_path, tiny_clip, gpus: float, hook: str = "") -> dict:
-    table = tmp_path / "t.parquet"
+def start(folder, tiny_clip, gpus: float, hook: str = ""):
+    """The embed job in a fresh process with its own local Ray (random ports: two run side by side)."""
+    table = folder / "t.parquet"
     photo = encode(picture("coffee.jpg").resize((80, 60)), "JPEG")
     pq.write_table(pa.table({"key": ["a", "b"], "image": [photo, photo]}), table)
-    with tempfile.TemporaryDirectory(prefix="ray") as temp:  # short: Ray's socket paths have a length limit
-        done = subprocess.run([sys.executable, "-c", RUN, str(table), str(tmp_path / "out"), tiny_clip, str(gpus),
-                               hook, temp], capture_output=True, text=True, timeout=240)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths have a length limit
+    return subprocess.Popen([sys.executable, "-c", RUN, str(table), str(folder / "out"), tiny_clip, str(gpus), hook,
+                             temp], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), folder, temp
+
+
+def result(proc) -> dict:
+    stdout, stderr = proc.communicate(timeout=240)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, stdout[-3000:] + stderr[-3000:]
     return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_clip, tmp_path_factory):
+    """Both actors' runs at once (each waits mostly on its own Ray's start): {name: (process, its folder, Ray's
+    temp dir)}."""
+    if torch.cuda.is_available():
+        pytest.skip("torch sees CUDA here")
+    both = {"given a gpu": start(tmp_path_factory.mktemp("gpu"), tiny_clip, gpus=1),
+            "given none": start(tmp_path_factory.mktemp("none"), tiny_clip, gpus=0, hook="support.fake_cuda.pretend")}
+    yield both
+    for proc, _, temp in both.values():
+        proc.kill()  # a no-op once it has ended
+        proc.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_an_encoder_asked_for_cuda_without_it_is_one_line(tiny_clip):
@@ -64,18 +85,17 @@ def test_an_encoder_asked_for_cuda_without_it_is_one_line(tiny_clip):
 
 
 @pytest.mark.timeout(300)
-def test_an_actor_given_a_gpu_that_torch_cannot_see_stops_in_one_line(tiny_clip, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("torch sees CUDA here")
-    got = run(tmp_path, tiny_clip, gpus=1)
+def test_an_actor_given_a_gpu_that_torch_cannot_see_stops_in_one_line(runs):
+    proc, folder, _ = runs["given a gpu"]
+    got = result(proc)
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
     assert got["error"].startswith(f"this encoder was given GPU 0, but torch {torch.__version__} ({build}) sees no "
                                    "CUDA device (NVIDIA driver: "), got
-    assert not os.path.exists(tmp_path / "out" / "_manifest.json")
+    assert not os.path.exists(folder / "out" / "_manifest.json")
 
 
 @pytest.mark.timeout(300)
-def test_an_actor_given_no_gpu_encodes_on_its_cpu_even_where_torch_sees_cuda(tiny_clip, tmp_path):
+def test_an_actor_given_no_gpu_encodes_on_its_cpu_even_where_torch_sees_cuda(runs):
     """Before, the encoder took cuda whenever torch.cuda.is_available(): here that load fails (no CUDA build)."""
-    got = run(tmp_path, tiny_clip, gpus=0, hook="support.fake_cuda.pretend")
+    got = result(runs["given none"][0])
     assert got == {"counts": {"total": 2, "errors": 0}}

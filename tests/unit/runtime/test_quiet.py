@@ -27,14 +27,17 @@ def env(**extra) -> dict:
 def test_a_ray_job_prints_only_its_own_lines_unless_verbose(tiny_clip, tmp_path):
     photo = encode(picture("coffee.jpg").resize((80, 60)), "JPEG")
     pq.write_table(pa.table({"key": ["a", "b", "c"], "image": [photo] * 3}), tmp_path / "t.parquet")
-    lines = {}
-    for verbose in (False, True):
-        done = subprocess.run([sys.executable, "-m", "mieb_ray", "embed", "--input", str(tmp_path / "t.parquet"),
-                               "--out", str(tmp_path / f"out-{verbose}"), "--model", tiny_clip, "--executor", "ray",
-                               *(["--verbose"] if verbose else [])],
-                              capture_output=True, text=True, timeout=300, env=env())
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        lines[verbose] = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    lines, runs = {}, {}
+    for verbose in (False, True):  # side by side: each its own local Ray, on ports of its own
+        runs[verbose] = subprocess.Popen([sys.executable, "-m", "mieb_ray", "embed", "--input",
+                                          str(tmp_path / "t.parquet"), "--out", str(tmp_path / f"out-{verbose}"),
+                                          "--model", tiny_clip, "--executor", "ray",
+                                          *(["--verbose"] if verbose else [])],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    for verbose, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+        lines[verbose] = [line for line in (stdout + stderr).splitlines() if line.strip()]
     assert [line for line in lines[False] if not OWN.match(line)] == []
     others = [line for line in lines[True] if not OWN.match(line)]
     assert any("streaming_executor" in line for line in others), others  # Ray Data's plan, with --verbose
