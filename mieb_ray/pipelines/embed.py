@@ -94,7 +94,8 @@ class EmbedConfig:
         "auto", flag="--decode", choices=gpu_decode.MODES,
         help="where images are decoded: cpu (the read tasks), gpu (baseline JPEGs by each encoder on its device with "
              "nvJPEG, other images by the read tasks; needs torchvision) or auto (default): gpu when the encoders "
-             "have GPUs, torchvision imports and the model's resize filter runs there, else cpu (docs/embed.md)")
+             "have GPUs, torchvision imports, the model's resize filter runs there and the cluster has under 6 CPUs "
+             "per GPU (measured: more decode faster on the CPUs), else cpu (docs/embed.md)")
     raw: bool = flags.option(False, flag="--raw", action="store_true",
                              help="keep the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an "
                                   "image's and a text's raw vectors for a query of both)")
