@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--embed", type=Path)
     parser.add_argument("--date", required=True, help="the device run's date")
     args = parser.parse_args()
+    h.portable_argv()  # the device's logs lie in a folder of this machine's own
     if args.encode:
         encode_record(args.encode.read_text(), args.date)
     if args.embed:

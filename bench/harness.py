@@ -513,6 +513,14 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", script_path(), *sys.argv[1:]])
 
 
+def portable_argv() -> None:
+    """This process's arguments as its record will show them, without this machine's layout: a path outside the
+    repo (a lent device's files, fetched here) as OUTSIDE/<its folder>/<its name>. For the scripts that record what
+    another machine ran."""
+    sys.argv[1:] = [arg if not Path(arg).is_absolute() or Path(arg).resolve().is_relative_to(ROOT)
+                    else "/".join(["OUTSIDE", *Path(arg).parts[-2:]]) for arg in sys.argv[1:]]
+
+
 def machine_facts() -> list[str]:
     """The machine in two lines, for scripts that print their own footer."""
     m = machine()
