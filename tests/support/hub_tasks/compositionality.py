@@ -32,8 +32,8 @@ from collections.abc import Callable
 import numpy as np
 from datasets import Features, Image, Sequence, Value
 
-from support.hub_tasks.repo import Repo
-from support.hub_tasks.sts import image, seed
+from support.hub_tasks.repo import Repo, seed
+from support.hub_tasks.sts import image
 
 # longer than CLIP's 77 tokens: the tokenizer truncates it (mteb's CLIP wrapper passes truncation=True), so two
 # captions that differ only after the 77th token embed alike, and a cache keyed by the whole text still holds one

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -11,6 +13,51 @@ from datasets import Dataset, DatasetInfo, Features, SplitDict, SplitInfo
 from datasets.info import DatasetInfosDict
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
+from PIL import Image as PILImage
+
+# a picture's file extension by how it is stored (`stored`)
+EXT = {"jpeg": "jpg", "gray": "jpg", "cmyk": "jpg", "exif": "jpg", "png": "png", "la": "png", "rgba": "png",
+       "palette": "png", "black": "png", "white": "png"}
+
+
+def seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())  # stable across runs (hash() of a str is salted per process)
+
+
+def stored(im: PILImage.Image, kind: str) -> bytes:
+    """`im` stored as `kind`: the file formats and modes MIEB's repos hold, each a pitfall of its own. datasets
+    decodes each as stored (and turns an EXIF-rotated JPEG upright); CLIP's processor makes RGB its own way
+    (transparency onto white from transformers 5.21, dropped before), while tasks that convert first with PIL's
+    convert("RGB") drop alpha: one file, different pictures to embed."""
+    buf = io.BytesIO()
+    if kind == "jpeg":
+        im.save(buf, "JPEG", quality=90)
+    elif kind == "png":
+        im.save(buf, "PNG")
+    elif kind == "gray":  # mode L JPEG (sketches, scans; greyscale photos among colour ones)
+        im.convert("L").save(buf, "JPEG", quality=90)
+    elif kind == "la":  # greyscale PNG with alpha, from the centre out
+        la = im.convert("LA")
+        la.putalpha(PILImage.radial_gradient("L").resize(im.size))
+        la.save(buf, "PNG")
+    elif kind == "rgba":  # alpha from 0 to 255 across the picture
+        rgba = im.convert("RGBA")
+        rgba.putalpha(PILImage.linear_gradient("L").rotate(90).resize(im.size))
+        rgba.save(buf, "PNG")
+    elif kind == "palette":  # mode P PNG whose most frequent palette entry is transparent
+        pal = im.convert("P", palette=PILImage.Palette.ADAPTIVE, colors=24)
+        pal.save(buf, "PNG", transparency=int(np.bincount(np.asarray(pal).ravel()).argmax()))
+    elif kind == "cmyk":  # a CMYK JPEG, as some scraped photos are
+        im.convert("CMYK").save(buf, "JPEG", quality=90)
+    elif kind == "exif":  # a JPEG stored sideways with EXIF orientation 6
+        exif = PILImage.Exif()
+        exif[0x0112] = 6
+        im.transpose(PILImage.Transpose.ROTATE_90).save(buf, "JPEG", quality=90, exif=exif)
+    elif kind in ("black", "white"):  # flat pictures (WIT holds some; mteb counts queries whose gold is one)
+        PILImage.new("RGB", im.size, (0, 0, 0) if kind == "black" else (255, 255, 255)).save(buf, "PNG")
+    else:
+        raise ValueError(kind)
+    return buf.getvalue()
 
 
 def shard_name(prefix: str, i: int, n: int) -> str:

@@ -50,8 +50,6 @@ alike and no two cosines tie; every text corpus holds distinct texts (CLIP lower
 
 from __future__ import annotations
 
-import io
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -61,13 +59,9 @@ from datasets import Features, Image, List, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw
 
-from support.hub_tasks.repo import Repo, at_root
+from support.hub_tasks.repo import EXT, Repo, at_root, seed, stored
 
 # ------------------------------------------------------------------------------------------------ pictures
-
-
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())  # stable across processes (hash() of a str is salted)
 
 
 # A family's salt re-draws its pictures and texts. The tiny CLIP (make_tiny_clip's default seed) puts texts and
@@ -94,7 +88,7 @@ class Pic:
 
 
 def _draw(key: tuple, size: tuple[int, int] | None) -> PILImage.Image:
-    rng = np.random.default_rng(_seed("picture", *_salted(key)))
+    rng = np.random.default_rng(seed("picture", *_salted(key)))
     w, h = size or (int(rng.integers(36, 120)), int(rng.integers(36, 120)))
     ground = 0.5 * rng.integers(0, 256, 3) + 0.5 * rng.integers(0, 256, (h, w, 3))
     im = PILImage.fromarray(ground.astype(np.uint8), "RGB")
@@ -111,46 +105,12 @@ def _draw(key: tuple, size: tuple[int, int] | None) -> PILImage.Image:
     return im
 
 
-EXT = {"jpeg": "jpg", "gray": "jpg", "cmyk": "jpg", "exif": "jpg", "png": "png", "la": "png", "rgba": "png",
-       "palette": "png", "black": "png", "white": "png"}
-
-
 @lru_cache(maxsize=None)
 def encode(pic: Pic) -> bytes:
     """The stored file. The modes are there because datasets decodes each as stored (and turns an EXIF-rotated
     JPEG upright) and CLIP's processor converts to RGB its own way: RGBA, LA and a palette with a transparent entry
     composited onto white, CMYK and L converted."""
-    im = _draw(pic.key, pic.size)
-    buf = io.BytesIO()
-    kind = pic.kind
-    if kind == "jpeg":
-        im.save(buf, "JPEG", quality=90)
-    elif kind == "png":
-        im.save(buf, "PNG")
-    elif kind == "gray":  # mode L JPEG (sketches, scans)
-        im.convert("L").save(buf, "JPEG", quality=90)
-    elif kind == "la":  # greyscale with alpha, from the centre out
-        la = im.convert("LA")
-        la.putalpha(PILImage.radial_gradient("L").resize(im.size))
-        la.save(buf, "PNG")
-    elif kind == "rgba":  # alpha from 0 to 255 across the picture
-        rgba = im.convert("RGBA")
-        rgba.putalpha(PILImage.linear_gradient("L").rotate(90).resize(im.size))
-        rgba.save(buf, "PNG")
-    elif kind == "palette":  # mode P whose most frequent entry is transparent
-        pal = im.convert("P", palette=PILImage.Palette.ADAPTIVE, colors=24)
-        pal.save(buf, "PNG", transparency=int(np.bincount(np.asarray(pal).ravel()).argmax()))
-    elif kind == "cmyk":
-        im.convert("CMYK").save(buf, "JPEG", quality=90)
-    elif kind == "exif":  # stored sideways with EXIF orientation 6: datasets' decoder turns it upright
-        exif = PILImage.Exif()
-        exif[0x0112] = 6
-        im.transpose(PILImage.Transpose.ROTATE_90).save(buf, "JPEG", quality=90, exif=exif)
-    elif kind in ("black", "white"):  # WIT holds flat pictures (mteb counts its queries whose gold is black/white)
-        PILImage.new("RGB", im.size, (0, 0, 0) if kind == "black" else (255, 255, 255)).save(buf, "PNG")
-    else:
-        raise ValueError(kind)
-    return buf.getvalue()
+    return stored(_draw(pic.key, pic.size), pic.kind)
 
 
 def image_value(pic: Pic | None) -> dict | None:
@@ -166,7 +126,7 @@ _KINDS = ["jpeg", "png", "palette", "jpeg", "gray", "png", "rgba", "jpeg", "exif
 def pic(family: str, i, kind: str | None = None, **kw) -> Pic:
     """Picture `i` of `family`: the same family and index are the same bytes in every task that holds them."""
     if kind is None:
-        kind = _KINDS[_seed("kind", family, i) % len(_KINDS)]
+        kind = _KINDS[seed("kind", family, i) % len(_KINDS)]
     return Pic((family, i), kind, **kw)
 
 
@@ -181,7 +141,7 @@ _WORDS = ("red blue green small large old young wooden metal bright dark quiet b
 
 
 def sentence(key: tuple, words: tuple[int, int] = (5, 10)) -> str:
-    rng = np.random.default_rng(_seed("sentence", *_salted(key)))
+    rng = np.random.default_rng(seed("sentence", *_salted(key)))
     return " ".join(_WORDS[int(i)] for i in rng.integers(0, len(_WORDS), int(rng.integers(*words))))
 
 
@@ -462,7 +422,7 @@ def _revisited(path: str, family: str, level: str) -> V1:
     queries = [q(f"query_{i}", image=pic(f"{family}-query", i)) for i in range(3)]
     qrels = []
     for i in range(3):
-        rng = np.random.default_rng(_seed(family, "judgements", i))
+        rng = np.random.default_rng(seed(family, "judgements", i))
         grade = rng.permutation(["easy"] * 3 + ["hard"] * 2 + ["junk"] * 2 + ["negative"] * 5)
         positive = {"easy": {"easy"}, "medium": {"easy", "hard"}, "hard": {"hard"}}[level]
         junk = {"easy": {"junk", "hard"}, "medium": {"junk"}, "hard": {"junk", "easy"}}[level]

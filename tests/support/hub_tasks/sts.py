@@ -25,8 +25,6 @@ compositionality.py.
 
 from __future__ import annotations
 
-import io
-import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -34,13 +32,9 @@ from datasets import DatasetInfo, Features, Image, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw, ImageFont
 
-from support.hub_tasks.repo import Repo
+from support.hub_tasks.repo import EXT, Repo, seed, stored
 
 # ------------------------------------------------------------------------------------------------ pictures
-
-
-def seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())  # stable across runs (hash() of a str is salted per process)
 
 
 def picture(key: tuple, size: tuple[int, int], text: str | None = None) -> PILImage.Image:
@@ -71,50 +65,11 @@ def picture(key: tuple, size: tuple[int, int], text: str | None = None) -> PILIm
     return im
 
 
-def encode(im: PILImage.Image, kind: str) -> bytes:
-    """`im` stored as `kind`. The modes other than RGB are there because the VisualSTS tasks hand an Image column's
-    pictures to the processor as decoded (mteb's own RGB conversion skips Image features) and CLIP's processor turns
-    them to RGB its own way (RGBA and a palette with a transparent entry composited onto white), while the
-    compositionality tasks convert them with PIL's convert("RGB") first (alpha dropped, not composited): one file,
-    two different pictures to embed."""
-    buf = io.BytesIO()
-    if kind == "jpeg":
-        im.save(buf, "JPEG", quality=90)
-    elif kind == "png":
-        im.save(buf, "PNG")
-    elif kind == "gray":  # mode L JPEG
-        im.convert("L").save(buf, "JPEG", quality=90)
-    elif kind == "la":  # greyscale PNG with an alpha channel: alpha from the centre out
-        la = im.convert("LA")
-        la.putalpha(PILImage.radial_gradient("L").resize(im.size))
-        la.save(buf, "PNG")
-    elif kind == "rgba":  # alpha from 0 to 255 across the picture
-        rgba = im.convert("RGBA")
-        rgba.putalpha(PILImage.linear_gradient("L").rotate(90).resize(im.size))
-        rgba.save(buf, "PNG")
-    elif kind == "palette":  # mode P PNG whose most frequent palette entry is transparent
-        pal = im.convert("P", palette=PILImage.Palette.ADAPTIVE, colors=24)
-        pal.save(buf, "PNG", transparency=int(np.bincount(np.asarray(pal).ravel()).argmax()))
-    elif kind == "cmyk":  # a CMYK JPEG, as some scraped photos are
-        im.convert("CMYK").save(buf, "JPEG", quality=90)
-    elif kind == "exif":  # a JPEG stored sideways with EXIF orientation 6: datasets' decoder turns it upright
-        exif = PILImage.Exif()
-        exif[0x0112] = 6
-        im.transpose(PILImage.Transpose.ROTATE_90).save(buf, "JPEG", quality=90, exif=exif)
-    else:
-        raise ValueError(kind)
-    return buf.getvalue()
-
-
-EXT = {"jpeg": "jpg", "gray": "jpg", "cmyk": "jpg", "exif": "jpg", "png": "png", "la": "png", "rgba": "png",
-       "palette": "png"}
-
-
 def image(key: tuple, size: tuple[int, int], kind: str = "png", text: str | None = None,
           name: str | None = None) -> dict:
     """An Image feature's value as a pushed dataset stores it: the file's bytes and (where the uploader had a file)
     its name; path None where the uploader pushed PIL images made in memory, as the rendered-STS repos did."""
-    return {"bytes": encode(picture(key, size, text), kind), "path": None if name is None else f"{name}.{EXT[kind]}"}
+    return {"bytes": stored(picture(key, size, text), kind), "path": None if name is None else f"{name}.{EXT[kind]}"}
 
 
 # ------------------------------------------------------------------------------------------------ STS rows

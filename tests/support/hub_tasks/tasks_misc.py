@@ -20,8 +20,6 @@ zh-plus/tiny-imagenet: train/valid, wnid ClassLabel, 64x64 JPEGs some of them gr
 
 from __future__ import annotations
 
-import io
-import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -29,18 +27,14 @@ from datasets import ClassLabel, Features, Image, Sequence, Value
 from PIL import Image as PILImage
 from PIL import ImageDraw
 
-from support.hub_tasks.repo import Repo, at_root
+from support.hub_tasks.repo import EXT, Repo, at_root, seed, stored
 
 # ------------------------------------------------------------------------------------------------ pictures
 
 
-def _seed(*key) -> int:
-    return zlib.crc32(repr(key).encode())  # stable across runs (hash() of a str is salted per process)
-
-
 def picture(key: tuple, size: tuple[int, int]) -> PILImage.Image:
     """An RGB picture of `size` drawn from a seeded RNG: a tinted noise ground and three filled shapes."""
-    rng = np.random.default_rng(_seed(*key))
+    rng = np.random.default_rng(seed(*key))
     w, h = size
     ground = 0.55 * rng.integers(0, 256, 3) + 0.45 * rng.integers(0, 256, (h, w, 3))
     im = PILImage.fromarray(ground.astype(np.uint8), "RGB")
@@ -53,37 +47,9 @@ def picture(key: tuple, size: tuple[int, int]) -> PILImage.Image:
     return im
 
 
-def encode(im: PILImage.Image, kind: str) -> bytes:
-    """`im` stored as `kind`. The modes other than RGB are there because mteb hands an Image column's pictures to
-    the processor as decoded (mteb's own RGB conversion skips Image features), and CLIP's processor turns them to RGB
-    its own way: RGBA and a palette with a transparent entry are composited onto white, not just stripped."""
-    buf = io.BytesIO()
-    if kind == "jpeg":
-        im.save(buf, "JPEG", quality=90)
-    elif kind == "png":
-        im.save(buf, "PNG")
-    elif kind == "gray":  # mode L JPEG: tiny-imagenet and ImageNet hold greyscale photos among the colour ones
-        im.convert("L").save(buf, "JPEG", quality=90)
-    elif kind == "rgba":  # alpha from 0 to 255 across the picture
-        rgba = im.convert("RGBA")
-        rgba.putalpha(PILImage.linear_gradient("L").rotate(90).resize(im.size))
-        rgba.save(buf, "PNG")
-    elif kind == "palette":  # mode P PNG whose most frequent palette entry is transparent
-        pal = im.convert("P", palette=PILImage.Palette.ADAPTIVE, colors=24)
-        pal.save(buf, "PNG", transparency=int(np.bincount(np.asarray(pal).ravel()).argmax()))
-    elif kind == "cmyk":  # a CMYK JPEG (Adobe-style), as some web-scraped photos are
-        im.convert("CMYK").save(buf, "JPEG", quality=90)
-    else:
-        raise ValueError(kind)
-    return buf.getvalue()
-
-
-_EXT = {"jpeg": "jpg", "gray": "jpg", "cmyk": "jpg", "png": "png", "rgba": "png", "palette": "png"}
-
-
 def image(key: tuple, size: tuple[int, int], kind: str = "jpeg", name: str | None = None) -> dict:
     """An Image feature's value, as a pushed dataset stores it: the file's bytes and its original name."""
-    return {"bytes": encode(picture(key, size), kind), "path": f"{name or '_'.join(map(str, key))}.{_EXT[kind]}"}
+    return {"bytes": stored(picture(key, size), kind), "path": f"{name or '_'.join(map(str, key))}.{EXT[kind]}"}
 
 
 def _size(rng: np.random.Generator, lo: int = 40, hi: int = 140) -> tuple[int, int]:
