@@ -118,7 +118,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     if several:  # the run's page, then its manifest, last
         sections = [(scorer.title, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
                     for (suite, names), scorer in zip(selected, scorers)]
-        made_by = _combined(made)
+        made_by = protocol.merged(made)
         storage.write_bytes(storage.join(out, formats.REPORT),
                             run_report.render(sections, embeddings.model_of(scored_from), made_by).encode())
         keep.add(formats.REPORT)
@@ -130,18 +130,6 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
     log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
     return results
-
-
-def _combined(made: list[dict | None]) -> dict:
-    """The suites' protocol.made_by as one: each value, or "mixed: a, b" where the suites' differ."""
-    made = [m or {} for m in made]
-    combined = {}
-    for key in ("mode", "precision", "decode"):
-        values = list(dict.fromkeys(v for m in made for v in
-                                    (m.get(key)[len("mixed: "):].split(", ") if str(m.get(key)).startswith("mixed: ")
-                                     else [m.get(key)]) if v is not None))
-        combined[key] = None if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
-    return combined
 
 
 def _check_inputs(config: EvalConfig, selected, scorers) -> None:

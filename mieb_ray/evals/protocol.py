@@ -155,46 +155,62 @@ def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=prin
 
 
 FAST_NOTE = ("These scores are not mteb's computation: the embeddings were made with eval --fast ({how}), not as "
-             "mteb's model wrappers compute them; the measured differences are in bench/RESULTS.md "
-             "(Eval: --fast and exact on a GPU against mteb).")
+             "mteb's model wrappers compute them; the measured differences are in bench/RESULTS.md (Eval: gpu_eval).")
+MIXED = "mixed: "  # a value that differs between the outputs: "mixed: a, b"
 
 
 def made_by(*uris: str | None) -> dict:
     """Which computation made the embeddings, from the embed outputs' manifests: mode "exact" (embed --exact, what
     mteb's wrappers compute: JPEGs decoded in full on the CPU, the model in float32), "fast" (the embed job's
     default: bf16 on a GPU, --decode auto), "unknown" (another tool's, no manifest); the precision and where the
-    images were decoded. Values that differ between the outputs are listed, "mixed: a, b"."""
-    seen: dict[str, list] = {"mode": [], "precision": [], "decode": []}
+    images were decoded."""
+    each = []
     for root in [r for uri in uris if uri for r in embeddings.roots(uri)]:
         manifest = storage.read_manifest(root) or {}
         config, made = manifest.get("config"), manifest.get("identity") or {}
         if not isinstance(config, dict) or "exact" not in config:
-            seen["mode"].append("unknown")
+            each.append({"mode": "unknown"})
             continue
-        seen["mode"].append("exact" if config["exact"] else "fast")
-        seen["precision"].append("float32" if made.get("precision", "float32") == "float32"
-                                 else "auto (bf16 on a GPU, float32 on a CPU)")
+        one = {"mode": "exact" if config["exact"] else "fast",
+               "precision": "float32" if made.get("precision", "float32") == "float32"
+               else "auto (bf16 on a GPU, float32 on a CPU)"}
         if config.get("modality") == "image":
             counts = manifest.get("counts") or {}
             on_device = counts.get("decoded_on_device")
-            seen["decode"].append("cpu" if config["exact"] else f"{config.get('decode')}" + (
-                f" ({on_device:,} on the GPU, {counts.get('decoded_on_cpu', 0):,} on CPUs)" if on_device else ""))
+            one["decode"] = "cpu" if config["exact"] else f"{config.get('decode')}" + (
+                f" ({on_device:,} on the GPU, {counts.get('decoded_on_cpu', 0):,} on CPUs)" if on_device else "")
+        each.append(one)
+    return merged(each)
 
-    def one(values: list) -> str | None:
-        values = list(dict.fromkeys(values))
-        return None if not values else values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
 
-    return {key: one(values) for key, values in seen.items()}
+def _values(value) -> list:
+    return [] if value is None else value[len(MIXED):].split(", ") if str(value).startswith(MIXED) else [value]
+
+
+def merged(made: list[dict | None]) -> dict:
+    """Several made_by records (outputs, suites) as one: each value, or MIXED and the values where they differ."""
+    out = {}
+    for key in ("mode", "precision", "decode"):
+        values = list(dict.fromkeys(v for m in made for v in _values((m or {}).get(key))))
+        out[key] = None if not values else values[0] if len(values) == 1 else MIXED + ", ".join(values)
+    return out
+
+
+def fast_line(made: dict) -> str:
+    """FAST_NOTE as a report page's line where --fast made some of the embeddings, else nothing."""
+    if "fast" not in _values(made.get("mode")):
+        return ""
+    how = f"precision {made.get('precision') or '-'}, decode {made.get('decode') or '-'}"
+    return f"<p class=meta><b>{html.escape(FAST_NOTE.format(how=how))}</b></p>"
 
 
 def note_fast(out: str, page: str, made: dict) -> None:
-    """Under --fast, FAST_NOTE at the top of a report page (after its heading), so that nobody takes it for mteb's."""
-    if made.get("mode") not in ("fast", "mixed: exact, fast", "mixed: fast, exact"):
+    """Under --fast, fast_line at the top of a report page (after its heading), so that nobody takes it for mteb's."""
+    line = fast_line(made)
+    if not line:
         return
     uri = storage.join(out, page)
     text = storage.read_text(uri)
-    how = f"precision {made['precision']}, decode {made['decode'] or '-'}"
-    line = f"<p class=meta><b>{html.escape(FAST_NOTE.format(how=how))}</b></p>"
     at = text.find("</h1>")
     at = at + len("</h1>") if at >= 0 else 0
     storage.write_bytes(uri, (text[:at] + line + text[at:]).encode())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 
-from mieb_ray.evals.protocol import FAST_NOTE
+from mieb_ray.evals.protocol import fast_line
 from mieb_ray.page import CSS, num
 
 
@@ -17,16 +17,14 @@ def _fmt(v) -> str:
 
 def render(sections: list[tuple[str, str | None, dict[str, dict]]], model: dict, made: dict | None = None) -> str:
     """sections: (a suite's title, the link to its own page or None, {task: TaskResult}); made: which computation
-    made the embeddings (protocol.made_by), said beside the model, and in a line of its own unless exact."""
+    made the embeddings (protocol.made_by), said beside the model, and in a line of its own where --fast made some."""
     made = made or {}
     parts = [f"<!doctype html><meta charset=utf-8><title>MIEB eval run</title><style>{CSS}</style>",
              "<h1>MIEB eval run</h1>",
              f"<div class=meta><span>model <b>{html.escape(str(model.get('name') or 'unknown'))}</b></span>"
              f"<span>revision <b>{html.escape(str(model.get('revision') or '—'))}</b></span>"
              f"<span>embeddings <b>{html.escape(str(made.get('mode') or 'unknown'))}</b></span></div>"]
-    if made.get("mode") != "exact":
-        how = f"precision {made.get('precision') or '-'}, decode {made.get('decode') or '-'}"
-        parts.append(f"<p class=meta><b>{html.escape(FAST_NOTE.format(how=how))}</b></p>")
+    parts.append(fast_line(made))
     for title, link, results in sections:
         rows = []
         for name, result in results.items():
