@@ -47,11 +47,11 @@ step versions python3 -c "import torch, torchvision, transformers, ray
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
-step tests timeout 160 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
+step tests timeout 220 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
   tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py tests/unit/encode/test_preprocess.py \
   tests/unit/encode/test_equivalence.py
 step eval timeout 60 python3 bench/gpu_eval.py device .gpu_eval "$out" --fast-executor local
-step embed timeout 300 python3 bench/gpu_embed.py "$out"
+step embed timeout 330 python3 bench/gpu_embed.py "$out" ${GPU_EMBED_MODELS:+--models "$GPU_EMBED_MODELS"}
 step encode timeout 240 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
 echo "failed steps: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]

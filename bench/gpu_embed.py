@@ -79,6 +79,33 @@ def encoder_rate(model: str, size: int, batch: int, seconds: float) -> float:
     return iters * batch / elapsed  # its memory goes back with this frame (the job runs in another process)
 
 
+STARTUP_PARTS = """
+import time, sys
+t = [time.time()]
+import torch; t.append(time.time())
+torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu"); t.append(time.time())
+from mieb_ray.encode.model import Encoder, load_info; t.append(time.time())
+Encoder(sys.argv[1], load_info(sys.argv[1], sys.argv[1], None)); t.append(time.time())
+import ray; t.append(time.time())
+ray.init(include_dashboard=False, log_to_driver=False); t.append(time.time())
+ray.get(ray.remote(lambda: 1).remote()); t.append(time.time())
+ray.shutdown(); t.append(time.time())
+print(" ".join(f"{b - a:.2f}" for a, b in zip(t, t[1:])))
+"""
+STARTUP_NAMES = ["import torch", "CUDA context", "import transformers (the model module)", "model loaded",
+                 "import ray", "ray.init (this node)", "first task", "ray.shutdown"]
+
+
+def startup_parts(model: str) -> dict[str, float]:
+    """Seconds of what an embed job's start-up is made of, each in order in one fresh process (the job's driver and
+    its encoder actor each pay their share)."""
+    got = subprocess.run([sys.executable, "-c", STARTUP_PARTS, model], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])})
+    if got.returncode:
+        return {"failed": got.stderr.strip().splitlines()[-1] if got.stderr.strip() else str(got.returncode)}
+    return dict(zip(STARTUP_NAMES, map(float, got.stdout.split())))
+
+
 def free_gpu_memory() -> None:
     import gc
 
@@ -126,8 +153,9 @@ def run_job(name: str, inputs: str, out: str, model: str, decode: str, rows: int
     lines: list[str] = []  # each stamped with its seconds since the process started: where start-up goes
 
     def read():
-        for line in iter(proc.stdout.readline, ""):
+        for line in iter(proc.stdout.readline, ""):  # shown as they come: a job cut off by a timeout still tells
             lines.append(f"{time.time() - t0:6.1f}s {line}")
+            print(f"  {name} | {lines[-1].rstrip()}", flush=True)
     threading.Thread(target=read, daemon=True).start()
     while proc.poll() is None:
         for path in glob.glob(os.path.join(progress, "*.json")):
@@ -142,8 +170,6 @@ def run_job(name: str, inputs: str, out: str, model: str, decode: str, rows: int
         time.sleep(0.2)
     wall = time.time() - t0
     time.sleep(0.5)
-    for line in lines:
-        print(f"  {name} | {line.rstrip()}", flush=True)
     if proc.returncode:
         raise RuntimeError(f"{name}: mieb-ray embed exited {proc.returncode}")
     with open(os.path.join(out, "_manifest.json")) as f:
@@ -165,6 +191,7 @@ def main() -> int:
     parser.add_argument("--models", default="b32,l14")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU: checks the script only")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     from support.models import make_clip_b32, make_clip_l14
 
     from mieb_ray.demo_data.models import make_tiny_clip
@@ -197,13 +224,15 @@ def main() -> int:
             spec = ImageSpec.from_processor_config(load_info(model, model, None).image_config)
             alone = encoder_rate(model, spec.height, 64 if args.cpu_smoke else 512, 1 if args.cpu_smoke else 3)
             free_gpu_memory()
+            parts = startup_parts(model)
+            print(f"[gpu_embed] {label}: start-up parts, s: {json.dumps(parts)}", flush=True)
             ceiling = decode_rate(photos[:256], spec, os.cpu_count(), 1 if args.cpu_smoke else 3)
             bounds.append([label, f"{alone:,.0f}", f"{ceiling:,.0f}", os.cpu_count()])
             print(f"[gpu_embed] {label}: encoder alone {alone:,.0f} images/s; CPU decode ceiling {ceiling:,.0f} "
                   f"images/s on {os.cpu_count()} processes", flush=True)
             auto = run_job(f"{label} auto", os.path.join(work, "photos"), os.path.join(work, f"out-{key}-auto"),
                            model, "auto", rows, sampler, extra)
-            auto |= {"model": label, "encoder_alone": alone, "cpu_decode_ceiling": ceiling}
+            auto |= {"model": label, "encoder_alone": alone, "cpu_decode_ceiling": ceiling, "startup_parts": parts}
             results.append(auto)
             print(f"[gpu_embed] {json.dumps(auto)}", flush=True)
             feed = "cpu" if "on their GPUs" in auto["decode"] else "gpu"
