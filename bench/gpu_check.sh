@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole GPU check, on a lent GPU machine, in about nine and a half minutes on an H200 (2026-12-04: tests 135 s,
-# eval 15 s, embed about 280 s, encode about 140 s); run at once when a session's device status
-# says a machine is lent (after bench/gpu_wheels.sh and `python bench/gpu_eval.py prepare .gpu_eval` here):
+# The whole GPU check, on a lent GPU machine, in about ten minutes on an H200 (measured 2026-12-04: tests 145 s
+# in one process, eval 15 s, embed about 300 s for both models, encode about 140 s; the tests now spread over 8
+# CPUs with pytest-xdist, not yet timed there); run at once when a session's device status says a machine is lent
+# (after bench/gpu_wheels.sh and `python bench/gpu_eval.py prepare .gpu_eval` here):
 #
 #   device run, carry [".whl", ".gpu_eval"], timeout 590:   bash bench/gpu_check.sh
 #   ... or some steps only, in two calls that each leave device time for the other:
@@ -47,11 +48,13 @@ step versions python3 -c "import torch, torchvision, transformers, ray
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', torchvision.__version__,
       'transformers', transformers.__version__, 'ray', ray.__version__)
 print(torch.cuda.get_device_name(), open('/proc/driver/nvidia/version').read().split('\n')[0])"
-step tests timeout 220 python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/system/test_cuda.py \
+# pytest-xdist (.whl) spreads the tests over 8 of the device's CPUs; -rP keeps what the passing tests print
+par=(-s); python3 -c "import xdist" 2>/dev/null && par=(-n 8 -rP)
+step tests timeout 220 python3 -m pytest -q -p no:cacheprovider -o addopts="" "${par[@]}" tests/system/test_cuda.py \
   tests/unit/encode/test_gpu_decode.py tests/unit/encode/test_model.py tests/unit/encode/test_preprocess.py \
   tests/unit/encode/test_equivalence.py
 step eval timeout 60 python3 bench/gpu_eval.py device .gpu_eval "$out" --fast-executor local
-step embed timeout 330 python3 bench/gpu_embed.py "$out" ${GPU_EMBED_MODELS:+--models "$GPU_EMBED_MODELS"}
+step embed timeout 380 python3 bench/gpu_embed.py "$out" ${GPU_EMBED_MODELS:+--models "$GPU_EMBED_MODELS"}
 step encode timeout 240 python3 bench/gpu_encode.py --seconds 2 --batch-sizes 512
 echo "failed steps: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]

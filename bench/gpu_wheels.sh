@@ -17,7 +17,7 @@ get() {
     -d .whl "$@"
 }
 get simplejpeg==1.9.0 webdataset==1.0.2 braceexpand==0.1.7 jsonschema==4.25.1 jsonschema-specifications==2025.9.1 \
-    referencing==0.36.2 rpds-py==0.30.0
+    referencing==0.36.2 rpds-py==0.30.0 pytest-xdist==3.8.0 execnet==2.1.2
 work=$(mktemp -d)
 get -d "$work" ray==2.60.0
 (cd "$work" && unzip -q ray-*.whl && rm -rf ray-*.whl ray/jars ray/rllib ray/serve ray/llm \
