@@ -21,7 +21,7 @@ batches of --batch images of one kind (as the embed job's blocks are: rows of on
                            commit's: git show HEAD:mieb_ray/encode/preprocess.py > /tmp/base.py), uint8: before
                            and after a change in the same run.
   mieb-ray, Pillow resize  with --pillow-resize: load_images with every image through Pillow (decode, draft,
-                           Pillow's resize with the draft box, crop: preprocess._preprocess, the path of filters
+                           Pillow's resize with the draft box, crop: preprocess.pillow_pixels, the path of filters
                            torch lacks), uint8. Run under pillow-simd (a venv where it replaces Pillow) it
                            measures pillow-simd's resize against torch's.
   pyvips                   with --vips: libvips' `thumbnail_buffer` (decode, shrink on load, resize to fill,

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from PIL import ExifTags, Image
 
+from mieb_ray.encode.pixels import TORCH_FILTERS
 from mieb_ray.encode.preprocess import (
     MAX_PIXELS,
-    TORCH_FILTERS,
     ImageSpec,
     load_images,
     resize_output_size,
@@ -137,7 +137,7 @@ def route(data: bytes | None, spec: ImageSpec, max_pixels: int = MAX_PIXELS) -> 
 
 
 def upright(x: torch.Tensor, orientation: int) -> torch.Tensor:
-    """(3, h, w) as stored -> upright, as PIL's exif_transpose (preprocess._UPRIGHT)."""
+    """(3, h, w) as stored -> upright, as PIL's exif_transpose (pixels.UPRIGHT)."""
     import torch
 
     if orientation in (5, 6, 7, 8):

@@ -4,14 +4,14 @@ CPU tasks: `load_images` decodes bytes and resizes + center-crops to the model's
 (a quarter of the bytes of float32 to ship to the encoder). GPU actor: `normalize` rescales and
 normalises on the device. Together they reproduce the `pixel_values` of the model's transformers image
 processor (PIL backend: `convert_rgb` -> PIL resize -> center crop -> rescale -> normalise), as the installed
-transformers release computes them: its RGB conversion of transparent images changed in 5.21 (`_to_rgb`).
+transformers release computes them: its RGB conversion of transparent images changed in 5.21 (`pixels.to_rgb`).
 
 How, per image (bench/preprocess.py measures each choice against the processor, one core):
   decode   RGB and greyscale JPEGs by simplejpeg (libjpeg-turbo, the same pixels as Pillow's decode, at
            the same DCT scale as Pillow's draft mode: see `DRAFT_FACTOR`), straight to RGB; anything
            else (PNG, WebP, GIF, CMYK JPEGs, JPEGs simplejpeg refuses) by Pillow, converted to RGB as
-           the installed transformers does (`_to_rgb`: transparency onto white, or dropped before 5.21).
-  resize   bilinear and bicubic: torch's antialiased uint8 resampler (`_resize`), which computes Pillow's
+           the installed transformers does (`pixels.to_rgb`: transparency onto white, or dropped before 5.21).
+  resize   bilinear and bicubic: torch's antialiased uint8 resampler (`pixels.resize`), which computes Pillow's
            filter (Keys a = -0.5 for bicubic, support widened by the scale when shrinking, the draft
            box as its scale) and rounds to uint8 after each pass as Pillow does: within one level of
            Pillow's resize at ~0.3% of pixels, 3-6x faster, and one call for all the images of a batch
@@ -21,7 +21,7 @@ How, per image (bench/preprocess.py measures each choice against the processor, 
            224x261 of the 224x298 resize; the 37 columns before the crop cannot be skipped, torch's
            resampler takes no offset), and images resized to the model's size as they are upright (small
            square ones) are written straight into the output.
-           Other filters (nearest, Lanczos, box, Hamming): Pillow's resize, per image (`_preprocess`).
+           Other filters (nearest, Lanczos, box, Hamming): Pillow's resize, per image (`pillow_pixels`).
   errors   every refusal is an ImageError with a one-line reason, as Pillow words it.
 
 Without simplejpeg installed every image is decoded by Pillow (the same pixels, slower).
@@ -31,14 +31,14 @@ No Ray and no torch at import time: torch is imported on the first resize.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import io
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from PIL import ExifTags, Image, UnidentifiedImageError
+
+from mieb_ray.encode.pixels import TORCH_FILTERS, UPRIGHT, UPRIGHT_ARRAY, crop_into, resize, to_rgb
 
 try:  # libjpeg-turbo, for JPEGs: a leaner path to the same pixels than Pillow's
     import simplejpeg
@@ -66,30 +66,6 @@ MAX_PIXELS = 178_956_970
 # are slower than a full decode here). mieb-train's images (500x375 and less) are never drafted at 224.
 DRAFT_FACTOR = 1
 
-# EXIF orientation -> the transpose that makes the image upright (as PIL.ImageOps.exif_transpose), where
-# that transpose takes a point (x, y) of a w x h image, and the same transpose as a numpy view of (h, w, c).
-_T = Image.Transpose
-_UPRIGHT = {
-    2: (_T.FLIP_LEFT_RIGHT, lambda x, y, w, h: (w - x, y)),
-    3: (_T.ROTATE_180, lambda x, y, w, h: (w - x, h - y)),
-    4: (_T.FLIP_TOP_BOTTOM, lambda x, y, w, h: (x, h - y)),
-    5: (_T.TRANSPOSE, lambda x, y, w, h: (y, x)),
-    6: (_T.ROTATE_270, lambda x, y, w, h: (h - y, x)),
-    7: (_T.TRANSVERSE, lambda x, y, w, h: (h - y, w - x)),
-    8: (_T.ROTATE_90, lambda x, y, w, h: (y, w - x)),
-}
-_UPRIGHT_ARRAY = {
-    2: lambda a: a[:, ::-1],
-    3: lambda a: a[::-1, ::-1],
-    4: lambda a: a[::-1],
-    5: lambda a: a.swapaxes(0, 1),
-    6: lambda a: a.swapaxes(0, 1)[:, ::-1],
-    7: lambda a: a.swapaxes(0, 1)[::-1, ::-1],
-    8: lambda a: a.swapaxes(0, 1)[::-1],
-}
-
-# Pillow filters that torch's antialiased resampler computes as Pillow does; others go through Pillow.
-TORCH_FILTERS = {int(Image.Resampling.BILINEAR): "bilinear", int(Image.Resampling.BICUBIC): "bicubic"}
 # load_images resizes the images of one size together once this many are decoded, or this many bytes.
 _GROUP_IMAGES, _GROUP_BYTES = 64, 64 << 20
 
@@ -268,7 +244,7 @@ def _open(data: bytes, spec: ImageSpec, max_pixels: int, slot=None) -> _Decoded 
     try:
         with Image.open(io.BytesIO(data)) as im:
             if spec.exact or spec.resample not in TORCH_FILTERS:
-                return _preprocess(im, spec, max_pixels)
+                return pillow_pixels(im, spec, max_pixels)
             return _decode(im, data, spec, max_pixels, slot)
     except ImageError:
         raise
@@ -288,7 +264,7 @@ def _sizes(im: Image.Image, spec: ImageSpec, max_pixels: int) -> tuple[int, int,
     if w * h > max_pixels:
         raise ImageError(f"image too large ({w}x{h} pixels)")
     orientation = im.getexif().get(ExifTags.Base.Orientation, 1)
-    if orientation not in _UPRIGHT:
+    if orientation not in UPRIGHT:
         orientation = 1
     swap = orientation in (5, 6, 7, 8)  # stored on its side: width and height swap
     out_h, out_w = resize_output_size(spec, w if swap else h, h if swap else w)
@@ -324,7 +300,7 @@ def _decode(im: Image.Image, data: bytes, spec: ImageSpec, max_pixels: int, slot
                 array = None
     if array is None:
         im.load()  # decode errors (truncated, corrupt) surface here
-        array = np.asarray(_to_rgb(im))
+        array = np.asarray(to_rgb(im))
         if out is not None:
             out[:] = array
     return _Decoded(array if out is None else out, box, size, orientation, key)
@@ -346,28 +322,28 @@ def _resize_crop(group: _Group, spec: ImageSpec, pixels: np.ndarray) -> None:
           and [i for i, _ in members] == list(range(i0, i0 + len(members)))):
         # Resized to the model's size, upright, into consecutive rows (small square images, the usual
         # case): torch writes straight into pixels, with no array of its own to allocate and copy from.
-        _resize(batch, first.box, first.size, spec.resample, out=pixels[i0:i0 + len(members)])
+        resize(batch, first.box, first.size, spec.resample, out=pixels[i0:i0 + len(members)])
         return
     else:
         stop = (max(r.stop for r, _, _ in windows.values()), max(c.stop for _, c, _ in windows.values()))
-        resized = _resize(batch, first.box, first.size, spec.resample,
+        resized = resize(batch, first.box, first.size, spec.resample,
                           transposed=first.orientation in (5, 6, 7, 8), stop=stop)
     for (i, d), r in zip(members, resized):
         rows, cols, dst = windows[d.orientation]
         kept = r[rows, cols]
-        pixels[i][dst] = _UPRIGHT_ARRAY[d.orientation](kept) if d.orientation in _UPRIGHT_ARRAY else kept
+        pixels[i][dst] = UPRIGHT_ARRAY[d.orientation](kept) if d.orientation in UPRIGHT_ARRAY else kept
 
 
 def _crop_window(spec: ImageSpec, out_h: int, out_w: int, orientation: int) -> tuple[slice, slice, tuple]:
     """The center crop of an image resized to (out_h, out_w) as stored, for its EXIF orientation: the rows and
     columns it keeps as stored (before the transpose), and where they go in the model's input (the rest
-    stays zero where the crop is larger than the image). Offsets as _crop_into."""
+    stays zero where the crop is larger than the image). Offsets as pixels.crop_into."""
     up_h, up_w = (out_w, out_h) if orientation in (5, 6, 7, 8) else (out_h, out_w)
     top, left = ((up_h - spec.height) // 2, (up_w - spec.width) // 2) if spec.do_center_crop else (0, 0)
     y0, x0 = max(top, 0), max(left, 0)
     y1, x1 = min(top + spec.height, up_h), min(left + spec.width, up_w)
     dst = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
-    # Upright rows/columns -> stored ones: undo the flips of _UPRIGHT_ARRAY, then its swap.
+    # Upright rows/columns -> stored ones: undo the flips of UPRIGHT_ARRAY, then its swap.
     if orientation in (3, 4, 7, 8):
         y0, y1 = up_h - y1, up_h - y0
     if orientation in (2, 3, 6, 7):
@@ -377,63 +353,8 @@ def _crop_window(spec: ImageSpec, out_h: int, out_w: int, orientation: int) -> t
     return slice(y0, y1), slice(x0, x1), dst
 
 
-def _resize(batch: np.ndarray, box: tuple[float, float], size: tuple[int, int], resample: int,
-            transposed: bool = False, stop: tuple[int, int] | None = None, out: np.ndarray | None = None,
-            ) -> np.ndarray:
-    """uint8 (n, h, w, c) -> uint8 (n, size[0], size[1], c): Pillow's resize(size, resample, box=(0, 0, box[1],
-    box[0])) of each image, computed by torch (the antialiased resampler transformers' torchvision backend uses).
-
-    The box is given as the scales (out / box), which is how it maps output pixel centres to input
-    coordinates: (x + 0.5) * box / out, as Pillow's box (0, 0, bw, bh) does. Like Pillow, torch resizes
-    rows, rounds to uint8, then columns; `transposed` (an image stored on its side, which Pillow would
-    resize upright) does the columns first, so that the rounding is Pillow's too.
-
-    `stop` (rows, columns): only the first ones of the output are computed (the ones a crop keeps end
-    there). Output pixel x maps to input (x + 0.5) / scale whatever the output size, so they are the same
-    pixels, but for torch's fixed-point weights, whose precision it sets from the largest weight it
-    computes: rarely, a value rounds the other way by one level (identical at mieb-train's sizes:
-    tests/unit/encode/test_preprocess.py). An axis whose size stays is not resampled by torch, so it is not cut short.
-    `out`: an uint8 (n, size[0], size[1], c) array to write into (not with transposed).
-    """
-    import torch
-
-    x = torch.from_numpy(batch).permute(0, 3, 1, 2)  # NCHW with channels-last strides: no copy
-    op = getattr(torch.ops.aten, f"_upsample_{TORCH_FILTERS[resample]}2d_aa")
-    (h, w), (out_h, out_w) = batch.shape[1:3], size
-    if stop is not None:
-        out_h, out_w = _cut(out_h, stop[0], h), _cut(out_w, stop[1], w)
-    if transposed and (size[0], box[0]) != (h, h) and (size[1], box[1]) != (w, w):
-        x = op(x, [out_h, w], False, size[0] / box[0], None)  # a size that stays is not resampled
-        return op(x, [out_h, out_w], False, None, size[1] / box[1]).permute(0, 2, 3, 1).numpy()
-    if out is not None:  # as NCHW with channels-last strides, the layout torch gives this input: no copy
-        op.out(x, [out_h, out_w], False, size[0] / box[0], size[1] / box[1],
-               out=torch.from_numpy(out).permute(0, 3, 1, 2))
-        return out
-    return op(x, [out_h, out_w], False, size[0] / box[0], size[1] / box[1]).permute(0, 2, 3, 1).numpy()
-
-
-def _cut(size: int, stop: int, before: int) -> int:
-    """Output size `size` cut to `stop`, on an axis of input size `before`: not when torch would not resample
-    it (size == before), and never to the input size (torch would then copy instead of resampling)."""
-    if size == before or stop >= size:
-        return size
-    return stop + 1 if stop == before else stop
-
-
-def _crop_into(im: np.ndarray, spec: ImageSpec, out: np.ndarray) -> None:
-    """Center-crop an upright uint8 (h, w, c) into out (height, width, 3), which holds zeros.
-
-    Offsets as transformers' center_crop (and PIL's crop, which pads outside the image with zeros); with no
-    center crop the image is already the model's size."""
-    h, w = im.shape[:2]
-    top, left = ((h - spec.height) // 2, (w - spec.width) // 2) if spec.do_center_crop else (0, 0)
-    y0, x0 = max(top, 0), max(left, 0)
-    y1, x1 = min(top + spec.height, h), min(left + spec.width, w)
-    out[y0 - top:y1 - top, x0 - left:x1 - left] = im[y0:y1, x0:x1]
-
-
-def _preprocess(im: Image.Image, spec: ImageSpec, max_pixels: int) -> np.ndarray:
-    """The whole of load_image by Pillow, for resample filters _resize does not compute."""
+def pillow_pixels(im: Image.Image, spec: ImageSpec, max_pixels: int) -> np.ndarray:
+    """The whole of load_image by Pillow, for resample filters pixels.resize does not compute, and --exact."""
     out_h, out_w, orientation, swap = _sizes(im, spec, max_pixels)
     w, h = im.size
     want = (DRAFT_FACTOR * out_h, DRAFT_FACTOR * out_w) if swap else (DRAFT_FACTOR * out_w, DRAFT_FACTOR * out_h)
@@ -443,45 +364,14 @@ def _preprocess(im: Image.Image, spec: ImageSpec, max_pixels: int) -> np.ndarray
     im.load()  # decode errors (truncated, corrupt) surface here
     # The processor's order: upright, RGB (compositing alpha), resize, crop. Turning a draft image
     # upright moves its partial last pixels, so the box moves with it.
-    if orientation in _UPRIGHT:
-        method, move = _UPRIGHT[orientation]
+    if orientation in UPRIGHT:
+        method, move = UPRIGHT[orientation]
         (x0, y0), (x1, y1) = move(*box[:2], *im.size), move(*box[2:], *im.size)
         im, box = im.transpose(method), (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
-    im = _to_rgb(im).resize((out_w, out_h), spec.resample, box=box)
+    im = to_rgb(im).resize((out_w, out_h), spec.resample, box=box)
     out = np.zeros((spec.height, spec.width, 3), dtype=np.uint8)
-    _crop_into(np.asarray(im), spec, out)
+    crop_into(np.asarray(im), out, spec.do_center_crop)
     return out
-
-
-def _to_rgb(im: Image.Image) -> Image.Image:
-    """As the installed transformers' image_transforms.convert_to_rgb, which every image processor applies first
-    (do_convert_rgb), on its PIL and its torchvision backend alike.
-
-    Releases differ here, and only here (issue 40): from 5.21 transparency is composited onto white, where
-    "transparency" is an "A" band (RGBA, LA, PA, and also LAB, whose A is not alpha; converting it through RGBA is
-    harmless) or a `transparency` entry (palette or colour-key PNG/GIF); up to 5.20 every mode goes through PIL's
-    convert("RGB"), which drops alpha (a transparent pixel keeps its stored colour) and ignores the entry. Which
-    one is asked of the installed release itself (`_alpha_onto_white`), not read from a table of versions. Other
-    modes go through convert("RGB") in both; I;16 clips at 255.
-    """
-    if ("A" in im.getbands() or im.info.get("transparency") is not None) and _alpha_onto_white():
-        rgba = im.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return im if im.mode == "RGB" else im.convert("RGB")
-
-
-@functools.cache
-def _alpha_onto_white() -> bool:
-    """Whether the installed transformers' convert_to_rgb composites transparency onto white (5.21 on) or drops it
-    (before): its answer for one fully transparent black pixel, white or black. Once per process, on the first
-    image with transparency (importing transformers takes a second or more)."""
-    from transformers.image_transforms import convert_to_rgb
-
-    pixel = Image.new("RGBA", (1, 1), (0, 0, 0, 0))
-    # 5.21 on warns unless asked for an array (the PIL return is deprecated); earlier releases have no such argument
-    numpy = {"return_numpy": True} if "return_numpy" in inspect.signature(convert_to_rgb).parameters else {}
-    return bool(np.asarray(convert_to_rgb(pixel, **numpy)).reshape(-1)[0] == 255)
 
 
 class Normalizer:

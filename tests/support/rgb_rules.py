@@ -1,7 +1,7 @@
 """The two rules transformers has had for making a transparent image RGB (its `convert_to_rgb`, which every image
 processor applies first), to put either in place in one environment: 5.21 on composites transparency onto white;
 5.0 to 5.20 use PIL's plain convert("RGB"), which drops it. The CPU path follows the installed release
-(mieb_ray/encode/preprocess.py `_to_rgb`); tests/unit/encode/test_preprocess.py holds it to both rules, and
+(mieb_ray/encode/pixels.py `to_rgb`); tests/unit/encode/test_preprocess.py holds it to both rules, and
 bench/gpu_eval.py scores a GPU machine's embeddings against mteb under that machine's rule."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def rule(onto_white: bool, monkeypatch):
     asking transformers afresh (it asks once per process)."""
     import transformers.image_transforms
 
-    from mieb_ray.encode import preprocess
+    from mieb_ray.encode import pixels
 
     original = transformers.image_transforms.convert_to_rgb
     with monkeypatch.context() as m:
@@ -38,8 +38,8 @@ def rule(onto_white: bool, monkeypatch):
             for attr in ("convert_to_rgb", "convert_to_rgb_pil"):  # 5.21 on imports it as the latter
                 if vars(module).get(attr) is original:  # not getattr: a lazy module would import more
                     m.setattr(module, attr, release_rule(onto_white))
-        preprocess._alpha_onto_white.cache_clear()
+        pixels.alpha_onto_white.cache_clear()
         try:
             yield
         finally:
-            preprocess._alpha_onto_white.cache_clear()
+            pixels.alpha_onto_white.cache_clear()

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 from support import rgb_rules
 from support.paths import PICTURES
 from support.pictures import (
@@ -33,7 +33,7 @@ from transformers.image_transforms import get_resize_output_image_size
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-from mieb_ray.encode import preprocess
+from mieb_ray.encode import pixels, preprocess
 from mieb_ray.encode.preprocess import ImageError, ImageSpec, load_image, load_images, normalize, resize_output_size
 
 PROCESSORS = {
@@ -44,7 +44,7 @@ PROCESSORS = {
 
 # Bounds in uint8 levels of |ours - processor| (pixel_values * std / rescale_factor).
 EXACT = 0.01  # the same uint8 pixels; what is left is float32 rounding in normalize (~1e-4 levels)
-# Resized by torch's antialiased resampler (preprocess._resize), which computes Pillow's filter but rounds
+# Resized by torch's antialiased resampler (pixels.resize), which computes Pillow's filter but rounds
 # a value the other way now and then (each of its two passes rounds to uint8, as Pillow's do): mostly max 1-2
 # levels, mean at most 0.009, at ~0.3% of pixels. Pillow 13 also runs the vertical pass first for some
 # shapes (e.g. 203x301 -> 224x224: widened, shortened), torch the rows first, so the rounding between the
@@ -145,9 +145,9 @@ def test_matches_the_processor(name, processor):
 @pytest.fixture
 def fresh_probe():
     """preprocess asks transformers once per process whether it composites transparency: ask again here."""
-    preprocess._alpha_onto_white.cache_clear()
+    pixels.alpha_onto_white.cache_clear()
     yield
-    preprocess._alpha_onto_white.cache_clear()
+    pixels.alpha_onto_white.cache_clear()
 
 
 @pytest.mark.parametrize("name", TRANSPARENT)
@@ -159,7 +159,7 @@ def test_transparency_is_converted_as_the_installed_transformers_does(name):
 
     with Image.open(io.BytesIO(image_bytes(name))) as im:
         im.load()
-        assert np.array_equal(np.asarray(preprocess._to_rgb(im)), np.asarray(convert_to_rgb(im)))
+        assert np.array_equal(np.asarray(pixels.to_rgb(im)), np.asarray(convert_to_rgb(im)))
 
 
 @pytest.mark.parametrize("name", TRANSPARENT)
@@ -203,17 +203,6 @@ def test_every_exif_orientation(orientation, processor):
     assert resampled(levels(ours(png, processor), reference(png, processor), processor))
     diff = levels(ours(jpeg, processor), reference(jpeg, processor), processor)
     assert diff.max() <= DRAFT_MAX and diff.mean() <= DRAFT_MEAN
-
-
-@pytest.mark.parametrize("orientation", preprocess._UPRIGHT)
-def test_upright_point_maps_are_pils_transposes(orientation):
-    """Where _UPRIGHT says a pixel centre goes is where PIL's transpose puts that pixel."""
-    stored = np.arange(5 * 3, dtype=np.uint8).reshape(3, 5)  # (h, w), every pixel distinct
-    method, move = preprocess._UPRIGHT[orientation]
-    upright = np.asarray(Image.fromarray(stored).transpose(method))
-    for y, x in np.ndindex(stored.shape):
-        ux, uy = move(x + 0.5, y + 0.5, 5, 3)
-        assert upright[int(uy), int(ux)] == stored[y, x]
 
 
 def test_animated_gif_first_frame(processor):
@@ -390,27 +379,6 @@ def test_other_filters_go_through_pillow():
     assert not load_images([b"", b"not an image"], spec_of(proc))[0].any()
 
 
-@pytest.mark.parametrize("resample", [Image.Resampling.BILINEAR, Image.Resampling.BICUBIC])
-def test_resize_is_pillows_with_a_box(resample):
-    """_resize with a draft box (the original's extent, less than the decoded size) is Pillow's resize(box=)."""
-    im = picture("chelsea.jpg").convert("RGB").crop((0, 0, 301, 203))
-    a = np.array(im)
-    for box, size in [((203.0, 301.0), (64, 95)), ((202.5, 300.25), (64, 95)), ((202.5, 300.25), (224, 331)),
-                      ((203.0, 301.0), (203, 301)), ((101.5, 300.5), (64, 64))]:
-        got = preprocess._resize(a[None], box, size, int(resample))[0].astype(int)
-        want = np.asarray(im.resize(size[::-1], resample, box=(0, 0, box[1], box[0]))).astype(int)
-        diff = np.abs(got - want)
-        assert diff.max() <= 1 and diff.mean() < 0.01, (box, size, diff.max(), diff.mean())
-
-
-@pytest.mark.parametrize("orientation", preprocess._UPRIGHT)
-def test_upright_arrays_are_pils_transposes(orientation):
-    stored = np.arange(5 * 3 * 2, dtype=np.uint8).reshape(3, 5, 2)
-    method, _ = preprocess._UPRIGHT[orientation]
-    want = np.stack([np.asarray(Image.fromarray(stored[..., c]).transpose(method)) for c in range(2)], -1)
-    assert np.array_equal(preprocess._UPRIGHT_ARRAY[orientation](stored), want)
-
-
 @pytest.mark.parametrize("orientation", [1, 3, 6, 8])
 @pytest.mark.parametrize("name", ["large jpeg 1600x1200", "portrait jpeg 267x400", "cmyk jpeg", "odd 1207x903"])
 def test_drafted_jpegs_are_pillows_draft_and_resize(name, orientation, processor):
@@ -424,24 +392,30 @@ def test_drafted_jpegs_are_pillows_draft_and_resize(name, orientation, processor
         stored = Image.open(io.BytesIO(image_bytes(name)))
     data = with_orientation(stored, "JPEG", orientation, quality=90)
     with Image.open(io.BytesIO(data)) as im:
-        pillow = preprocess._preprocess(im, spec, preprocess.MAX_PIXELS)
+        pillow = preprocess.pillow_pixels(im, spec, preprocess.MAX_PIXELS)
     diff = np.abs(load_image(data, spec).astype(int) - pillow.astype(int))
     assert diff.max() <= RESAMPLED_MAX and diff.mean() <= RESAMPLED_MEAN, (diff.max(), diff.mean())
 
 
 def full_resize_then_crop(data: bytes, spec: ImageSpec) -> np.ndarray:
-    """The plain way: the whole resize (preprocess._resize, no stop), upright, then _crop_into."""
-    d = preprocess._open(data, spec, preprocess.MAX_PIXELS)
-    (h, w) = d.array.shape[:2]
-    if (h, w) == d.size and d.box == (h, w):
-        resized = d.array
+    """The plain way, from Pillow's decode at the draft scale load_images takes (the same pixels as its
+    simplejpeg decode: test_simplejpeg_decodes_as_pillow): the whole resize, upright, then the crop."""
+    with Image.open(io.BytesIO(data)) as im:
+        (w, h), orientation = im.size, im.getexif().get(ExifTags.Base.Orientation, 1)
+        orientation = orientation if orientation in pixels.UPRIGHT else 1
+        swap = orientation in (5, 6, 7, 8)
+        out_h, out_w = resize_output_size(spec, w if swap else h, h if swap else w)
+        size = (out_w, out_h) if swap else (out_h, out_w)  # as stored
+        drafted = im.draft("RGB", (preprocess.DRAFT_FACTOR * size[1], preprocess.DRAFT_FACTOR * size[0]))
+        box = (float(drafted[1][3]), float(drafted[1][2])) if drafted else (float(h), float(w))
+        array = np.asarray(pixels.to_rgb(im))
+    if array.shape[:2] == size and box == size:
+        resized = array
     else:
-        resized = preprocess._resize(np.array(d.array[None]), d.box, d.size, spec.resample,
-                                     transposed=d.orientation in (5, 6, 7, 8))[0]
-    upright = preprocess._UPRIGHT_ARRAY[d.orientation](resized) if d.orientation in preprocess._UPRIGHT_ARRAY \
-        else resized
+        resized = pixels.resize(np.array(array[None]), box, size, spec.resample, transposed=swap)[0]
+    upright = pixels.UPRIGHT_ARRAY[orientation](resized) if orientation in pixels.UPRIGHT_ARRAY else resized
     out = np.zeros((spec.height, spec.width, 3), dtype=np.uint8)
-    preprocess._crop_into(upright, spec, out)
+    pixels.crop_into(upright, out, spec.do_center_crop)
     return out
 
 
@@ -457,26 +431,3 @@ def test_resizing_only_the_crop_is_the_full_resize_cropped(name):
     for i, data in enumerate(items):
         if errors[i] is None:
             assert np.array_equal(pixels[i], full_resize_then_crop(data, spec)), i
-
-
-@pytest.mark.parametrize("resample", [Image.Resampling.BILINEAR, Image.Resampling.BICUBIC])
-def test_resize_stop_is_the_first_rows_and_columns(resample):
-    """_resize(stop=) against the whole resize: the same pixels, but for torch's weight precision, which it
-    sets from the largest weight of the outputs it computes: fewer outputs can round a value the other way
-    (here at most 1 level at <0.5% of values; mieb-train's sizes, e.g. 500x375 and 320x240, are identical)."""
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        h, w, out_h, out_w = (int(v) for v in rng.integers(2, 300, 4))
-        box = (h - float(rng.choice([0, 0.25, 0.5])), w - float(rng.choice([0, 0.25, 0.5])))
-        stop = (int(rng.integers(1, out_h + 1)), int(rng.integers(1, out_w + 1)))
-        batch = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
-        for transposed in (False, True):
-            full = preprocess._resize(batch, box, (out_h, out_w), int(resample), transposed)
-            cut = preprocess._resize(batch, box, (out_h, out_w), int(resample), transposed, stop=stop)
-            diff = np.abs(cut[:, :stop[0], :stop[1]].astype(int) - full[:, :stop[0], :stop[1]])
-            assert diff.max() <= 1 and (diff > 0).mean() < 0.005, (h, w, box, out_h, out_w, stop, transposed)
-    for (h, w), size in [((375, 500), (224, 298)), ((240, 320), (224, 298)), ((500, 375), (298, 224))]:
-        batch = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
-        full = preprocess._resize(batch, (h, w), size, int(resample))
-        assert np.array_equal(preprocess._resize(batch, (h, w), size, int(resample), stop=(224, 261)),
-                              full[:, :224, :261])
