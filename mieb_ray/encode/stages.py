@@ -10,9 +10,10 @@ EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's p
 commit_stage  a CPU task: the unit's shard and error rows committed, then its progress record; what comes back
               to the driver is that record's result (path, rows, bytes, sha256, errors), never an embedding
 
-`__error` is "" for a good row (a None would come back from Ray's numpy -> Arrow -> numpy trip as NaN). With
---decode gpu a row's `images` holds a JPEG, or (`__decoded`) the height x width x 3 bytes of its decoded pixels;
-`__device` says whether the device decoded it, which the unit's result counts.
+Beside the table's own columns a unit's block carries the columns below, named with "__" so that no input
+column can take their place. A row's ERROR is "" when good (a None would come back from Ray's numpy -> Arrow ->
+numpy trip as NaN). With --decode gpu a row's `images` holds a JPEG, or (DECODED) the height x width x 3 bytes of
+its decoded pixels; ON_DEVICE says whether the device decoded it, which the unit's result counts.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ from mieb_ray.io import embeddings, parquet, reader
 from mieb_ray.io.reader import TableColumns, Unit
 from mieb_ray.runtime.output import Progress
 
+ERROR = "__error"  # per row: why it is an error row, "" for a good one
+UNIT = "__unit"  # per row: its unit's number in the plan
+DECODED = "__decoded"  # --decode gpu, per row: the read task decoded it (its pixels' bytes), not the device
+ON_DEVICE = "__device"  # --decode gpu, per row: the encoder's device decoded it
+
 
 def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: str,
                spec: dict | None, decode: str = "cpu", blank_texts: bool = False) -> dict:
     """One unit in (its number in `units`), all its rows out as one block: its key and carried columns, its data
-    (pixels or JPEGs for the device: _READERS; texts), `__error` per row and `__unit`. blank_texts: a text of
+    (pixels or JPEGs for the device: _READERS; texts), ERROR per row and UNIT. blank_texts: a text of
     whitespace is encoded as it is (mteb's tasks hold some) rather than an error row."""
     (number,) = batch["unit"]
     unit = units[int(number)]
@@ -58,7 +64,7 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
     if at != n:
         raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "
                           f"{unit.hi:,} it had when the job was planned; was it changed during the run?")
-    return {**out, **data.columns(columns.data), "__error": errors, "__unit": np.full(n, int(number))}
+    return {**out, **data.columns(columns.data), ERROR: errors, UNIT: np.full(n, int(number))}
 
 
 class _Pixels:
@@ -77,7 +83,7 @@ class _Pixels:
 
 class _Jpegs:
     """--decode gpu: the JPEGs the device takes as they are (its encoder decodes them), the rest decoded here;
-    `__decoded` says which."""
+    DECODED says which."""
 
     def __init__(self, n: int, spec: ImageSpec):
         self.spec, self.images, self.decoded = spec, np.empty(n, dtype=object), np.zeros(n, dtype=bool)
@@ -95,7 +101,7 @@ class _Jpegs:
         return errors
 
     def columns(self, data_column: str) -> dict:
-        return {"images": self.images, "__decoded": self.decoded}
+        return {"images": self.images, DECODED: self.decoded}
 
 
 class _Texts:
@@ -159,7 +165,7 @@ class EncodeStage:
     def __call__(self, batch: dict) -> dict:
         if self.modality == "text":
             texts = batch.pop(self.data_column)
-            good = np.flatnonzero(batch["__error"] == "")
+            good = np.flatnonzero(batch[ERROR] == "")
             out = np.zeros((len(texts), self.encoder.info.dim), dtype=np.float32)
             for lo in range(0, len(good), self.batch_size):
                 rows = good[lo:lo + self.batch_size]
@@ -170,7 +176,7 @@ class EncodeStage:
 
         device = self.encoder.device
         pixels = self._pixels(batch)
-        good = torch.from_numpy(np.flatnonzero(batch["__error"] == "")).to(device)
+        good = torch.from_numpy(np.flatnonzero(batch[ERROR] == "")).to(device)
         out = torch.zeros((len(pixels), self.encoder.info.dim), dtype=torch.float32, device=device)
         for lo in range(0, len(good), self.batch_size):
             rows = good[lo:lo + self.batch_size]
@@ -184,13 +190,13 @@ class EncodeStage:
 
     def _pixels(self, batch: dict):
         """The unit's uint8 (n, height, width, 3) on the encoder's device; with a decoder, its JPEGs decoded
-        there and `__device` (per row: decoded on the device) added to the batch."""
+        there and ON_DEVICE (per row: decoded on the device) added to the batch."""
         import torch
 
         if self.decoder is None:
             return self._to_device(_tensor(batch.pop("pixels")))
-        images, decoded = batch.pop("images"), batch.pop("__decoded")
-        errors = batch["__error"] = np.array(batch["__error"], dtype=object)  # ours to change
+        images, decoded = batch.pop("images"), batch.pop(DECODED)
+        errors = batch[ERROR] = np.array(batch[ERROR], dtype=object)  # ours to change
         spec, device = self.spec, self.encoder.device
         pixels = torch.zeros((len(images), spec.height, spec.width, 3), dtype=torch.uint8, device=device)
         on_device = np.zeros(len(images), dtype=bool)
@@ -205,7 +211,7 @@ class EncodeStage:
             pixels[torch.from_numpy(todo).to(device)] = got.pixels
             errors[todo] = [e or "" for e in got.errors]
             on_device[todo] = got.on_device
-        batch["__device"] = on_device
+        batch[ON_DEVICE] = on_device
         return pixels
 
     def _to_device(self, host):
@@ -228,15 +234,15 @@ def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: Tabl
                  progress: Progress) -> dict:
     """Commit the shard of each unit in the block, then its progress record; return the records' results."""
     results = []
-    for number in np.unique(batch["__unit"]):
-        unit, mine = units[int(number)], batch["__unit"] == number
+    for number in np.unique(batch[UNIT]):
+        unit, mine = units[int(number)], batch[UNIT] == number
         if mine.sum() != unit.hi - unit.lo:  # a unit travels as one block: anything else would lose rows
             raise RuntimeError(f"unit {unit.name} arrived with {int(mine.sum())} of its {unit.hi - unit.lo} rows")
         rows = {k: v[mine] for k, v in batch.items()}
-        result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry)
-        if "__device" in rows:  # --decode gpu: where the unit's good images were decoded
-            on_device = int((rows["__device"] & (rows["__error"] == "")).sum())
+        result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry, rows[ERROR])
+        if ON_DEVICE in rows:  # --decode gpu: where the unit's good images were decoded
+            on_device = int((rows[ON_DEVICE] & (rows[ERROR] == "")).sum())
             result["decoded"] = {"device": on_device, "cpu": result["rows"] - on_device}
         progress.record(unit.name, unit.identity, result)
         results.append(result)
-    return {"unit": np.unique(batch["__unit"]), "result": np.array([json.dumps(r) for r in results], dtype=object)}
+    return {"unit": np.unique(batch[UNIT]), "result": np.array([json.dumps(r) for r in results], dtype=object)}

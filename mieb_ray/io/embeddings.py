@@ -36,19 +36,21 @@ def write_ipc(local: str, table: pa.Table) -> None:
         writer.write_table(table, max_chunksize=max(table.num_rows, 1))
 
 
-def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, carry: tuple[str, ...]) -> dict:
+def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, carry: tuple[str, ...],
+                 errors: np.ndarray | None = None) -> dict:
     """Commit one unit's shard `OUT/<name>` (its good rows) and, when some rows failed, `OUT/_errors/<name>`
-    (key, error) first. `rows`: numpy columns `key`, `embedding`, `__error` ("" when good) and the carried
-    ones ({} for an empty input file). Returns the manifest entry: path, rows, bytes, sha256, errors, error_file."""
+    (key, error) first. `rows`: numpy columns `key`, `embedding` and the carried ones ({} for an empty input
+    file); `errors`: per row, why it failed ("" when good; None: none failed). Returns the manifest entry: path,
+    rows, bytes, sha256, errors, error_file."""
+    dim = schema_.field("embedding").type.list_size
     if not rows:  # an empty input file: an empty shard
         empty = np.zeros(0, dtype=object)
-        rows = {key: empty, "__error": empty, "embedding": np.zeros((0, schema_.field("embedding").type.list_size)),
-                **{c: empty for c in carry}}
-    bad = rows["__error"] != ""
+        rows = {key: empty, "embedding": np.zeros((0, dim)), **{c: empty for c in carry}}
+    bad = np.zeros(len(rows[key]), dtype=bool) if errors is None else errors != ""
     result = {"path": name, "rows": int((~bad).sum()), "errors": int(bad.sum()), "error_file": None}
     if bad.any():
         result["error_file"] = f"_errors/{name}"
-        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in rows["__error"][bad]]},
+        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in errors[bad]]},
                          schema=EMBEDDING_ERROR_SCHEMA)
         storage.commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
     table = shard_table(schema_, [str(k) for k in rows[key][~bad]], rows["embedding"][~bad],

@@ -380,7 +380,7 @@ def test_embed_job_decoding_on_the_encoders_device(ray_local, tiny_clip, tmp_pat
 def test_read_tasks_decode_what_the_device_will_not_and_ship_the_rest_as_bytes(tmp_path):
     """--decode gpu's read stage: the JPEGs route() takes travel as their bytes, untouched; everything else (PNG,
     CMYK, progressive, bad images) is decoded there as --decode cpu would, its pixels in the row's bytes."""
-    from mieb_ray.encode.stages import read_stage
+    from mieb_ray.encode.stages import DECODED, ERROR, read_stage
     from mieb_ray.io import reader
 
     keys = mixed_table(tmp_path / "t.parquet")
@@ -392,7 +392,7 @@ def test_read_tasks_decode_what_the_device_will_not_and_ship_the_rest_as_bytes(t
     columns = reader.TableColumns("key", "image", ())
     out = read_stage({"unit": np.array([0])}, units, columns, "image", SPEC.to_dict(), decode="gpu")
     assert list(out["key"]) == keys
-    for key, image, ready, error in zip(keys, out["images"], out["__decoded"], out["__error"]):
+    for key, image, ready, error in zip(keys, out["images"], out[DECODED], out[ERROR]):
         if route(data[key], SPEC) is not None:
             assert not ready and image == data[key] and error == "", key
             continue
@@ -401,7 +401,7 @@ def test_read_tasks_decode_what_the_device_will_not_and_ship_the_rest_as_bytes(t
         assert error == (reasons[0] or ""), key
         if not error:
             assert image == pixels[0].tobytes(), key
-    assert sorted(k for k, d in zip(keys, out["__decoded"]) if not d) == ["grey", "jpeg", "large", "rotated"]
+    assert sorted(k for k, d in zip(keys, out[DECODED]) if not d) == ["grey", "jpeg", "large", "rotated"]
 
 
 def test_embed_in_process_decoding_on_the_device_counts_each_path(tiny_clip, tmp_path, torchvision_standin, capsys):
@@ -502,7 +502,7 @@ def test_a_unit_goes_to_the_device_once_and_comes_back_once(tiny_clip, monkeypat
         return out
 
     monkeypatch.setattr(Encoder, "image_features", features)
-    out = stage({"pixels": pixels, "__error": np.array([""] * 5, dtype=object)})
+    out = stage({"pixels": pixels, stages.ERROR: np.array([""] * 5, dtype=object)})
     assert built == [1] and moved == [5] and [len(b) for b in back] == [2, 2, 1]
     want = np.concatenate([stage.encoder.encode_pixel_values(normalize(torch.from_numpy(pixels[i:i + 2]), spec))
                            for i in range(0, 5, 2)])
