@@ -19,6 +19,7 @@ metadata only: listings, the card, Parquet footers, the first header of each tar
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -75,21 +76,26 @@ class Unit:
         return next((p.uri for p in reversed(self.pieces) if p.first <= index), self.pieces[0].uri)
 
 
+class Kind(enum.Enum):
+    """How a tar member becomes a column's value (Parquet columns come as they are, image columns as HF Image
+    structs)."""
+
+    IMAGE = "image"  # an HF Image struct {bytes, path}, the bytes untouched (any image member when none is named)
+    LABEL = "label"  # an integer; a member of class names (SciMMIR's `class`) stays text; `cls` anything else: null
+    TEXT = "text"  # UTF-8 text, bad bytes replaced
+    RAW = "raw"  # the member's bytes as they are (the text to encode: a row not UTF-8 is the caller's error)
+    VALUE = "value"  # text, `cls` an integer or null, or the .json field's value
+    KEY = "key"  # the sample's key
+
+
 @dataclass(frozen=True)
 class Column:
     """A column of the tables read() yields: `field` in a Parquet file; in a tar, the first of `members` (default:
-    the field) the sample holds, else its .json member's `field`. kind: how a tar member becomes a value (Parquet
-    columns come as they are, image columns as HF Image structs):
-      image  an HF Image struct {bytes, path}, the bytes untouched (any image member when none is named)
-      label  an integer; a member of class names (SciMMIR's `class`) stays text; `cls` anything else is null
-      text   UTF-8 text, bad bytes replaced
-      raw    the member's bytes as they are (the text to encode: a row that is not UTF-8 is the caller's error)
-      value  text, `cls` an integer or null, or the .json field's value
-      key    the sample's key"""
+    the field) the sample holds, else its .json member's `field`; `kind` says how its value is made (Kind)."""
 
     name: str
     field: str
-    kind: str = "value"
+    kind: Kind = Kind.VALUE
     members: tuple[str, ...] = ()
 
     @property
@@ -101,11 +107,11 @@ def source_columns(source: Source) -> dict[str, Column]:
     """A source split's columns by name, image, label [, caption], wherever its layout keeps them, in order of
     preference: the catalog's members (its image extension, `cls`), then those of a Parquet source written as
     tars (its column names), then any image extension."""
-    columns = {"image": Column("image", source.image_column, "image",
+    columns = {"image": Column("image", source.image_column, Kind.IMAGE,
                                tuple(dict.fromkeys((source.image_ext, source.image_column, *IMAGE_EXTENSIONS)))),
-               "label": Column("label", source.label_column, "label", ("cls", source.label_column))}
+               "label": Column("label", source.label_column, Kind.LABEL, ("cls", source.label_column))}
     if source.caption_column:
-        columns["caption"] = Column("caption", source.caption_column, "text", ("txt", "text", source.caption_column))
+        columns["caption"] = Column("caption", source.caption_column, Kind.TEXT, ("txt", "text", source.caption_column))
     return columns
 
 
@@ -120,10 +126,10 @@ class TableColumns:
     def read_as(self, modality: str) -> list[Column]:
         """The Columns read() takes (in tars: the key is the sample's, an image any image member, text .txt)."""
         extra = {"image": IMAGE_EXTENSIONS, "text": ("txt",)}
-        return [Column(self.key, self.key, "key"),
-                Column(self.data, self.data, "image" if modality == "image" else "raw",
+        return [Column(self.key, self.key, Kind.KEY),
+                Column(self.data, self.data, Kind.IMAGE if modality == "image" else Kind.RAW,
                        (self.data, *extra.get(self.data, ()))),
-                *(Column(c, c, "value", (c, *extra.get(c, ())) if c == "text" else ()) for c in self.carry)]
+                *(Column(c, c, Kind.VALUE, (c, *extra.get(c, ())) if c == "text" else ()) for c in self.carry)]
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -341,16 +347,17 @@ def check_columns(fmt: str, first: InputFile, columns: list[Column]) -> pa.Schem
         if missing:
             raise FormatError(f"{storage.display(first.uri)} has no column {', '.join(missing)} "
                               f"(columns: {', '.join(schema.names)})")
-        return pa.schema([schema.field(c.field).with_name(c.name) for c in columns if c.kind == "value"])
+        return pa.schema([schema.field(c.field).with_name(c.name) for c in columns if c.kind is Kind.VALUE])
     key, sample = next(tar.tar_samples(first.uri), (None, None))
     if sample is None:
         raise FormatError(f"{storage.display(first.uri)} holds no samples")
     meta = _meta(sample, key, first.uri)
-    missing = [c.field for c in columns if c.kind != "key" and _member(sample, c) is None and c.field not in meta]
+    missing = [c.field for c in columns
+               if c.kind is not Kind.KEY and _member(sample, c) is None and c.field not in meta]
     if missing:
         raise FormatError(f"{storage.display(first.uri)} has no member or json field for {', '.join(missing)} "
                           f"(members: {', '.join(sample)})")
-    values = [c for c in columns if c.kind == "value"]
+    values = [c for c in columns if c.kind is Kind.VALUE]
     row = {c.name: _value(c, sample, meta, key) for c in values}
     return pa.schema([(c.name, pa.array([row[c.name]]).type if row[c.name] is not None else pa.string())
                       for c in values])
@@ -375,7 +382,7 @@ def _parquet(unit: Unit, piece: Piece, columns: list[Column]):
         data = {"index": pa.array(np.arange(first, first + table.num_rows), pa.int64())}
         for c in columns:
             col = table[c.field]
-            data[c.name] = parquet.image_struct(col) if c.kind == "image" else col
+            data[c.name] = parquet.image_struct(col) if c.kind is Kind.IMAGE else col
         yield pa.table(data)
 
 
@@ -386,7 +393,7 @@ def _tar(unit: Unit, piece: Piece, columns: list[Column]):
     counted its rows)."""
     lo, hi = unit.lo, unit.hi
     member = {c.name: None for c in columns}
-    parsed: dict[str, dict] = {c.name: {} for c in columns if c.kind == "label"}
+    parsed: dict[str, dict] = {c.name: {} for c in columns if c.kind is Kind.LABEL}
     index, values, size, read = [], {c.name: [] for c in columns}, 0, 0
     for key, sample in tar.tar_samples(piece.uri, piece.offset):
         at, read = piece.first + read, read + 1
@@ -401,17 +408,17 @@ def _tar(unit: Unit, piece: Piece, columns: list[Column]):
             break
         meta = None
         for c in columns:
-            if c.kind == "key":
+            if c.kind is Kind.KEY:
                 values[c.name].append(key)
                 continue
             if member[c.name] not in sample:
                 member[c.name] = _member(sample, c)
             name = member[c.name]
             raw = sample.get(name) if name is not None else None
-            if c.kind == "image":
+            if c.kind is Kind.IMAGE:
                 values[c.name].append((raw, f"{key}.{name}" if raw is not None else None))
                 size += len(raw) if raw is not None else 0
-            elif c.kind == "label":
+            elif c.kind is Kind.LABEL:
                 known = parsed[c.name]
                 value = None if raw is None else known.get(raw, _MISSING)
                 if value is _MISSING:
@@ -421,10 +428,10 @@ def _tar(unit: Unit, piece: Piece, columns: list[Column]):
                         known[raw] = value
                 values[c.name].append(value)
             elif raw is not None:
-                values[c.name].append(bytes(raw) if c.kind == "raw" else _decoded(name, raw))
+                values[c.name].append(bytes(raw) if c.kind is Kind.RAW else _decoded(name, raw))
             else:
                 meta = _meta(sample, key, piece.uri) if meta is None else meta
-                values[c.name].append(meta.get(c.field) if c.kind != "image" else None)
+                values[c.name].append(meta.get(c.field) if c.kind is not Kind.IMAGE else None)
         index.append(at)
         if len(index) >= CHUNK_ROWS or size >= CHUNK_BYTES:
             yield _chunk(index, values, columns)
@@ -495,23 +502,29 @@ def _value(column: Column, sample: dict, meta: dict, key: str):
 
 
 def _chunk(index: list[int], values: dict[str, list], columns: list[Column]) -> pa.Table:
-    data = {"index": pa.array(index, pa.int64())}
-    for c in columns:
-        v = values[c.name]
-        if c.kind == "image":
-            data[c.name] = pa.StructArray.from_arrays([_binary([b for b, _ in v]), pa.array([p for _, p in v],
-                                                                                            pa.string())],
-                                                      fields=list(IMAGE_TYPE))
-        elif c.kind == "raw":
-            data[c.name] = _binary(v) if all(x is None or isinstance(x, (bytes, memoryview)) for x in v) \
-                else pa.array(v)
-        elif c.kind == "label":
-            # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
-            data[c.name] = (pa.array([None if x is None else str(x) for x in v], pa.string())
-                            if any(isinstance(x, str) for x in v) else pa.array(v, pa.int64()))
-        else:
-            data[c.name] = pa.array(v, pa.string()) if c.kind in ("text", "key") else pa.array(v)
-    return pa.table(data)
+    return pa.table({"index": pa.array(index, pa.int64()), **{c.name: _ARROW[c.kind](values[c.name]) for c in columns}})
+
+
+def _image_array(v: list) -> pa.Array:
+    return pa.StructArray.from_arrays([_binary([b for b, _ in v]), pa.array([p for _, p in v], pa.string())],
+                                      fields=list(IMAGE_TYPE))
+
+
+def _label_array(v: list) -> pa.Array:
+    # integers as int64; a label member of class names (SciMMIR's `class`) stays text, looked up by name
+    if any(isinstance(x, str) for x in v):
+        return pa.array([None if x is None else str(x) for x in v], pa.string())
+    return pa.array(v, pa.int64())
+
+
+def _raw_array(v: list) -> pa.Array:
+    return _binary(v) if all(x is None or isinstance(x, (bytes, memoryview)) for x in v) else pa.array(v)
+
+
+# a chunk's column of each Kind from its values
+_ARROW = {Kind.IMAGE: _image_array, Kind.LABEL: _label_array, Kind.RAW: _raw_array,
+          Kind.TEXT: lambda v: pa.array(v, pa.string()), Kind.KEY: lambda v: pa.array(v, pa.string()),
+          Kind.VALUE: pa.array}
 
 
 def _binary(values: list) -> pa.Array:
