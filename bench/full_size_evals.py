@@ -91,9 +91,9 @@ def _eval(work: Path, stage: str, argv: list[str]) -> dict:
     out, phases, ray_up = work / stage / "out", {}, cluster.ray_up
     shutil.rmtree(out, ignore_errors=True)
 
-    def timed_ray_up() -> None:
+    def timed_ray_up(ctx=None) -> None:
         t0 = time.time()
-        ray_up()
+        ray_up(ctx)
         phases.setdefault("ray start", [t0, time.time(), 0])
     cluster.ray_up = timed_ray_up
     try:

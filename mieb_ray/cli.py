@@ -36,6 +36,11 @@ BUILD_FLAGS = ("sources", "out", "datasets", "fmt", "split", "rows_per_shard", "
                "overwrite", "resume", "check_counts", "max_error_rate", "workers", "cpus_per_worker", "executor")
 
 
+def run_context(args: argparse.Namespace) -> cluster.RunContext:
+    """The command's Ray (--address, --verbose), handed to its job: one per command, no module state."""
+    return cluster.RunContext(args.address, args.verbose)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # `ray job stop` and `kill` send SIGTERM: unwind as for Ctrl-C, staged files removed
 
@@ -44,8 +49,7 @@ def run_build(args: argparse.Namespace) -> None:
     config = BuildConfig(**flags.values(args, BuildConfig))
     config.check()
     select(args.datasets)  # an unknown name fails here, before Ray starts
-    cluster.configure(args.address)
-    build(config)
+    build(config, ctx=run_context(args))
 
 
 def add_check_flags(p: argparse.ArgumentParser) -> None:
@@ -69,8 +73,7 @@ EMBED_FLAGS = ("input", "out", "model", "revision", "modality", "image_column", 
 
 def run_embed(args: argparse.Namespace) -> None:
     config = EmbedConfig(**flags.values(args, EmbedConfig))
-    cluster.configure(args.address)  # no Ray yet: embed checks the config first, then picks where it runs
-    embed(config)
+    embed(config, ctx=run_context(args))  # no Ray yet: embed checks the config first, then picks where it runs
 
 
 def add_eval_flags(p: argparse.ArgumentParser, within: tuple[registry.Suite, ...]) -> None:
@@ -97,9 +100,8 @@ def run_eval(args: argparse.Namespace) -> None:
     selected = registry.select(getattr(args, "tasks", None), args.within)  # unknown names fail before Ray starts
     options = registry.Options(args.sources, args.exclude,
                                {s.name: getattr(args, s.name) for suite in args.within for s in suite.settings})
-    cluster.configure(args.address)
     settings = flags.values(args, EvalConfig)
-    evaluate(selected, options, settings.pop("out"), **settings)
+    evaluate(selected, options, settings.pop("out"), ctx=run_context(args), **settings)
 
 
 AUDIT_FLAGS = ("train", "against", "sources", "out", "model", "revision", "train_embeddings", "against_embeddings",
@@ -110,8 +112,7 @@ AUDIT_FLAGS = ("train", "against", "sources", "out", "model", "revision", "train
 def run_audit(args: argparse.Namespace) -> None:
     config = AuditConfig(**flags.values(args, AuditConfig))
     config.check()  # before Ray starts
-    cluster.configure(args.address)
-    audit(config)
+    audit(config, ctx=run_context(args))
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -119,8 +120,7 @@ def run_demo(args: argparse.Namespace) -> None:
         demo,  # here: its data (demo_data/) imports transformers and datasets (seconds)
     )
 
-    cluster.configure(args.address)
-    demo(args.out, overwrite=args.overwrite)
+    demo(args.out, overwrite=args.overwrite, ctx=run_context(args))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -179,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "resume", False) and getattr(args, "overwrite", False):
         command.exit(2, "mieb-ray: error: --resume and --overwrite exclude each other: --resume continues what is "
                         "there, --overwrite replaces it\n")
-    cluster.set_verbose(args.verbose)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with nullcontext() if args.verbose else quiet.quiet(), cluster.own_ray(), \

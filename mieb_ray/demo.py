@@ -15,15 +15,18 @@ from mieb_ray.evals.job import evaluate
 from mieb_ray.evals.zeroshot_tasks import select_tasks
 from mieb_ray.pipelines.build import BuildConfig, build
 from mieb_ray.pipelines.embed import EmbedConfig, embed
+from mieb_ray.runtime.cluster import RunContext
 
 ZEROSHOT_TASK, ZEROSHOT_ROWS = "CIFAR10ZeroShot", 100  # one zero-shot task, on 100 test images of the mirror
 TASKS = f"BioVITAT2IReranking,{ZEROSHOT_TASK}"
 OUTPUTS = ("mirror", "mieb-train", "tiny-clip", "embeddings-image", "embeddings-text", "eval")
 
 
-def demo(out: str, rows: int = 40, overwrite: bool = False, log=print) -> dict:
+def demo(out: str, rows: int = 40, overwrite: bool = False, log=print, ctx: RunContext | None = None) -> dict:
     """Every output under `out`; what an earlier run (or anything else) left there is replaced only with
-    `overwrite`."""
+    `overwrite`. ctx: the command's Ray, one for all three jobs: the one-node Ray the build started (if any) does
+    not hold embed and eval on Ray (runtime/placement.py)."""
+    ctx = ctx or RunContext()
     out = os.path.abspath(out)
     there = [name for name in OUTPUTS if os.path.exists(os.path.join(out, name))]
     if there and not overwrite:
@@ -35,16 +38,16 @@ def demo(out: str, rows: int = 40, overwrite: bool = False, log=print) -> dict:
     make_biovita_mirror(mirror)
     log(f"[demo] fixture mirror of the {len(written)} sources ({sum(written.values()):,} rows) and of a BioVITA-shaped "
         f"benchmark, in the hub's layout, from real pictures, in {time.time() - t0:.1f}s: {mirror}")
-    built = build(BuildConfig(mirror, train, rows_per_shard=rows // 2, overwrite=True), log=log)
+    built = build(BuildConfig(mirror, train, rows_per_shard=rows // 2, overwrite=True), log=log, ctx=ctx)
     make_tiny_clip(model)
     log(f"[demo] a tiny random CLIP saved with save_pretrained: {model}")
     outputs = {"mieb-train": built}
     for modality in ("image", "text"):
         target = os.path.join(out, f"embeddings-{modality}")
         outputs[target] = embed(EmbedConfig(train, target, model, modality=modality, carry_columns=("dataset_name",),
-                                            overwrite=True), log=log)
+                                            overwrite=True), log=log, ctx=ctx)
     outputs[evaluated] = results = evaluate(registry.select(TASKS), registry.Options(mirror), evaluated,
-                                            model=model, overwrite=True, log=log)
+                                            model=model, overwrite=True, log=log, ctx=ctx)
     dropped = {slug: n for slug, n in built["counts"]["dropped"].items() if n}
     log("[demo] outputs:")
     log(f"  {mirror}: the fixture mirror, {sum(written.values()):,} train rows of the {len(written)} sources and a "

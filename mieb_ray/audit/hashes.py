@@ -19,6 +19,7 @@ from mieb_ray.audit import matches
 from mieb_ray.audit.plan import BY_SLUG, HashUnit, Plan, eval_tasks
 from mieb_ray.io import parquet, reader
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.output import Progress
 from mieb_ray.runtime.units import Stage
@@ -43,12 +44,13 @@ class HashFiles:
         return {r["path"] for records in self.records.values() for r in records}
 
 
-def hash_all(out: str, plan: Plan, job: Job, done: dict, mode: str) -> HashFiles:
-    """Hash the units not `done` (name -> record of an earlier run); every unit's record, by side."""
+def hash_all(out: str, plan: Plan, job: Job, done: dict, mode: str, ctx: RunContext | None = None) -> HashFiles:
+    """Hash the units not `done` (name -> record of an earlier run); every unit's record, by side. ctx: the
+    command's Ray."""
     work = list(plan.units)
     todo = [i for i, item in enumerate(work) if item.name not in done]
     stage = Stage(hash_stage, dict(work=work, out=out, partitions=plan.partitions, progress=job.progress))
-    found = done | {r["name"]: r for r in job.run(todo, [stage], mode, total=len(work))}
+    found = done | {r["name"]: r for r in job.run(todo, [stage], mode, total=len(work), ctx=ctx)}
     return HashFiles(out, plan.partitions, {side: [found[item.name] for item in plan.of(side)]
                                             for side in ("train", "against")})
 

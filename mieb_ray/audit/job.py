@@ -38,6 +38,7 @@ from mieb_ray.audit.hashes import HashFiles
 from mieb_ray.audit.near import NEAR_K, near_pairs
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.job import Job
 
 # what the CLI, the tests and bench/ import from the job
@@ -46,9 +47,10 @@ __all__ = ["DEFAULT_THRESHOLD", "NEAR_K", "AuditConfig", "audit", "near_pairs"]
 LOCAL_BYTES = 256 << 20  # at most this many bytes of tables audit in this process under --executor auto
 
 
-def audit(config: AuditConfig, log=print) -> dict:
-    """Run the audit on Ray or in this process; return the manifest."""
+def audit(config: AuditConfig, log=print, ctx: RunContext | None = None) -> dict:
+    """Run the audit on Ray or in this process; return the manifest. ctx: the command's Ray (None: RunContext())."""
     config.check()
+    ctx = ctx or RunContext()  # one for every stage: the Ray the hashing brought up is the near search's
     if config.train_embeddings:  # before any hashing: embeddings of two models are refused at once
         for note in embeddings.check_inputs({"train": config.train_embeddings, "eval": config.against_embeddings},
                                             config.allow_mixed_models):
@@ -56,25 +58,25 @@ def audit(config: AuditConfig, log=print) -> dict:
     job = Job("audit", config.out, "a complete audit", re.compile(rf"^{hashes.DIR}/"), config.resume,
               config.overwrite, log)
     job.start()
-    train, against = plan.train_side(config), plan.against_side(config, log)
+    train, against = plan.train_side(config), plan.against_side(config, log, ctx)
     size = train.size() + against.size()
     where = placement.choose(config.executor, f"{size / 2 ** 20:,.0f} MiB of tables, more than "
                              f"{LOCAL_BYTES >> 20} MiB" if size > LOCAL_BYTES else None,
-                             f"{size / 2 ** 20:,.1f} MiB of tables")
+                             f"{size / 2 ** 20:,.1f} MiB of tables", ctx)
     log(f"[audit] {where.describe()}")
-    with tasks.using(where.mode):
+    with tasks.using(where.mode, where.ctx):
         work = plan.cut(train, against)
         done = job.earlier({u.name: u.unit.identity for u in work.units}, work.settings())
         log(f"[audit] {work.rows:,} rows: {len(work.of('train'))} train units, {len(work.of('against'))} eval "
             f"units, {work.partitions} join partitions; {len(done)} units already hashed")
-        hashed = hashes.hash_all(config.out, work, job, done, where.mode)
+        hashed = hashes.hash_all(config.out, work, job, done, where.mode, where.ctx)
         if config.alone:
             return _copies(config, job, hashed, where.cpus(), log)
         joined, errors, groups = join.pairs(hashed, log)
         similar, more = pdq.pairs(hashed, where.cpus(), log)
         found, near_info = [joined, similar], {}
         if config.near:
-            close, near_info = near.pairs(config, work, hashed, log)
+            close, near_info = near.pairs(config, work, hashed, log, where.ctx)
             found.append(close)
         findings = outputs.Findings(matches.sort_pairs(pa.concat_tables(found)), groups + more, errors, near_info)
         return outputs.write_pairs(config, job, work, hashed, findings, log)

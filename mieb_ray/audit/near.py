@@ -21,6 +21,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.embed import embed_table
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
 from mieb_ray.topk import engine
 from mieb_ray.topk.kernels import TopRows
@@ -28,16 +29,16 @@ from mieb_ray.topk.kernels import TopRows
 NEAR_K = 10  # nearest train rows kept per eval image
 
 
-def _embeddings(config: AuditConfig, plan: Plan, log) -> tuple[str, list[str]]:
+def _embeddings(config: AuditConfig, plan: Plan, log, ctx: RunContext | None = None) -> tuple[str, list[str]]:
     if config.train_embeddings:
         return config.train_embeddings, [config.against_embeddings]
     # images that do not decode are the audit's error rows already: they must not stop the embedding
     pool = PoolRequest(config.workers, config.gpus_per_worker, config.cpus_per_worker)
     root = storage.join(config.out, "embeddings")
     train_out = embed_table(plan.train.uris[0], "key", storage.join(root, "train"), config.model, config.revision,
-                            "image", log, pool, config.executor, max_error_rate=1.0)
+                            "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
     return train_out, [embed_table(uri, "key", storage.join(root, f"against-{n}"), config.model, config.revision,
-                                   "image", log, pool, config.executor, max_error_rate=1.0)
+                                   "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
                        for n, uri in enumerate(plan.against.uris)]
 
 
@@ -100,9 +101,10 @@ def near_pairs(train_uri: str, against_uris: list[str], threshold: float, k: int
                      "score": rows["score"]}), info
 
 
-def pairs(config: AuditConfig, plan: Plan, hashed: HashFiles, log) -> tuple[pa.Table, dict]:
-    """The near pairs (matches.PAIR_SCHEMA), and what summary.json says of the search."""
-    train_uri, against_uris = _embeddings(config, plan, log)
+def pairs(config: AuditConfig, plan: Plan, hashed: HashFiles, log,
+          ctx: RunContext | None = None) -> tuple[pa.Table, dict]:
+    """The near pairs (matches.PAIR_SCHEMA), and what summary.json says of the search. ctx: the command's Ray."""
+    train_uri, against_uris = _embeddings(config, plan, log, ctx)
     t0 = time.time()
     rows, info = near_pairs(train_uri, against_uris, config.threshold)
     located = tasks.get(locate.remote(hashed.uris("against"), pc.unique(rows["eval_key"]), ["eval_task"]))

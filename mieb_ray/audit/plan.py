@@ -16,6 +16,7 @@ from mieb_ray.evals import registry
 from mieb_ray.io import reader
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.pipelines.embed import table_units
+from mieb_ray.runtime.cluster import RunContext
 
 BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
 UNIT_ROWS = 10_000  # rows one hash task reads
@@ -121,7 +122,7 @@ def train_side(config: AuditConfig) -> Side:
     return Side("train", (config.train,), (None,))
 
 
-def against_side(config: AuditConfig, log) -> Side:
+def against_side(config: AuditConfig, log, ctx: RunContext | None = None) -> Side:
     """No tables for --against self; the tables given, each table's eval task the last component of its path; or the
     MIEB eval splits of the train table's sources and the BioVITA corpus."""
     if config.alone:
@@ -131,7 +132,7 @@ def against_side(config: AuditConfig, log) -> Side:
     train = storage.read_manifest(config.train) or {}  # a mieb-train output: the eval splits of its sources
     settings = train.get("config") if isinstance(train.get("config"), dict) else {}  # another tool's: all of them
     slugs = settings.get("datasets") if formats.MIEB_TRAIN.holds(train) else None
-    uris, task_of, keys = [build_eval_splits(config.sources, config.out, log, slugs)], [BY_SLUG], ["key"]
+    uris, task_of, keys = [build_eval_splits(config.sources, config.out, log, slugs, ctx)], [BY_SLUG], ["key"]
     try:  # and the BioVITA corpus, keyed by photo id
         uris.append(biovita.corpus_files(config.sources, biovita.SUBSETS[0])[0].rsplit("/", 1)[0])
         task_of.append(biovita.TASK)

@@ -27,6 +27,7 @@ from mieb_ray.evals.biovita_report import render
 from mieb_ray.evals.protocol import EmbedInputs
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.topk import engine
 from mieb_ray.topk.groupmax import NEG, rank_of, ranked
 from mieb_ray.topk.kernels import CandidateMax, Candidates
@@ -147,7 +148,7 @@ class BioVITASuite:
     def task_names(self) -> list[str]:
         return [biovita.TASK]
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs:
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs:
         """The corpus photos (keyed by id) and the distinct query texts, written to a table keyed by the text."""
         data = self.sources
         first, *others = biovita.SUBSETS

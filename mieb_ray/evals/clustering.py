@@ -26,6 +26,7 @@ from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.topk import engine
 
 SEED = 42  # mteb's Evaluator seed: MiniBatchKMeans' random_state
@@ -85,9 +86,9 @@ class ClusteringSuite:
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs:
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs:
         """The eval splits built by the build job (reused when complete); no texts."""
-        return EmbedInputs(build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks]), "key", None,
+        return EmbedInputs(build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks], ctx), "key", None,
                            raw=True)
 
     def submit(self, images: str, texts: str | None, log) -> _Pending:

@@ -28,6 +28,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.evals import protocol, registry, results_repo, run_report
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import identity
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import PoolRequest, cpus_option, gpus_option, workers_option
 
@@ -88,10 +89,13 @@ class EvalConfig:
 
 
 def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry.Options, out: str, log=print,
-             scorers: list[protocol.EvalSuite] | None = None, **settings) -> dict[str, dict]:
+             scorers: list[protocol.EvalSuite] | None = None, ctx: RunContext | None = None,
+             **settings) -> dict[str, dict]:
     """Score the chosen tasks from embed outputs (`images`, and `texts` only where a task needs them), or embed
     what they need with `model` first; {task name: its TaskResult}. settings: EvalConfig's. scorers: the suites
-    already made (one per entry of `selected`; default: each Suite's `make`)."""
+    already made (one per entry of `selected`; default: each Suite's `make`). ctx: the command's Ray (None:
+    RunContext())."""
+    ctx = ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
     config = EvalConfig(out, **settings)
     flags.check(config)
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
@@ -107,7 +111,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         where = storage.join(out, suite.name) if several else out
         record = done.get(suite.name)
         if record is None:
-            record = _scored(config, scorer, where, several, log)
+            record = _scored(config, scorer, where, several, log, ctx)
             job.progress.record(suite.name, planned[suite.name], record)
         else:
             log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
@@ -146,13 +150,14 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
         raise UserError(f"{needing[0]} needs --text-embeddings too")
 
 
-def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log) -> dict:
+def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log,
+            ctx: RunContext | None = None) -> dict:
     """One unit: the suite embedded (with --model) and scored into `where`; its progress record's result."""
     inputs = protocol.embed(scorer, where, config.model, config.revision, log, executor=config.executor,
-                            pool=config.pool, exact=not config.fast) if config.model \
+                            pool=config.pool, exact=not config.fast, ctx=ctx) if config.model \
         else (config.images, config.texts if scorer.needs_texts else None)
     scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
-                            executor_name=config.executor)
+                            executor_name=config.executor, ctx=ctx)
     manifest = {**scorer.kind.stamp(), "version": __version__, "files": scored.files,
                 "image_embeddings": storage.display(inputs[0]),
                 "text_embeddings": storage.display(inputs[1]) if inputs[1] else None, **scored.extra,

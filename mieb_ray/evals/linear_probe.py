@@ -34,6 +34,7 @@ from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.sources import by_slug
 from mieb_ray.topk import engine
 
@@ -187,11 +188,12 @@ class LinearProbeSuite:
                 "left_out": {"eval": Flags.left_out(self.flags.eval, eval_keys),
                              "train": Flags.left_out(self.flags.train, train_keys)}}
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs:
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs:
         """Two tables of images to embed: the drawn train rows only, read from the sources (keys `<slug>/<index>`,
         Caltech101's background rows included), and the eval splits built by the build job (reused when
         complete); no texts."""
-        with tasks.using(placement.choose("auto", None).mode):
+        where = placement.choose("auto", None, ctx=ctx)
+        with tasks.using(where.mode, where.ctx):
             planned = self.draw(log)
             digest = hashlib.sha256(json.dumps([[p.task.name, p.union.tolist()] for p in planned]).encode())
             drawn = storage.join(out, "probe-train", digest.hexdigest()[:12])
@@ -200,7 +202,7 @@ class LinearProbeSuite:
                                                                   ".parquet"))
                                  for p in planned for u in p.train])
         log(f"[eval] the {sum(written):,} drawn train rows written to embed: {storage.display(drawn)}")
-        evaluated = build_eval_splits(self.sources, out, log, [p.task.slug for p in planned])
+        evaluated = build_eval_splits(self.sources, out, log, [p.task.slug for p in planned], ctx)
         return EmbedInputs(f"{drawn},{evaluated}", "key", None, raw=True)
 
     def submit(self, images: str, texts: str | None, log) -> _Pending:

@@ -34,6 +34,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.evals import benchmarks
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import identity, placement, tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
 
 HF = "hf"
@@ -310,7 +311,7 @@ class MtebSuite:
         return list(self.names)
 
     def embed(self, out: str, model: str, revision: str | None, log, executor: str = "auto",
-              pool: PoolRequest = PoolRequest(), exact: bool = True) -> tuple[str, str]:
+              pool: PoolRequest = PoolRequest(), exact: bool = True, ctx: RunContext | None = None) -> tuple[str, str]:
         """Collect every task's inputs, embed the ones the cache lacks (raw vectors; exact: as mteb's wrapper
         computes them, else eval --fast's) into new cache outputs; (image outputs, text outputs) of the cache,
         comma-separated. The cache is kept apart for each: OUT/embeddings/mteb/<model>[-fast]/."""
@@ -322,9 +323,9 @@ class MtebSuite:
         info = load_info(path, model, revision)
         folder = storage.join(out, "embeddings", "mteb", identity.digest(model_identity(model, path, info))[:16]
                               + ("" if exact else "-fast"))
-        where = placement.choose(executor, None)
+        where = placement.choose(executor, None, ctx=ctx)
         t0, self.out = time.time(), out
-        with tasks.using(where.mode):
+        with tasks.using(where.mode, where.ctx):
             self.counts = dict(zip(self.names, tasks.get(
                 [collect_task.remote(n, self.sources, out, info.dim) for n in self.names])))
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
@@ -332,10 +333,10 @@ class MtebSuite:
         made = {}
         for kind, modality in ((IMAGES, "image"), (TEXTS, "text")):
             segments = _complete(folder, kind)
-            todo = self._todo(out, kind, segments, where.mode)
+            todo = self._todo(out, kind, segments, where)
             if todo:
                 embed_table(todo, "key", storage.join(folder, f"{kind}-{_name_of(todo)}"), model, revision, modality,
-                            log, pool, executor, raw=True, exact=exact)
+                            log, pool, executor, raw=True, exact=exact, ctx=where.ctx)
                 storage.delete_tree(todo)  # its items are in the cache now
                 segments = _complete(folder, kind)
             else:
@@ -343,7 +344,7 @@ class MtebSuite:
             made[kind] = ",".join(segments)
         return made[IMAGES], made[TEXTS]
 
-    def _todo(self, out: str, kind: str, segments: list[str], mode: str) -> str | None:
+    def _todo(self, out: str, kind: str, segments: list[str], where: placement.Placement) -> str | None:
         """The items of `kind` that no cache output holds, each once, as a folder of tables; None: nothing to do."""
         cached = set()
         for root in segments:
@@ -364,12 +365,12 @@ class MtebSuite:
             return None
         digest = identity.digest({s: r for s, r in picks.items()})[:16]
         target = storage.join(out, "embeddings", "mteb", "_todo", f"{kind}-{digest}")
-        with tasks.using(mode):
+        with tasks.using(where.mode, where.ctx):
             tasks.get([select_task.remote(s, storage.join(target, f"{n:05d}.parquet"), rows)
                        for n, (s, rows) in enumerate(picks.items())])
         return target
 
-    def embed_inputs(self, out: str, log):
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None):
         raise NotImplementedError("the mteb suite embeds through its own cache (embed)")
 
     def submit(self, images: str, texts: str, log):

@@ -26,6 +26,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.embed import embed_table
 from mieb_ray.runtime import placement, tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
 from mieb_ray.topk import engine
 
@@ -51,7 +52,7 @@ class EvalSuite(Protocol):
 
     def task_names(self) -> list[str]: ...
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs: ...
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs: ...
 
     def submit(self, images: str, texts: str, log) -> Any: ...
 
@@ -128,29 +129,31 @@ def embedding_bytes(*uris: str | None) -> int:
     return sum(sum(storage.file_sizes(s)) for s in shards if s)
 
 
-def placement_of(requested: str, images: str, texts: str | None) -> placement.Placement:
+def placement_of(requested: str, images: str, texts: str | None,
+                 ctx: RunContext | None = None) -> placement.Placement:
     """Where scoring runs (runtime/placement.py): under auto, in this process for at most one engine partition
     of embeddings when no cluster was asked for."""
     size = embedding_bytes(images, texts)
     needs_ray = f"more than {engine.PARTITION_BYTES >> 20} MiB" if size > engine.PARTITION_BYTES else None
-    return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings")
+    return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings", ctx)
 
 
 def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, executor: str = "auto",
-          pool: PoolRequest = PoolRequest(), exact: bool = True) -> tuple[str, str | None]:
+          pool: PoolRequest = PoolRequest(), exact: bool = True,
+          ctx: RunContext | None = None) -> tuple[str, str | None]:
     """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
     of the same identity are reused, any others replaced). exact: as mteb's wrappers compute them (embed --exact);
-    False: the embed job's default (eval --fast: bf16 on a GPU, --decode auto)."""
+    False: the embed job's default (eval --fast: bf16 on a GPU, --decode auto). ctx: the command's Ray."""
     if hasattr(suite, "embed"):  # a suite that embeds into its own cache instead (evals/mteb_suite.py)
-        return suite.embed(out, model, revision, log, executor, pool, exact=exact)
-    inputs = suite.embed_inputs(out, log)
+        return suite.embed(out, model, revision, log, executor, pool, exact=exact, ctx=ctx)
+    inputs = suite.embed_inputs(out, log, ctx)
     root = storage.join(out, "embeddings")
     tables = embeddings.roots(inputs.images)
     images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
-                          revision, "image", log, pool, executor, raw=inputs.raw, exact=exact)
+                          revision, "image", log, pool, executor, raw=inputs.raw, exact=exact, ctx=ctx)
               for n, table in enumerate(tables)]
     texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, pool,
-                        executor, exact=exact) if inputs.texts else None
+                        executor, exact=exact, ctx=ctx) if inputs.texts else None
     return ",".join(images), texts
 
 
@@ -229,11 +232,11 @@ class Scored:
 
 
 def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
-          allow_mixed_models: bool = False, executor_name: str = "auto") -> Scored:
+          allow_mixed_models: bool = False, executor_name: str = "auto", ctx: RunContext | None = None) -> Scored:
     """Score the suite from embedding outputs; write OUT/<task>.json per task and the suite's files (the eval job,
     evals/job.py, makes them an output). Image and text embeddings given the wrong way round are refused
     (check_sides), and of different models unless allow_mixed_models. executor_name: "ray", "local" (the same
-    tasks inline in this process, Ray never started) or "auto" (placement_of)."""
+    tasks inline in this process, Ray never started) or "auto" (placement_of). ctx: the command's Ray."""
     t0 = time.time()
     outputs = {f"image ({n})" if n else "image": root for n, root in enumerate(embeddings.roots(images))}
     text_roots = embeddings.roots(texts) if texts else []
@@ -243,13 +246,13 @@ def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
     outputs |= {f"text ({n})" if n else "text": root for n, root in enumerate(text_roots)}
     for note in embeddings.check_inputs(outputs, allow_mixed_models):
         log(f"[eval] warning: {note}")
-    where = placement_of(executor_name, images, texts)
+    where = placement_of(executor_name, images, texts, ctx)
     log(f"[eval] {where.describe()}")
     made = made_by(images, texts)
     if made["mode"] != "exact":
         log(f"[eval] embeddings made {made['mode']} (precision {made['precision']}, decode {made['decode']}): "
             "not mteb's computation")
-    with tasks.using(where.mode):
+    with tasks.using(where.mode, where.ctx):
         pending = suite.submit(images, texts, log)
         results = suite.collect(pending, log)
         files, written = [], {}

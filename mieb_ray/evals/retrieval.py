@@ -37,6 +37,7 @@ from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.topk import engine
 
 TOP_K = max(metrics.K_VALUES)  # mteb's search keeps each query's top 1,000
@@ -199,9 +200,9 @@ class RetrievalSuite:
         """The captions as the task reads them: documents stripped (I2T), queries as they are (T2I)."""
         return [c.strip() for c in self.captions()] if task.queries == "image" else self.captions()
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs:
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs:
         """The test split built by the build job (reused when complete); its distinct captions, keyed by the text."""
-        data = build_eval_splits(self.sources, out, log, sorted({t.slug for t in self.tasks}))
+        data = build_eval_splits(self.sources, out, log, sorted({t.slug for t in self.tasks}), ctx)
         texts = list(dict.fromkeys(c for t in self.tasks for c in self.texts(t)))
         return EmbedInputs(data, "key", text_table(out, "captions", texts))
 

@@ -40,6 +40,7 @@ from mieb_ray.io.contamination import Flags
 from mieb_ray.mieb_train import label_ids
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.runtime import tasks
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.sources import by_slug
 from mieb_ray.topk import engine
 
@@ -183,10 +184,10 @@ class ZeroShotSuite:
 
     # -- what to embed
 
-    def embed_inputs(self, out: str, log) -> EmbedInputs:
+    def embed_inputs(self, out: str, log, ctx: RunContext | None = None) -> EmbedInputs:
         """The eval splits built into OUT/eval-data/<id> by the build job (reused when complete), the prompts
         into a table keyed by their text."""
-        data_out = build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks])
+        data_out = build_eval_splits(self.sources, out, log, [t.slug for t in self.tasks], ctx)
         return EmbedInputs(data_out, "key", text_table(out, "prompts", self.prompts()))
 
     # -- how to score blocks

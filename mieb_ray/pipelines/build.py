@@ -37,7 +37,7 @@ from mieb_ray.io import contamination, reader
 from mieb_ray.pipelines import preflight
 from mieb_ray.pipelines.shard_builder import ShardBuilder
 from mieb_ray.runtime import identity, placement
-from mieb_ray.runtime.cluster import read_cluster
+from mieb_ray.runtime.cluster import RunContext, read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import cpu_pool
 from mieb_ray.runtime.units import Stage
@@ -127,8 +127,8 @@ def check_counts(counts: dict[str, int], expected: dict[str, int], total: int = 
         raise UserError(f"the {len(SOURCES)} datasets have {sum(counts.values()):,} rows, expected {total:,}")
 
 
-def build(config: BuildConfig, log=print) -> dict:
-    """Run the build on Ray or in this process; return the manifest."""
+def build(config: BuildConfig, log=print, ctx: RunContext | None = None) -> dict:
+    """Run the build on Ray or in this process; return the manifest. ctx: the command's Ray (None: RunContext())."""
     config.check()
     selected = select(config.datasets)
     hub = hubfs.requests_so_far() if config.sources == reader.HF else None
@@ -166,15 +166,16 @@ def build(config: BuildConfig, log=print) -> dict:
     todo = [i for i, u in enumerate(units) if u.name not in built]
     rows = sum(u.hi - u.lo for u in units)
     where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
-                             else None, f"about {rows:,} rows")
+                             else None, f"about {rows:,} rows", ctx)
     log(f"[build] {where.describe()}")
     stage = Stage(ShardBuilder, dict(units=units, tables=tables, out=config.out, fmt=config.fmt,
                                      progress=job.progress, exclude=_by_dataset(exclude)))
     if where.mode == "ray" and todo:
-        pool = cpu_pool(read_cluster(), config.cpus_per_worker, config.workers, cap=len(todo), what="shard builders")
+        pool = cpu_pool(read_cluster(where.ctx), config.cpus_per_worker, config.workers, cap=len(todo),
+                        what="shard builders")
         log(f"[build] {pool.why}")
         stage = dataclasses.replace(stage, num_cpus=pool.num_cpus, pool=pool)
-    results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units)))
+    results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units), ctx=where.ctx))
     manifest = _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
     if hub is not None:
         log(f"[build] {hubfs.summary(hub)}")
@@ -240,14 +241,15 @@ def _plan(selected, sources: str, rows_per_shard: int, split: str):
     return [u for _, units, _ in planned for u in units], {s.slug: t for s, _, t in planned}
 
 
-def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None) -> str:
+def build_eval_splits(data: str, out: str, log=print, slugs: list[str] | None = None,
+                      ctx: RunContext | None = None) -> str:
     """The eval splits of `slugs` (default: every source) built from `data` into OUT/eval-data/<id>, where
     the evals read them; a complete build there of the same identity is reused (runtime/identity.py: the same
     sources' files, datasets and settings), any other replaced. Returns its URI."""
     slugs = list(slugs or [s.slug for s in select(None)])
     ident = hashlib.sha256(f"{storage.display(data)}|{','.join(slugs)}".encode()).hexdigest()[:12]
     target = storage.join(out, "eval-data", ident)
-    build(BuildConfig(data, target, datasets=tuple(slugs), split="eval", reuse=True), log=log)
+    build(BuildConfig(data, target, datasets=tuple(slugs), split="eval", reuse=True), log=log, ctx=ctx)
     return target
 
 

@@ -35,7 +35,7 @@ from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 from mieb_ray.errors import UserError
 from mieb_ray.io import embeddings, reader, tar
 from mieb_ray.runtime import identity, placement, tasks
-from mieb_ray.runtime.cluster import read_cluster
+from mieb_ray.runtime.cluster import RunContext, read_cluster
 from mieb_ray.runtime.job import Job
 from mieb_ray.runtime.pools import PoolRequest, cpus_option, encoder_pool, gpus_option, workers_option
 from mieb_ray.runtime.units import Stage
@@ -147,16 +147,17 @@ class Plan:
     settings: dict  # what a progress record must match to be reused
 
 
-def embed(config: EmbedConfig, log=print) -> dict:
-    """Run the embed job on Ray or in this process (placement_of); return the manifest."""
+def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict:
+    """Run the embed job on Ray or in this process (placement_of); return the manifest. ctx: the command's Ray
+    (None: RunContext())."""
     config.check()
-    where = placement_of(config)
+    where = placement_of(config, ctx)
     info, path = _model(config)
     job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log,
               identity=_identity(config, info, path), reuse=config.reuse)
     if (reused := job.reusable()) is not None:
         return reused
-    with tasks.using(where.mode):  # the plan's tar indexing too
+    with tasks.using(where.mode, where.ctx):  # the plan's tar indexing too
         plan = _plan(config, where.mode, info, job.identity)
         job.start()
         results = job.earlier({u.name: u.identity for u in plan.units}, plan.settings)
@@ -170,36 +171,38 @@ def embed(config: EmbedConfig, log=print) -> dict:
             results[plan.units[i].name] = embeddings.commit_shard(config.out, plan.units[i].name, plan.schema, {},
                                                                   config.key_column, config.columns.carry)
         todo = [i for i in todo if plan.units[i].hi > plan.units[i].lo]
-        stages, on_rows = (_ray_stages if where.mode == "ray" else _local_stages)(config, plan, job, todo, log)
-        results.update((r["path"], r) for r in job.run(todo, stages, where.mode, on_rows=on_rows))
+        stages, on_rows = _ray_stages(config, plan, job, todo, log, where.ctx) if where.mode == "ray" \
+            else _local_stages(config, plan, job, todo, log)
+        results.update((r["path"], r) for r in job.run(todo, stages, where.mode, on_rows=on_rows, ctx=where.ctx))
     return _manifest(config, plan, [results[n] for n in sorted(results)], job, where.mode, log)
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,
                 pool: PoolRequest = PoolRequest(), executor: str = "auto", max_error_rate: float = 0.01,
-                raw: bool = False, exact: bool = True) -> str:
+                raw: bool = False, exact: bool = True, ctx: RunContext | None = None) -> str:
     """Embed `source`'s images or texts (keyed by its `key` column) into `target`; an output complete there of
     the same identity (model, input, settings: runtime/identity.py) is reused, any other replaced. Returns target.
-    exact: as mteb's model wrappers compute them (the eval's embeddings: --exact)."""
+    exact: as mteb's model wrappers compute them (the eval's embeddings: --exact). ctx: the command's Ray."""
     embed(EmbedConfig(source, target, model, revision=revision, modality=modality, key_column=key, reuse=True,
                       executor=executor, max_error_rate=max_error_rate, raw=raw, exact=exact,
-                      **dataclasses.asdict(pool)), log=log)
+                      **dataclasses.asdict(pool)), log=log, ctx=ctx)
     return target
 
 
-def placement_of(config: EmbedConfig) -> placement.Placement:
+def placement_of(config: EmbedConfig, ctx: RunContext | None = None) -> placement.Placement:
     """Where the job runs (runtime/placement.py): under auto, in this process on a machine alone without a GPU
     when no pool was asked for; a laptop's CPU encoder waits on its model, so Ray's parallel decode buys
     nothing there, while a fresh actor process importing torch and transformers costs seconds."""
+    ctx = ctx or RunContext()  # the same one for keep_ray and the Placement
     needs_ray = None
     if (config.workers or 1) > 1 or (config.gpus_per_worker or 0) > 0 or config.decoding == "gpu":
         needs_ray = "a pool of encoders or GPUs was asked for"
-    elif config.executor == "auto" and not placement.keep_ray():
+    elif config.executor == "auto" and not placement.keep_ray(ctx):
         import torch
 
         if torch.cuda.is_available():
             needs_ray = "this machine has a GPU: CPU tasks decode for it in parallel"
-    return placement.choose(config.executor, needs_ray)
+    return placement.choose(config.executor, needs_ray, ctx=ctx)
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -290,12 +293,12 @@ def _stage_args(config: EmbedConfig, plan: Plan, job: Job, decode: str, threads:
             dict(units=plan.units, out=config.out, schema=plan.schema, columns=columns, progress=job.progress))
 
 
-def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log):
-    """A read task per unit, the encoder actor pool, a commit task per unit."""
+def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log, ctx: RunContext | None = None):
+    """A read task per unit, the encoder actor pool, a commit task per unit; sized to ctx's cluster."""
     if not todo:
         return [], None
     spec = ImageSpec(**plan.spec) if plan.spec else None
-    cluster = read_cluster()
+    cluster = read_cluster(ctx)
     per_gpu = cluster.max_cpus / cluster.max_gpus if cluster.max_gpus else None  # what auto weighs (gpu_decode)
     device_decode = spec is not None and gpu_decode.resolve(config.decoding, 1, spec, per_gpu)[0] == "gpu"
     pool = encoder_pool(cluster, config.gpus_per_worker, config.cpus_per_worker, config.workers,

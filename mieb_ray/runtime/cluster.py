@@ -2,9 +2,9 @@
 that needs no Ray (a wrong path, a complete output, an unknown name) fails in a second rather than after Ray's
 start-up; and what it has now and can grow to.
 
-The command line calls `configure` with the cluster address; the runtime calls `ray_up()` where Ray work
-begins (runtime/units.py, read_cluster). A caller that started Ray itself keeps its Ray. Work placed in this
-process (runtime/placement.py) never calls it.
+The command line makes one RunContext per command (--address, --verbose) and hands it to the job, which passes
+it down to where Ray work begins: `ray_up(ctx)` (runtime/units.py, runtime/tasks.py, read_cluster). A caller
+that started Ray itself keeps its Ray. Work placed in this process (runtime/placement.py) never calls it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import yaml
 
@@ -26,9 +27,20 @@ from mieb_ray.runtime.pools import Cluster, launcher_capacity
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
 
-_address: str | None = None
-_verbose = False  # Ray's own log lines (INFO and WARNING) shown: --verbose
-_started_here = False  # ray_up brought Ray up with no cluster named: this machine's own Ray, for this job
+
+@dataclass
+class RunContext:
+    """What one command says about its Ray, handed to its job explicitly rather than kept in module globals: two
+    jobs in one process (a test, a notebook, demo's stages) each see their own, and a library caller that passes
+    none gets a default RunContext(): RAY_ADDRESS, else a new local Ray, quiet."""
+
+    address: str | None = None  # --address; None: RAY_ADDRESS, else a new local Ray
+    verbose: bool = False  # Ray's own log lines (INFO and WARNING) shown: --verbose
+    started_here: bool = False  # set by ray_up: it brought up a local Ray with no cluster named, for this job
+
+    def ray_log_level(self) -> int:
+        """The level of Ray's Python loggers (ray, ray.data) while a job runs."""
+        return logging.INFO if self.verbose else logging.ERROR
 
 
 # With Ray's default limit on a node's worker processes (num_workers_soft_limit -1), a job whose stages are an
@@ -42,43 +54,21 @@ def worker_soft_limit(cpus: int) -> int:
     return 2 * cpus + 4
 
 
-def configure(address: str | None = None) -> None:
-    """Where `ray_up` connects: `address`, else RAY_ADDRESS (a job submitted to a cluster), else a new local Ray."""
-    global _address
-    _address = address
-
-
-def set_verbose(verbose: bool) -> None:
-    """Ray's own log lines on (--verbose) or off: by default a job prints its own lines and Ray's errors."""
-    global _verbose
-    _verbose = verbose
-
-
-def ray_log_level() -> int:
-    """The level of Ray's Python loggers (ray, ray.data) while a job runs."""
-    return logging.INFO if _verbose else logging.ERROR
-
-
-def address() -> str | None:
-    """The cluster address the command line gave (--address), if any."""
-    return _address
-
-
-def started_here() -> bool:
+def started_here(ctx: RunContext) -> bool:
     """Ray runs in this process because ray_up brought it up with no cluster named (--address, RAY_ADDRESS), on
     one node: a laptop job's own Ray, not a cluster and not a caller's ray.init."""
     ray = sys.modules.get("ray")
-    return _started_here and ray is not None and ray.is_initialized() and \
+    return ctx.started_here and ray is not None and ray.is_initialized() and \
         sum(1 for n in ray.nodes() if n.get("Alive")) == 1
 
 
-def ray_up() -> None:
-    """Join the configured cluster, or start a local Ray, unless Ray is up already."""
-    global _started_here
+def ray_up(ctx: RunContext | None = None) -> None:
+    """Join ctx's cluster, or start a local Ray, unless Ray is up already (ctx None: RunContext())."""
     import ray
 
+    ctx = ctx or RunContext()
     if not ray.is_initialized():
-        address = _address or os.environ.get("RAY_ADDRESS")
+        address = ctx.address or os.environ.get("RAY_ADDRESS")
         _reachable(address)
         handler = signal.getsignal(signal.SIGTERM)
         own = {}  # a new local Ray: room for idle workers, unless the user set Ray's own variable for it
@@ -87,12 +77,12 @@ def ray_up() -> None:
         # HF_TOKEN and the hub settings reach every worker through its environment, never a log
         # the workers' own output (a model's progress bars, Ray's retry notes) only with --verbose: their errors
         # reach the job as exceptions
-        ray.init(address=address, log_to_driver=_verbose, logging_level=ray_log_level(),
+        ray.init(address=address, log_to_driver=ctx.verbose, logging_level=ctx.ray_log_level(),
                  runtime_env=worker_runtime_env(), **own)
-        _started_here = address is None
+        ctx.started_here = address is None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
-    logging.getLogger("ray").setLevel(ray_log_level())
+    logging.getLogger("ray").setLevel(ctx.ray_log_level())
     share_gate()  # a job that read the hub before Ray was up: one bound for all its processes
 
 
@@ -122,11 +112,11 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
         raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
-def read_cluster() -> Cluster:
-    """What the Ray cluster has now and can grow to (joining it, or starting a local Ray, on first use)."""
+def read_cluster(ctx: RunContext | None = None) -> Cluster:
+    """What the Ray cluster has now and can grow to (joining ctx's, or starting a local Ray, on first use)."""
     import ray
 
-    ray_up()
+    ray_up(ctx)
 
     now = ray.cluster_resources()
     cpus, gpus = float(now.get("CPU", 0)), float(now.get("GPU", 0))

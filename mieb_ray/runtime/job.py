@@ -25,6 +25,7 @@ import time
 from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.runtime import identity, output, units
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.output import Progress
 
 TICK_SECONDS = 5.0
@@ -106,12 +107,13 @@ class Job:
                 if u.startswith(root + storage.PROGRESS + "/") or self.ours.match(u[len(root):])]
 
     def run(self, todo: list[int], stages: list[units.Stage], mode: str, total: int | None = None,
-            on_rows=None) -> list[dict]:
+            on_rows=None, ctx: RunContext | None = None) -> list[dict]:
         """The results of units `todo`, each once (a unit redone after a lost block comes back twice, the same),
-        with a progress line every TICK_SECONDS and at the end. total: the planned units (default: len(todo))."""
+        with a progress line every TICK_SECONDS and at the end. total: the planned units (default: len(todo)).
+        ctx: the command's Ray (None: RunContext())."""
         total = total or len(todo)
         results, rows, t_run, t_log = {}, 0, time.time(), 0.0
-        for number, result in units.run(todo, stages, mode, on_rows):
+        for number, result in units.run(todo, stages, mode, on_rows, ctx):
             if number in results:
                 continue
             results[number] = result

@@ -22,11 +22,13 @@ from contextlib import contextmanager
 
 from mieb_ray.errors import TransientStorageError, surfaced
 from mieb_ray.runtime import cluster
+from mieb_ray.runtime.cluster import RunContext
 
 MODES = ("ray", "local")
 UNIT_RETRIES = 3  # runs of a task or unit after the first when it raised TransientStorageError
 
 _mode = "ray"  # what remote/put/get do now
+_ctx: RunContext | None = None  # the job's Ray, brought up lazily by remote/put under using(mode, ctx)
 
 
 def retrying(fn, *args, **kwargs):
@@ -67,7 +69,7 @@ class Task:
 
     def remote(self, *args, **kwargs):
         if _mode == "ray":
-            cluster.ray_up()  # the job's Ray, not the default one a bare .remote() would start
+            cluster.ray_up(_ctx)  # the job's Ray, not the default one a bare .remote() would start
             return self._ray_function().remote(*args, **kwargs)
         call = LocalRef(lambda: retrying(_run_inline, self.fn, args, kwargs))
         n = self._options.get("num_returns", 1)
@@ -129,7 +131,7 @@ def put(value):
     if _mode == "ray":
         import ray
 
-        cluster.ray_up()
+        cluster.ray_up(_ctx)
         return ray.put(value)
     return LocalRef(value=value, done=True)
 
@@ -158,13 +160,16 @@ def mode() -> str:
 
 
 @contextmanager
-def using(which: str):
-    """remote/put/get go to `which` ("ray" or "local") inside the block."""
-    global _mode
+def using(which: str, ctx: RunContext | None = None):
+    """remote/put/get go to `which` ("ray" or "local") inside the block; on Ray, the first of them brings up
+    `ctx`'s Ray (None: the enclosing block's, else RunContext()): a job's tasks join the cluster its command
+    named without every call site passing it."""
+    global _mode, _ctx
     if which not in MODES:
         raise ValueError(f"executor must be ray or local, not {which!r}")
-    before, _mode = _mode, which
+    before, _mode = (_mode, _ctx), which
+    _ctx = ctx or _ctx
     try:
         yield
     finally:
-        _mode = before
+        _mode, _ctx = before

@@ -28,6 +28,7 @@ import numpy as np
 
 from mieb_ray.errors import UserError, surfaced
 from mieb_ray.runtime import cluster
+from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import Pool
 from mieb_ray.runtime.tasks import UNIT_RETRIES, retrying
 
@@ -51,44 +52,46 @@ class Stage:
 
 
 @contextmanager
-def data_context():
-    """Ray Data settings for this job, restored after it."""
+def data_context(ctx: RunContext | None = None):
+    """Ray Data settings for this job (ctx: its --verbose), restored after it."""
     import ray
 
-    ctx = ray.data.DataContext.get_current()
+    data = ray.data.DataContext.get_current()
     # Ray Data's logger is set up when ray.data is first imported, at INFO: our own progress lines instead
     logger = logging.getLogger("ray.data")
     level = logger.level
-    logger.setLevel(cluster.ray_log_level())
+    logger.setLevel((ctx or RunContext()).ray_log_level())
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its last stage whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
             "enable_progress_bars": False,  # our own progress lines
             # Ray Data matches "Class: message" of the stage's exception
             "retried_map_errors": ["TransientStorageError"], "max_map_retries": UNIT_RETRIES}
-    saved = {k: getattr(ctx, k) for k in ours}
+    saved = {k: getattr(data, k) for k in ours}
     for k, v in ours.items():
-        setattr(ctx, k, v)
+        setattr(data, k, v)
     try:
         yield
     finally:
         for k, v in saved.items():
-            setattr(ctx, k, v)
+            setattr(data, k, v)
         logger.setLevel(level)
 
 
-def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None) -> Iterator[tuple[int, dict]]:
+def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None,
+        ctx: RunContext | None = None) -> Iterator[tuple[int, dict]]:
     """(unit number, result) of units `todo` (numbers the stages look up), as they come, on Ray or inline.
-    on_rows: inline, given to each class stage that has an `on_rows` attribute (rows done within a unit)."""
+    on_rows: inline, given to each class stage that has an `on_rows` attribute (rows done within a unit).
+    ctx: the command's Ray (None: RunContext())."""
     if not todo:
         return iter(())
-    return _on_ray(todo, stages) if mode == "ray" else _inline(todo, stages, on_rows)
+    return _on_ray(todo, stages, ctx) if mode == "ray" else _inline(todo, stages, on_rows)
 
 
-def _on_ray(todo: list[int], stages: list[Stage]) -> Iterator[dict]:
+def _on_ray(todo: list[int], stages: list[Stage], ctx: RunContext | None = None) -> Iterator[dict]:
     import ray
 
-    cluster.ray_up()
-    with data_context(), surfaced():
+    cluster.ray_up(ctx)
+    with data_context(ctx), surfaced():
         ds = ray.data.from_items([{"unit": i} for i in todo], override_num_blocks=len(todo))
         for n, stage in enumerate(stages):
             options = dict(num_cpus=stage.num_cpus, batch_format="numpy", batch_size=1 if n == 0 else stage.batch_rows)

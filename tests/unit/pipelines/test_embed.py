@@ -176,14 +176,14 @@ def test_compile_gives_the_uncompiled_vectors(image_run, mieb_train, tiny_clip, 
 
 
 def test_the_encoder_reports_each_model_call_for_in_process_progress(tiny_clip):
-    from mieb_ray.encode.stages import EncodeStage
+    from mieb_ray.encode.stages import ERROR, EncodeStage
 
     stage = EncodeStage(tiny_clip, None, "text", "text", None, batch_size=2, device="cpu", threads=1)
     calls = []
     stage.on_rows = calls.append
     out = stage({"key": np.array(list("abcd"), dtype=object),
                  "text": np.array(["a cat", "a dog", "", "an owl"], dtype=object),
-                 "__error": np.array(["", "", "empty text", ""], dtype=object)})
+                 ERROR: np.array(["", "", "empty text", ""], dtype=object)})
     assert calls == [2, 1]  # the three good rows, in model calls of 2; the error row is not encoded
     assert not out["embedding"][2].any() and np.allclose(np.linalg.norm(out["embedding"][[0, 1, 3]], axis=1), 1)
 
@@ -191,9 +191,9 @@ def test_the_encoder_reports_each_model_call_for_in_process_progress(tiny_clip):
 def test_placement_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_clip):
     from mieb_ray.pipelines.embed import placement_of
     from mieb_ray.runtime import cluster, placement
+    from mieb_ray.runtime.cluster import RunContext
 
     monkeypatch.setattr(placement, "ray_running", lambda: False)
-    monkeypatch.setattr(cluster, "address", lambda: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = EmbedConfig("in", "out", tiny_clip)
     assert placement_of(config).mode == ("ray" if torch.cuda.is_available() else "local")
@@ -206,8 +206,11 @@ def test_placement_runs_in_process_only_on_a_machine_alone(monkeypatch, tiny_cli
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(placement, "ray_running", lambda: True)
     assert placement_of(config).describe() == "on Ray (Ray already running in this process)"  # a caller's ray.init
-    monkeypatch.setattr(cluster, "started_here", lambda: True)  # the one-node Ray this job started (demo's build)
-    assert placement_of(config).mode == ("ray" if torch.cuda.is_available() else "local")
+    ours = RunContext(started_here=True)  # the one-node Ray this command started (demo's build)
+    monkeypatch.setattr(cluster, "started_here", lambda ctx: ctx.started_here)  # no Ray here to count nodes of
+    assert placement_of(config, ours).mode == ("ray" if torch.cuda.is_available() else "local")
+    assert placement_of(config, RunContext(address="10.0.0.1:6379")).describe() == \
+        "on Ray (a cluster was asked for (--address))"
     with pytest.raises(UserError, match="unknown --executor 'threads'"):
         embed(dataclasses.replace(config, executor="threads"))
 

@@ -7,6 +7,7 @@ import pytest
 
 from mieb_ray.errors import UserError
 from mieb_ray.runtime import cluster, placement
+from mieb_ray.runtime.cluster import RunContext
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -14,7 +15,6 @@ pytestmark = pytest.mark.timeout(300)
 def test_one_placement_rule(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(placement, "ray_running", lambda: False)
-    monkeypatch.setattr(cluster, "address", lambda: None)
     assert placement.choose("auto", None, "1 MiB").describe() == "in this process (no cluster, 1 MiB: Ray not started)"
     assert placement.choose("auto", "2 GiB, more than 256 MiB").mode == "ray"  # the job's own reason
     assert placement.choose("ray", None).describe() == "on Ray (--executor ray)"
@@ -22,13 +22,15 @@ def test_one_placement_rule(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a `ray job submit` job stays on its cluster
     assert placement.choose("auto", None).describe() == "on Ray (a cluster was asked for (RAY_ADDRESS))"
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setattr(cluster, "address", lambda: "10.0.0.1:6379")
-    assert placement.choose("auto", None).why == "a cluster was asked for (--address)"
-    monkeypatch.setattr(cluster, "address", lambda: None)
+    asked = RunContext(address="10.0.0.1:6379")  # --address
+    assert placement.choose("auto", None, ctx=asked).why == "a cluster was asked for (--address)"
+    assert placement.choose("auto", None, ctx=asked).ctx is asked  # carried on to where Ray comes up
     monkeypatch.setattr(placement, "ray_running", lambda: True)  # a caller's ray.init keeps its Ray
     assert placement.choose("auto", None).why == "Ray already running in this process"
-    monkeypatch.setattr(cluster, "started_here", lambda: True)  # not the one-node Ray this job brought up
-    assert placement.choose("auto", None).describe() == "in this process (no cluster: beside the one-node Ray this " \
-                                                        "job started)"
+    ours = RunContext(started_here=True)  # not a caller's Ray: the one-node Ray this job brought up
+    monkeypatch.setattr(cluster, "started_here", lambda ctx: ctx.started_here)  # no Ray here to count nodes of
+    assert placement.choose("auto", None, ctx=ours).describe() == "in this process (no cluster: beside the " \
+                                                                  "one-node Ray this job started)"
+    assert placement.choose("auto", None).why == "Ray already running in this process"  # another job's context
     with pytest.raises(UserError, match="--executor must be one of auto, ray, local, not 'gpu'"):
         placement.choose("gpu", None)

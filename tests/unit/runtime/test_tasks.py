@@ -10,7 +10,8 @@ import pytest
 import ray.cloudpickle
 
 from mieb_ray.errors import TransientStorageError, UserError
-from mieb_ray.runtime import tasks
+from mieb_ray.runtime import cluster, tasks
+from mieb_ray.runtime.cluster import RunContext
 
 pytestmark = pytest.mark.timeout(300)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import a test module
@@ -114,3 +115,21 @@ def test_retrying_runs_again_only_on_a_transient_error():
     with pytest.raises(UserError, match="no such file"):  # any other error is not retried
         tasks.retrying(broken)
     assert len(calls) == 1
+
+
+def test_ray_comes_up_as_the_command_said(monkeypatch):
+    """The lazy ray_up of remote/put joins the cluster of the command's RunContext (using(mode, ctx)); an inner
+    using(mode) keeps it."""
+    seen = []
+
+    def ray_up(ctx=None):
+        seen.append(ctx)
+        raise RuntimeError("no Ray here")
+
+    monkeypatch.setattr(cluster, "ray_up", ray_up)
+    ctx = RunContext(address="10.0.0.1:6379")
+    with tasks.using("ray", ctx), tasks.using("ray"), pytest.raises(RuntimeError, match="no Ray here"):
+        tasks.put(1)
+    with tasks.using("ray"), pytest.raises(RuntimeError, match="no Ray here"):
+        _two.remote(1, 2)  # no context given: ray_up's default, RunContext()
+    assert seen == [ctx, None]
