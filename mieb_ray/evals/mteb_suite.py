@@ -15,6 +15,7 @@ A second run with the same model embeds nothing; the driver reads no image.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -31,8 +32,9 @@ import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import benchmarks
+from mieb_ray.evals import benchmarks, mteb_clean
 from mieb_ray.io import embeddings
+from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import identity, placement, tasks
 from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
@@ -58,9 +60,23 @@ def load_task(name: str, sources: str):
 
     if sources != HF and storage.is_s3(sources):
         raise UserError(f"{name}: mteb's loaders read the hub or a local mirror, not {storage.display(sources)}")
-    task = mteb.get_task(name)
+    task = _own(mteb.get_task(name))
     if sources != HF:
         _redirect(task, sources)
+    return task
+
+
+def _own(task):
+    """The task with sub-tasks of its own: an aggregate's come from its class's metadata, shared by every instance
+    in the process, so data one run loaded (or cleaned) onto them would be another's."""
+    subs = getattr(task.metadata, "tasks", None)
+    if subs:
+        fresh = []
+        for sub in subs:
+            sub = copy.copy(sub)
+            sub.dataset, sub.data_loaded = None, False
+            fresh.append(_own(sub))
+        task.metadata = task.metadata.model_copy(update={"tasks": fresh})
     return task
 
 
@@ -262,16 +278,39 @@ def select_task(source: str, target: str, rows: list[int]) -> None:
 
 
 @tasks.remote(num_cpus=1)
-def score_task(name: str, sources: str, items: str | None, cache: list[str]) -> dict:
+def score_task(name: str, sources: str, items: str | None, cache: list[str], exclude: str | None = None) -> dict:
     """Load a task with mteb's code, answer its inputs from the cache (of the keys its item tables list, when
-    collected): its TaskResult JSON."""
+    collected): its TaskResult JSON; with `exclude` (an audit), its clean scores too (mteb_clean.py)."""
     keys = None
     if items is not None:
         keys = set()
         for kind in ITEM_SCHEMA:
             keys.update(read_parquet(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
     vectors, dim = cached_vectors(cache, keys)
-    return _quiet_evaluate(server(dim, vectors, name), load_task(name, sources))
+    result = _quiet_evaluate(server(dim, vectors, name), load_task(name, sources))
+    if exclude:
+        result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
+                                                                            server(dim, vectors, name))}
+    return result
+
+
+def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
+    """The task scored by mteb without the rows holding an image the audit flagged (its scores when it holds
+    none), mteb's main score of them (the mean over its splits and subsets), and the images left out."""
+    from mteb import TaskResult
+
+    flags = Flags.load(exclude)
+    task = load_task(name, sources)
+    for loading in getattr(task.metadata, "tasks", None) or [task]:
+        _load(name, loading, sources)
+    clean, found = mteb_clean.cleaned(task, frozenset(flags.eval))
+    about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(found))}, "audit": storage.display(exclude)}
+    try:
+        scores = _quiet_evaluate(model, clean) if found else result
+    except Exception as exc:  # what is left may be too little to score (an STS subset of one pair): said, not fatal
+        return {**about, "error": f"mteb cannot score {name} without the flagged rows: {type(exc).__name__}: "
+                                  f"{(str(exc).splitlines() or [''])[0]}"}
+    return {"main_score": TaskResult.from_dict(scores).get_score(), "scores": scores["scores"], **about}
 
 
 def cached_vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
@@ -299,10 +338,7 @@ class MtebSuite:
     title = "MIEB through mteb's evaluators"
 
     def __init__(self, names: list[str], sources: str, exclude: str | None = None):
-        if exclude:
-            raise UserError(f"--exclude does not reach {names[0]} yet: the audit flags the catalog sources' eval "
-                            "images; score it without --exclude")
-        self.names, self.sources = list(names), sources
+        self.names, self.sources, self.exclude = list(names), sources, exclude
         self.needs_texts = any(n not in benchmarks.IMG for n in names)  # MIEB(Img): the image-only tasks
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
@@ -384,7 +420,7 @@ class MtebSuite:
                                 "model's raw vectors: embed with --raw, or eval with --model")
         items = {n: items_root(self.out, n) for n in self.names} if self.out else {}
         log(f"[eval] mteb: scoring {len(self.names)} tasks with mteb's evaluators")
-        return {n: score_task.remote(n, self.sources, items.get(n), cache) for n in self.names}
+        return {n: score_task.remote(n, self.sources, items.get(n), cache, self.exclude) for n in self.names}
 
     def collect(self, pending, log) -> dict[str, dict]:
         return {name: tasks.get(ref) for name, ref in pending.items()}

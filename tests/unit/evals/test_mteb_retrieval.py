@@ -10,22 +10,10 @@ from __future__ import annotations
 import pytest
 from support import mteb_tasks
 from support.hub_tasks import retrieval as hub
-from support.mteb_tasks import assert_same_scores, mteb_result
+from support.mteb_tasks import assert_same_scores, mteb_result, noise_decided
 
 pytestmark = pytest.mark.timeout(900)
 NAMES = list(hub.TASKS)
-# CUB200, SOP, Stanford Cars and RP2k query their own corpus (the hub's layout: same images, same ids): each query's
-# first hit is itself at cosine 1 up to float32 rounding (mteb gets 0.99999988 to 1.00000012, as the two sides'
-# embeddings and their norms round). nAUC's "max" confidence then orders the queries by that rounding alone, so
-# nauc_*_max there is float noise, equal only for bit-equal embeddings: not compared. Every other metric is,
-# nauc_*_std and nauc_*_diff1 included (1 - the second cosine: far apart).
-SELF_RETRIEVAL = {"CUB200I2IRetrieval", "SOPI2IRetrieval", "StanfordCarsI2IRetrieval", "RP2kI2IRetrieval"}
-
-
-def noise_decided(name: str, key: str) -> bool:
-    return name in SELF_RETRIEVAL and key.startswith("nauc_") and key.endswith("_max")
-
-
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory, tiny_clip) -> tuple[str, str]:
     """Every task's repo under one root (a repo two tasks share written once) and the tiny CLIP: (root, model).

@@ -1,0 +1,120 @@
+"""`eval --exclude` for the tasks mteb scores (evals/mteb_suite.py): a task cleaned of every row that holds an image
+the audit flagged, by mteb's own data-cleaning machinery (`mteb.data_cleaning`: the row filter behind its
+`remove_duplicates` and `remove_train_leakage`, which knows each task type's content columns, and keeps a retrieval
+split's judgements and top-ranked lists valid as it drops documents and queries, and drops a query left without a
+positive, as mteb's evaluation does).
+
+An image is named as the collect pass keys it (mteb_suite.inputs): `sha256:` of its stored bytes, or, for a
+picture a task makes in memory (Compositionality's), `pixels:` and mteb's own content hash of the decoded image.
+A row goes when any of its images is flagged: a query with its text, an STS pair, a compositionality example.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+
+FILTER = "mieb_ray_exclude"
+SHA, PIXELS = "sha256:", "pixels:"
+
+
+def image_keys(value, pixels: bool) -> list[str]:
+    """The keys of an undecoded Image value ({bytes, path}) or a list of them; with `pixels`, each image's
+    `pixels:` key too (decoded as `datasets` decodes it)."""
+    if isinstance(value, list):
+        return [k for v in value for k in image_keys(v, pixels)]
+    if not isinstance(value, dict) or not ({"bytes", "path"} & set(value)):
+        return []  # a text, a label
+    data = value.get("bytes")
+    if data is None:
+        if not value.get("path"):
+            return []
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    keys = [SHA + hashlib.sha256(data).hexdigest()]
+    if pixels:
+        import datasets
+        from mteb._content_hashes import hash_image
+
+        keys.append(PIXELS + hash_image(datasets.Image().decode_example({"bytes": data, "path": None})))
+    return keys
+
+
+def cleaned(task, flagged: frozenset[str]):
+    """(the loaded task without its rows that hold a flagged image, the flagged keys it held); an aggregate's
+    sub-tasks each cleaned. The task's name and metadata stay its own: its clean scores sit beside its scores."""
+    from mteb.abstasks.aggregated_task import AbsTaskAggregate
+
+    if isinstance(task, AbsTaskAggregate):
+        found: set[str] = set()
+        parts = []
+        for sub in task.metadata.tasks:
+            part, held = cleaned(sub, flagged)
+            parts.append(part)
+            found |= held
+        clean = copy.copy(task)
+        clean.metadata = task.metadata.model_copy(update={"tasks": parts})
+        return clean, found
+    return _rows_kept(task, flagged)
+
+
+def _rows_kept(task, flagged: frozenset[str]):
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.data_cleaning._filtering import _CleaningFilter, _filter_task_rows
+
+    if isinstance(task, AbsTaskRetrieval):  # the older corpus/queries layout, converted as evaluation converts it
+        task.convert_v1_dataset_format_to_v2(num_proc=None)
+    pixels = any(k.startswith(PIXELS) for k in flagged)
+    found: set[str] = set()
+
+    def keep(rows) -> list[int]:
+        kept = []
+        for i, row in enumerate(rows):  # a row: its content columns; images undecoded (_decoding below)
+            hit = {k for value in row for k in image_keys(value, pixels)} & flagged
+            found.update(hit)
+            if not hit:
+                kept.append(i)
+        return kept
+
+    task.dataset = _decoding(task.dataset, False)
+    log = logging.getLogger("mteb.data_cleaning")  # its warning that the scores differ: what --exclude is for
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        clean = _filter_task_rows(task, _CleaningFilter(FILTER, keep, compares_rows=False))
+    finally:
+        log.setLevel(level)
+        task.dataset = _decoding(task.dataset, True)
+    clean.dataset = _decoding(clean.dataset, True)
+    clean.metadata = task.metadata  # not "<name> (mieb_ray_exclude)": the scores are filed under the task
+    return clean, found
+
+
+def _decoding(data, decode: bool):
+    """`data` (a task's nested dicts of datasets) with every Image column's decoding set: off, the filter reads the
+    stored bytes rather than decoding every image; on again, for the evaluation. The Arrow data is not touched."""
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        for name, feature in data.features.copy().items():  # a deep copy: its Image features may be changed
+            images = [image for image in _images(feature) if image.decode != decode]
+            for image in images:
+                image.decode = decode
+            if images:
+                data = data.cast_column(name, feature)  # a cast of the table's schema, not a rewrite of its rows
+        return data
+    if isinstance(data, dict):  # DatasetDict, a retrieval split, {subset: ...}: changed in place, its type kept
+        for key, value in data.items():
+            data[key] = _decoding(value, decode)
+    return data
+
+
+def _images(feature) -> list:
+    """The Image features in a column's feature (itself, or inside a list of images)."""
+    import datasets
+
+    if isinstance(feature, datasets.Image):
+        return [feature]
+    inner = getattr(feature, "feature", None)
+    return _images(inner) if inner is not None else []
