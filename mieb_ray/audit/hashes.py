@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.audit import matches
-from mieb_ray.audit.plan import BY_SLUG, HashUnit, Plan, eval_tasks
+from mieb_ray.audit.plan import BY_ROW, BY_SLUG, HashUnit, Plan, eval_tasks
 from mieb_ray.io import parquet, reader
 from mieb_ray.runtime import tasks
 from mieb_ray.runtime.cluster import RunContext
@@ -62,13 +62,14 @@ def hash_stage(batch: dict, work: list[HashUnit], out: str, partitions: int, pro
 
 
 def _hash_unit(out: str, item: HashUnit, partitions: int, progress: Progress) -> dict:
-    """One unit's hash file and record; each row's eval task is its table's (HashUnit.task)."""
+    """One unit's hash file and record; each row's eval task is its table's (HashUnit.task), or its own."""
     columns, task = item.columns, item.task
     by_slug = eval_tasks() if task == BY_SLUG else None
     chunks, first = [], 0
     for chunk in reader.read(item.unit, columns.read_as("image")):
         keys, images = chunk[columns.key].to_pylist(), parquet.image_bytes(chunk["image"]).to_pylist()
-        row_tasks = [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
+        row_tasks = chunk["eval_task"].to_pylist() if task == BY_ROW else \
+            [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
         chunks.append(matches.hash_rows(keys, images, item.number, first, partitions, row_tasks))
         first += len(keys)
     table = matches.by_partition(pa.concat_tables(chunks) if chunks else matches.HASH_SCHEMA.empty_table())

@@ -234,20 +234,30 @@ def dataset_of(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else ""
 
 
+def tasks_of(eval_task: str | None) -> list[str]:
+    """The eval tasks an eval row serves: its eval_task is their names, '/'-joined."""
+    return (eval_task or "?").split("/")
+
+
 def summary(pairs: pa.Table, eval_rows: dict[str, int], train_rows: dict[str, int], groups: list[dict]) -> dict:
-    """Per eval task: its rows, and per detector (and any) the pairs and the eval images affected, with their
-    percentage of the task's rows. Per train dataset: its rows and the train rows flagged. A group's rows
-    (linked_rows) count as flagged, not as pairs; the groups are listed with their counts and samples."""
+    """Per eval task (each MIEB task apart, where a row serves several): its rows, and per detector (and any) the
+    pairs and the eval images affected, with their percentage of the task's rows. Per train dataset: its rows and
+    the train rows flagged. A group's rows (linked_rows) count as flagged, not as pairs; the groups are listed
+    with their counts and samples."""
     rows = pairs.to_pylist()
 
     def hits(method: str, keep) -> list[dict]:
         return [r for r in rows if keep(r) and method in ("any", r["method"])]
 
+    rows_of: dict[str, int] = {}  # an eval row that serves several tasks ("CIFAR10ZeroShot/CIFAR10") counts in each
+    for joined, n in eval_rows.items():
+        for task in tasks_of(joined):
+            rows_of[task] = rows_of.get(task, 0) + n
     tasks = {}
-    for task, n in sorted(eval_rows.items()):
+    for task, n in sorted(rows_of.items()):
         tasks[task] = {"eval_rows": n}
         for method in (*formats.DETECTORS, "any"):
-            found = hits(method, lambda r: r["eval_task"] == task and r["eval_key"] is not None)
+            found = hits(method, lambda r: task in tasks_of(r["eval_task"]) and r["eval_key"] is not None)
             affected = len({r["eval_key"] for r in found})
             tasks[task][method] = {**({"pairs": sum(r["group"] is None for r in found)} if method != "any" else {}),
                                    "eval_images": affected, "percent": round(100 * affected / n, 4) if n else 0.0}

@@ -12,13 +12,15 @@ from mieb_ray import __version__, formats, storage
 from mieb_ray.audit.config import MIEB, AuditConfig
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
-from mieb_ray.evals import registry
+from mieb_ray.evals import mteb_suite, registry
 from mieb_ray.io import reader
 from mieb_ray.pipelines.build import build_eval_splits
 from mieb_ray.pipelines.embed import table_units
+from mieb_ray.runtime import placement
 from mieb_ray.runtime.cluster import RunContext
 
 BY_SLUG = "<by slug>"  # an against table whose rows' eval task follows from their key's slug (mieb)
+BY_ROW = "<by row>"  # an against table whose rows say their eval tasks (its eval_task column: mieb's mteb tasks)
 UNIT_ROWS = 10_000  # rows one hash task reads
 PARTITION_ROWS = 2_000_000  # hash rows one join task holds (about 100 bytes each)
 
@@ -35,11 +37,12 @@ class Side:
 
     name: str
     uris: tuple[str, ...]
-    tasks: tuple[str | None, ...]  # per table: its eval task, BY_SLUG (mieb), or None (train)
+    tasks: tuple[str | None, ...]  # per table: its eval task, BY_SLUG or BY_ROW (mieb), or None (train)
     keys: tuple[str, ...] = ()  # per table: its key column (default "key")
 
     def columns(self, table: int) -> reader.TableColumns:
-        return reader.TableColumns(self.keys[table] if self.keys else "key", "image")
+        return reader.TableColumns(self.keys[table] if self.keys else "key", "image",
+                                   ("eval_task",) if self.tasks[table] == BY_ROW else ())
 
     def units(self) -> list[HashUnit]:
         """The units of every table, in order: a unit's number is its position in its side."""
@@ -84,7 +87,8 @@ class HashUnit:
 
     @property
     def task(self) -> str | None:
-        """Its table's eval task: of every row, BY_SLUG (the task its key's slug serves), or None (train)."""
+        """Its table's eval task: of every row, BY_SLUG (the task its key's slug serves), BY_ROW (the tasks its row
+        names), or None (train)."""
         return self.side.tasks[self.table]
 
 
@@ -123,8 +127,9 @@ def train_side(config: AuditConfig) -> Side:
 
 
 def against_side(config: AuditConfig, log, ctx: RunContext | None = None) -> Side:
-    """No tables for --against self; the tables given, each table's eval task the last component of its path; or the
-    MIEB eval splits of the train table's sources and the BioVITA corpus."""
+    """No tables for --against self; the tables given, each table's eval task the last component of its path; or
+    every MIEB eval image: the eval splits of the train table's sources, the BioVITA corpus and the images of the
+    tasks mteb scores (evals/mteb_suite.py: read by mteb's loaders, each image once, its tasks beside it)."""
     if config.alone:
         return Side("against", (), ())
     if config.against != (MIEB,):
@@ -139,4 +144,17 @@ def against_side(config: AuditConfig, log, ctx: RunContext | None = None) -> Sid
         keys.append("id")
     except UserError as exc:
         log(f"[audit] warning: no BioVITA corpus to audit against ({exc})")
+    names = list(registry.BY_NAME["mteb"].tasks)
+    lacking = mteb_suite.missing_data(names, config.sources)
+    if lacking:
+        log(f"[audit] warning: {len(lacking)} of the {len(names)} MIEB tasks mteb scores are not audited against: "
+            f"{storage.display(config.sources)} holds no data of {', '.join(lacking[:3])}"
+            + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""))
+    found = [n for n in names if n not in lacking]
+    table = mteb_suite.eval_images(found, config.sources, storage.join(config.out, "eval-data", "mteb"), log,
+                                   placement.choose(config.executor, None, ctx=ctx)) if found else None
+    if table:
+        uris.append(table)
+        task_of.append(BY_ROW)
+        keys.append("key")
     return Side("against", tuple(uris), tuple(task_of), tuple(keys))

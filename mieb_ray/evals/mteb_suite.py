@@ -249,8 +249,8 @@ def _load(name: str, task, sources: str) -> None:
 
 
 @tasks.remote(num_cpus=1)
-def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
-    """Load a task with mteb's code, record its inputs into items_root(out, name); the count of each kind."""
+def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, int]:
+    """Load a task with mteb's code, record its inputs into `folder` (items_root); the count of each kind."""
     task = load_task(name, sources)
     for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
         _load(name, loading, sources)
@@ -265,16 +265,19 @@ def collect_task(name: str, sources: str, out: str, dim: int) -> dict[str, int]:
         counts = {}
         for kind, path in sink.paths.items():
             counts[kind] = pq.read_metadata(path).num_rows
-            storage.commit_file(storage.join(items_root(out, name), f"{kind}.parquet"),
+            storage.commit_file(storage.join(folder, f"{kind}.parquet"),
                                 lambda local, path=path: shutil.copyfile(path, local))
     return counts
 
 
 @tasks.remote(num_cpus=1)
-def select_task(source: str, target: str, rows: list[int]) -> None:
-    """The chosen rows of an item table into `target` (the items to embed)."""
-    table = read_parquet(source)
-    storage.commit_file(target, lambda local: pq.write_table(table.take(rows), local))
+def select_task(source: str, target: str, rows: list[int], labels: list[str] | None = None) -> None:
+    """The chosen rows of an item table into `target` (the items to embed), each with its label (an `eval_task`
+    column) when given."""
+    table = read_parquet(source).take(rows)
+    if labels is not None:
+        table = table.append_column("eval_task", pa.array(labels, pa.string()))
+    storage.commit_file(target, lambda local: pq.write_table(table, local))
 
 
 @tasks.remote(num_cpus=1)
@@ -311,6 +314,54 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
         return {**about, "error": f"mteb cannot score {name} without the flagged rows: {type(exc).__name__}: "
                                   f"{(str(exc).splitlines() or [''])[0]}"}
     return {"main_score": TaskResult.from_dict(scores).get_score(), "scores": scores["scores"], **about}
+
+
+def missing_data(names: list[str], sources: str) -> list[str]:
+    """The tasks whose data a mirror lacks (a folder of their hub path, or of a sub-task's); none on the hub."""
+    if sources == HF:
+        return []
+    lacking = []
+    for name in names:
+        task = load_task(name, sources)
+        if any(not os.path.isdir(t.metadata.dataset["path"]) for t in getattr(task.metadata, "tasks", None) or [task]):
+            lacking.append(name)
+    return lacking
+
+
+def eval_images(names: list[str], sources: str, folder: str, log, where: placement.Placement) -> str | None:
+    """Every image the tasks give mteb's encoder, each once, for the audit: `folder`/images-NNNNN.parquet with
+    key (as the collect pass keys it), image (its bytes) and eval_task (every task holding it, '/'-joined); the
+    tasks' item tables under `folder`/_items. A complete one for the same tasks and sources is reused; None: the
+    tasks hold no image."""
+    made = {"tasks": list(names), "sources": storage.display(sources)}
+    done = storage.read_manifest(folder) or {}
+    if {k: done.get(k) for k in made} == made:
+        log(f"[audit] the {len(names)} mteb tasks' eval images: reused {storage.display(folder)}")
+        return folder if done.get("images") else None
+    if storage.exists(folder):  # another run's, or an unfinished one: none of its files may be taken for ours
+        storage.delete_tree(folder)
+    t0 = time.time()
+    items = {n: storage.join(folder, "_items", n) for n in names}
+    with tasks.using(where.mode, where.ctx):
+        tasks.get([collect_task.remote(n, sources, items[n], 8) for n in names])
+        holders: dict[str, list[str]] = {}
+        first: dict[str, list[int]] = {}
+        for name in names:  # keys only: the driver reads no image
+            source = storage.join(items[name], f"{IMAGES}.parquet")
+            for i, key in enumerate(read_parquet(source, ["key"])["key"].to_pylist()):
+                if key not in holders:
+                    first.setdefault(name, []).append(i)
+                holders.setdefault(key, []).append(name)
+        keys = {n: read_parquet(storage.join(items[n], f"{IMAGES}.parquet"), ["key"])["key"].to_pylist()
+                for n in first}
+        tasks.get([select_task.remote(storage.join(items[n], f"{IMAGES}.parquet"),
+                                      storage.join(folder, f"images-{i:05d}.parquet"), rows,
+                                      ["/".join(holders[keys[n][r]]) for r in rows])
+                   for i, (n, rows) in enumerate(first.items())])
+    storage.write_manifest(folder, {**made, "images": len(holders)})
+    log(f"[audit] the {len(names)} mteb tasks' eval images read by mteb's loaders in {time.time() - t0:.1f}s: "
+        f"{len(holders):,} images")
+    return folder if holders else None
 
 
 def cached_vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
@@ -363,7 +414,7 @@ class MtebSuite:
         t0, self.out = time.time(), out
         with tasks.using(where.mode, where.ctx):
             self.counts = dict(zip(self.names, tasks.get(
-                [collect_task.remote(n, self.sources, out, info.dim) for n in self.names])))
+                [collect_task.remote(n, self.sources, items_root(out, n), info.dim) for n in self.names])))
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         made = {}

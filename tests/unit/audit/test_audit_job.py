@@ -24,6 +24,7 @@ from mieb_ray.audit.job import NEAR_K, AuditConfig, audit
 from mieb_ray.cli import main
 from mieb_ray.demo_data.biovita import make_biovita_mirror
 from mieb_ray.demo_data.mirror import make_mirror
+from mieb_ray.evals import registry
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.build import BuildConfig, build
 
@@ -134,7 +135,7 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     flagged = {p[0] for p in _pairs(out)}
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
     assert summary["eval_tasks"]["BioVITAT2IReranking"]["eval_rows"] == photos["corpus"]  # audited against too
-    assert summary["eval_tasks"][tasks["cifar100"]]["eval_rows"] == 4
+    assert all(summary["eval_tasks"][t]["eval_rows"] == 4 for t in tasks["cifar100"].split("/"))  # each task apart
 
     clean = str(tmp_path / "clean")
     manifest = build(BuildConfig(mirror, clean, datasets=slugs, exclude=out), log=lambda _: None)
@@ -247,3 +248,51 @@ def test_self_audit_groups_copies_and_build_keeps_one_of_each(ray_local, tmp_pat
         Flags.load(out)
     assert main(["audit", "--train", table, "--against", "self," + table, "--out", str(tmp_path / "x")]) == 1
     assert "--against self cannot be combined with other tables" in capsys.readouterr().err
+
+
+def test_against_mieb_covers_the_tasks_mteb_scores_and_their_clean_scores(tmp_path, tiny_clip, capsys):
+    """--against mieb reads every MIEB eval image, the tasks mteb scores included (read by mteb's loaders, keyed as
+    the eval's collect pass keys them): the train rows that copy STS12's, STS13's and FGVCAircraft's test images are
+    found, an image both STS tasks hold counts in each, the summary is per MIEB task, and eval --exclude with that
+    audit leaves those images out of STS13VisualSTS's clean scores."""
+    from support.hub_tasks import sts, tasks_misc
+    from support.mteb_tasks import ours
+
+    mirror = str(tmp_path / "mirror")
+    sts.write_sts12(mirror)
+    sts.write_sts13(mirror)
+    tasks_misc.write_fgvc_aircraft(mirror)
+    repos = {"STS12VisualSTS": "mteb/rendered-sts12", "STS13VisualSTS": "mteb/rendered-sts13",
+             "FGVCAircraft": "mteb/FGVCAircraft"}
+    test_images = {}  # brute force: the bytes of each task's test split, independently of mteb
+    for task, repo in repos.items():
+        [path] = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(mirror, repo)) for f in fs
+                  if f.startswith("test-") and f.endswith(".parquet")]
+        table = pq.read_table(path)
+        for column in [c for c in table.column_names if c in ("image", "sentence1", "sentence2")]:
+            for value in table[column].to_pylist():
+                test_images.setdefault(value["bytes"], set()).add(task)
+    shared = next(b for b, holders in test_images.items() if len(holders) == 2)
+    copies = [shared] + [b for b, holders in test_images.items() if holders == {"FGVCAircraft"}][:2] \
+        + [b for b, holders in test_images.items() if holders == {"STS13VisualSTS"}][:1]
+    make_mirror(mirror, rows=len(copies), datasets=["dtd"], eval_rows=1,
+                image_bytes=lambda source, i: copies[i])  # dtd's train row i copies an mteb task's test image
+    train = str(tmp_path / "train")
+    build(BuildConfig(mirror, train, datasets=["dtd"]), log=lambda _: None)
+    out = str(tmp_path / "audit")
+    lines = []
+    audit(AuditConfig(train, ("mieb",), out, sources=mirror), log=lines.append)
+
+    order = list(registry.BY_NAME["mteb"].tasks)  # a row's tasks, in registry order
+    want = {(f"dtd/{i}", "/".join(sorted(test_images[b], key=order.index)), "sha256:" + hashlib.sha256(b).hexdigest(),
+             "exact") for i, b in enumerate(copies)}
+    assert {p for p in _pairs(out) if p[1] != "DTDZeroShot/DTD" and p[3] == "exact"} == want
+    assert any(f"of the {len(order)} MIEB tasks mteb scores are not audited against" in line and
+               "holds no data of" in line for line in lines)
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())["eval_tasks"]
+    assert {t: summary[t]["exact"]["eval_images"] for t in repos} == \
+        {"STS12VisualSTS": 1, "STS13VisualSTS": 2, "FGVCAircraft": 2}
+    assert summary["STS13VisualSTS"]["eval_rows"] == len({b for b, h in test_images.items() if "STS13VisualSTS" in h})
+
+    result = ours(["STS13VisualSTS"], mirror, tiny_clip, str(tmp_path / "eval"), exclude=out)["STS13VisualSTS"]
+    assert result["mieb_ray"]["clean"]["left_out"]["eval"]["exact"] == 2
