@@ -48,8 +48,13 @@ def model_meta(model: dict, trained_on_mieb_train: bool) -> dict:
 
 
 def write(root: str, images: str, results: dict[str, dict], trained_on_mieb_train: bool, log=print) -> str:
-    """Every TaskResult and the model's model_meta.json under ROOT/<model>/<revision>/; returns that folder."""
-    model = embeddings.model_of(images)
+    """Every TaskResult and the model's model_meta.json under ROOT/<model>/<revision>/, the model as the embed
+    manifest of IMAGES names it; returns that folder."""
+    return lay_out(root, embeddings.model_of(images), results, trained_on_mieb_train, log)
+
+
+def lay_out(root: str, model: dict, results: dict[str, dict], trained_on_mieb_train: bool, log=print) -> str:
+    """Every TaskResult and model_meta.json of MODEL (an embed manifest's) under ROOT/<model>/<revision>/."""
     folder, revision = model_folder(model)
     where = storage.join(root, folder, revision)
     for name, result in results.items():

@@ -1,0 +1,121 @@
+"""An eval run's TaskResults summarised as mteb summarises a benchmark for its leaderboard (summary.json, the run
+page's numbers): per task its main score, per task type the mean, per MIEB benchmark the run covers its
+`Benchmark.get_score` (Mean(TaskType), each type's mean, MIEB(Multilingual)'s task-mean groups, and Mean(Task)).
+
+Every number is mteb's own computation on mteb's TaskResult objects: a task's score is `TaskResult.get_score()`
+after `validate_and_filter_scores` against the task (the mean over its eval splits and subsets, None where one
+is missing, as the leaderboard leaves it blank); a mean is None where any of its tasks has none. mteb scores a
+model only on a whole benchmark, so a benchmark the run covers in part is scored as mteb's `get_score` scores the
+same benchmark restricted to the tasks run, which is what its leaderboard's summary table shows of these results
+alone (beside other models' full results it leaves them blank); `missing` names the rest.
+
+A clean score (`--exclude`: result["mieb_ray"]["clean"]) is a task's score without the images the audit flagged,
+from its clean scores per split and subset where the suite keeps them (the mteb suite), else its one clean score;
+a task too small to score clean has an `error` instead. The clean means count a task without a clean score at its
+main score, so clean - mteb is the audit's effect on the mean.
+mteb is imported inside the functions: the CLI does not import it at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mieb_ray.evals import benchmarks
+
+MEAN_TASK = "Mean(Task)"  # mteb's get_score keys
+MEAN_TYPE = "Mean(TaskType)"
+
+
+def clean_of(result: dict) -> dict | None:
+    """A TaskResult's clean scores (with --exclude), or None."""
+    return result.get("mieb_ray", {}).get("clean")
+
+
+def summarize(results: dict[str, dict]) -> dict:
+    """{tasks: {task: type, main_score, clean_score, left_out, clean_error}, types: {type: tasks, main_score,
+    clean_score}, benchmarks: {name: tasks, run, missing, scores, clean_scores}} of the run's TaskResults ({task:
+    its JSON})."""
+    import mteb
+
+    theirs = {name: mteb.get_task(name) for name in results}
+    main = {name: _task_result(result) for name, result in results.items()}
+    clean = {name: _clean_result(main[name], clean_of(r)) for name, r in results.items()
+             if "main_score" in (clean_of(r) or {})}
+    tasks = {name: {"type": theirs[name].metadata.type,
+                    "main_score": _task_score(main[name], theirs[name]),
+                    "clean_score": _task_score(clean[name], theirs[name]) if name in clean else None,
+                    "left_out": (clean_of(results[name]) or {}).get("left_out", {}).get("eval", {}).get("any"),
+                    "clean_error": (clean_of(results[name]) or {}).get("error")}
+             for name in results}
+    types = {}
+    for name, task in tasks.items():
+        types.setdefault(task["type"], []).append(name)
+    return {"tasks": tasks,
+            "types": {kind: {"tasks": names, "main_score": _mean([main[n] for n in names], theirs),
+                             "clean_score": _mean([clean.get(n, main[n]) for n in names], theirs)
+                             if clean.keys() & set(names) else None}
+                      for kind, names in types.items()},
+            "benchmarks": {name: _benchmark(name, main, clean) for name, members in benchmarks.BENCHMARKS.items()
+                           if set(members) & set(results)}}
+
+
+def _task_result(result: dict):
+    """mteb's TaskResult of our JSON (mteb ignores the `mieb_ray` key)."""
+    from mteb.results import TaskResult
+
+    return TaskResult.from_dict(result)
+
+
+def _clean_result(result, clean: dict):
+    """The task's clean TaskResult: its clean scores per split and subset, or its one clean score in the place of
+    every (split, subset) main score."""
+    if "scores" in clean:
+        return result.model_copy(update={"scores": clean["scores"]})
+    return result.model_copy(update={"scores": {split: [{**entry, "main_score": clean["main_score"]}
+                                                        for entry in entries]
+                                                for split, entries in result.scores.items()}})
+
+
+def _number(value) -> float | None:
+    """A score as JSON has it: a float, or None for mteb's None or NaN."""
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def _task_score(result, task) -> float | None:
+    return _number(result.validate_and_filter_scores(task).get_score())
+
+
+def _mean(results: list, theirs: dict) -> float | None:
+    """mteb's Mean(Task) of some TaskResults, each validated against its task."""
+    from mteb.benchmarks.benchmark import BenchmarkAggregation
+
+    valid = [r.validate_and_filter_scores(theirs[r.task_name]) for r in results]
+    return _number(BenchmarkAggregation.MEAN_TASK.aggregate(valid)[MEAN_TASK])
+
+
+def _benchmark(name: str, main: dict, clean: dict) -> dict:
+    """One MIEB benchmark: its size, the tasks the run has and lacks, and mteb's get_score of the run's results
+    (and of its clean results, where the run has any)."""
+    import mteb
+
+    bench = mteb.get_benchmark(name)
+    members = [t.metadata.name for t in bench.tasks]
+    run = [n for n in members if n in main]
+    return {"tasks": len(members), "run": run, "missing": [n for n in members if n not in main],
+            "scores": _scores(bench, [main[n] for n in run]),
+            "clean_scores": _scores(bench, [clean.get(n, main[n]) for n in run]) if clean.keys() & set(run) else None}
+
+
+def _scores(bench, results: list) -> dict[str, float | None]:
+    """`Benchmark.get_score` of one model's results on the benchmark restricted to their tasks, with Mean(Task)
+    beside MIEB's own aggregations (mteb's ranks, meaningless for one model, left out)."""
+    from mteb.benchmarks.benchmark import BenchmarkAggregation
+    from mteb.results import BenchmarkResults, ModelResult
+
+    names = {r.task_name for r in results}
+    run = dataclasses.replace(bench, tasks=[t for t in bench.tasks if t.metadata.name in names],
+                              aggregations=(BenchmarkAggregation.MEAN_TASK, *bench.aggregations))
+    model = ModelResult(model_name="run", model_revision="run", task_results=results)  # mteb drops a null revision
+    [scores] = run.get_score(BenchmarkResults(model_results=[model]), raise_error=True).values()
+    return {key: _number(value) for key, value in scores.items() if key != "Rank"}
