@@ -119,15 +119,16 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
         scored_from, manifest = scored_from or record["images"], record["manifest"]
         made.append(manifest.get("embeddings"))
-    if several:  # the run's page, then its manifest, last
-        sections = [(scorer.title, f"{suite.name}/{formats.REPORT}", {n: results[n] for n in names})
-                    for (suite, names), scorer in zip(selected, scorers)]
-        made_by = protocol.merged(made)
-        storage.write_bytes(storage.join(out, formats.REPORT),
-                            run_report.render(sections, embeddings.model_of(scored_from), made_by).encode())
-        keep.add(formats.REPORT)
+    made_by = protocol.merged(made)
+    if several or formats.REPORT not in keep:  # the run's page and summary.json, unless its one suite wrote its own
+        links = {n: f"{suite.name}/{formats.REPORT}" for suite, names in selected for n in names
+                 if f"{suite.name}/{formats.REPORT}" in keep}
+        pages = run_report.write(out, results, embeddings.model_of(scored_from), made_by, links)
+        keep |= set(pages)
+        manifest = {**manifest, "files": [*manifest["files"], *pages]}
+    if several:  # then its manifest, last
         manifest = {**formats.EVAL.stamp(), "version": __version__, "tasks": list(results),
-                    "suites": {suite.name: suite.name for suite, _ in selected}, "files": [formats.REPORT],
+                    "suites": {suite.name: suite.name for suite, _ in selected}, "files": pages,
                     "embeddings": made_by, "seconds": round(time.time() - t0, 3)}
     job.finish(manifest, keep)
     if config.results_dir:
