@@ -1,6 +1,7 @@
 """Users' path end to end: a real Ray cluster of three nodes (a head and two workers, support/raycluster.py), a real
 S3 server (SeaweedFS), and the three jobs through `ray job submit --working-dir .`, build -> embed ->
-eval (which embeds texts too), their work spread over both worker nodes; then the outputs on S3.
+eval (which embeds texts too), their work spread over both worker nodes; then the outputs on S3. And MIEB(lite) by
+name, its 51 tasks, through the eval job on the same cluster.
 
 Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
 runtime env, so they appear in no job metadata and no log (checked).
@@ -124,3 +125,37 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     for key in ("e2e/train/_manifest.json", "e2e/emb-images/_manifest.json", "e2e/eval/BioVITAT2IReranking.json"):
         seen.append(client.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
     assert not [text for text in seen if s3.secret_key in text]
+
+
+def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
+    """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster: the 23 sources' eval splits and
+    the other tasks' inputs (read by mteb's loaders from a mirror in their hub layouts) embedded on the worker
+    nodes, each unique input once, and every task's TaskResult written as mteb reads it back."""
+    import mteb
+    import pyarrow.parquet as pq
+    from support.hub_tasks import compositionality, retrieval, sts, tasks_misc
+
+    from mieb_ray.demo_data.mirror import make_mirror
+    from mieb_ray.evals import benchmarks, registry
+    from mieb_ray.io import embeddings
+
+    mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk
+    make_mirror(mirror, rows=16, eval_rows=8)
+    writers = {**tasks_misc.TASKS, **sts.TASKS, **compositionality.TASKS, **retrieval.TASKS}
+    for write in dict.fromkeys(writers[t] for t in benchmarks.LITE if t in writers):
+        write(str(mirror))
+    done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", "MIEB(lite)", "--sources", str(mirror),
+                  "--model", tiny_clip, "--out", str(out), "--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
+    assert f"[eval] {len(benchmarks.LITE)} tasks in " in done.stdout
+    workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
+    assert cluster.actor_nodes("EncodeStage", done) <= workers and cluster.actor_nodes("EncodeStage", done)
+    for suite, names in registry.select("MIEB(lite)"):
+        for name in names:
+            result = mteb.TaskResult.from_disk(out / suite.name / f"{name}.json")
+            assert result.task_name == name and result.scores, name
+    # each input the mteb tasks hold embedded once: the cache's rows are the item tables' distinct keys
+    items = out / "mteb" / "embeddings" / "mteb"
+    for kind in ("images", "texts"):
+        keys = {k for path in items.glob(f"_items/*/{kind}.parquet") for k in pq.read_table(path)["key"].to_pylist()}
+        cached = [k for folder in items.glob(f"*/{kind}-*") for k in embeddings.read_all(str(folder))[0]]
+        assert len(cached) == len(set(cached)) == len(keys) > 0, kind
