@@ -344,19 +344,17 @@ def eval_images(names: list[str], sources: str, folder: str, log, where: placeme
     items = {n: storage.join(folder, "_items", n) for n in names}
     with tasks.using(where.mode, where.ctx):
         tasks.get([collect_task.remote(n, sources, items[n], 8) for n in names])
-        holders: dict[str, list[str]] = {}
-        first: dict[str, list[int]] = {}
+        holders: dict[str, list[str]] = {}  # key -> the tasks holding it (each task lists a key once)
+        first: dict[str, list[tuple[int, str]]] = {}  # task -> (row, key) of the keys no earlier task holds
         for name in names:  # keys only: the driver reads no image
             source = storage.join(items[name], f"{IMAGES}.parquet")
             for i, key in enumerate(read_parquet(source, ["key"])["key"].to_pylist()):
                 if key not in holders:
-                    first.setdefault(name, []).append(i)
+                    first.setdefault(name, []).append((i, key))
                 holders.setdefault(key, []).append(name)
-        keys = {n: read_parquet(storage.join(items[n], f"{IMAGES}.parquet"), ["key"])["key"].to_pylist()
-                for n in first}
         tasks.get([select_task.remote(storage.join(items[n], f"{IMAGES}.parquet"),
-                                      storage.join(folder, f"images-{i:05d}.parquet"), rows,
-                                      ["/".join(holders[keys[n][r]]) for r in rows])
+                                      storage.join(folder, f"images-{i:05d}.parquet"), [r for r, _ in rows],
+                                      ["/".join(holders[key]) for _, key in rows])
                    for i, (n, rows) in enumerate(first.items())])
     storage.write_manifest(folder, {**made, "images": len(holders)})
     log(f"[audit] the {len(names)} mteb tasks' eval images read by mteb's loaders in {time.time() - t0:.1f}s: "
