@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+from typing import NamedTuple
 
 FILTER = "mieb_ray_exclude"
 SHA, PIXELS = "sha256:", "pixels:"
@@ -41,25 +42,26 @@ def image_keys(value, pixels: bool) -> list[str]:
     return keys
 
 
-def cleaned(task, flagged: frozenset[str]):
-    """(the loaded task without its rows that hold a flagged image, the flagged keys it held); an aggregate's
-    sub-tasks each cleaned. The task's name and metadata stay its own: its clean scores sit beside its scores."""
+class Cleaned(NamedTuple):
+    task: object  # the loaded task without its rows that hold a flagged image
+    found: set[str]  # the flagged keys it held
+    images: int  # the images its rows hold (0: nothing an audit could flag)
+
+
+def cleaned(task, flagged: frozenset[str]) -> Cleaned:
+    """The task cleaned (an aggregate: each of its sub-tasks). Its name and metadata stay its own: its clean
+    scores sit beside its scores."""
     from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
     if isinstance(task, AbsTaskAggregate):
-        found: set[str] = set()
-        parts = []
-        for sub in task.metadata.tasks:
-            part, held = cleaned(sub, flagged)
-            parts.append(part)
-            found |= held
+        parts = [cleaned(sub, flagged) for sub in task.metadata.tasks]
         clean = copy.copy(task)
-        clean.metadata = task.metadata.model_copy(update={"tasks": parts})
-        return clean, found
+        clean.metadata = task.metadata.model_copy(update={"tasks": [p.task for p in parts]})
+        return Cleaned(clean, set().union(*(p.found for p in parts)), sum(p.images for p in parts))
     return _rows_kept(task, flagged)
 
 
-def _rows_kept(task, flagged: frozenset[str]):
+def _rows_kept(task, flagged: frozenset[str]) -> Cleaned:
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.data_cleaning._filtering import _CleaningFilter, _filter_task_rows
 
@@ -67,11 +69,15 @@ def _rows_kept(task, flagged: frozenset[str]):
         task.convert_v1_dataset_format_to_v2(num_proc=None)
     pixels = any(k.startswith(PIXELS) for k in flagged)
     found: set[str] = set()
+    images = 0
 
     def keep(rows) -> list[int]:
+        nonlocal images
         kept = []
         for i, row in enumerate(rows):  # a row: its content columns; images undecoded (_decoding below)
-            hit = {k for value in row for k in image_keys(value, pixels)} & flagged
+            keys = [k for value in row for k in image_keys(value, pixels)]
+            images += sum(k.startswith(SHA) for k in keys)
+            hit = set(keys) & flagged
             found.update(hit)
             if not hit:
                 kept.append(i)
@@ -88,7 +94,7 @@ def _rows_kept(task, flagged: frozenset[str]):
         task.dataset = _decoding(task.dataset, True)
     clean.dataset = _decoding(clean.dataset, True)
     clean.metadata = task.metadata  # not "<name> (mieb_ray_exclude)": the scores are filed under the task
-    return clean, found
+    return Cleaned(clean, found, images)
 
 
 def _decoding(data, decode: bool):

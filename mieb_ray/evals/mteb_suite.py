@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import benchmarks, mteb_clean
-from mieb_ray.io import embeddings
+from mieb_ray.io import contamination, embeddings
 from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import identity, placement, tasks
 from mieb_ray.runtime.cluster import RunContext
@@ -306,10 +306,15 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
     task = load_task(name, sources)
     for loading in getattr(task.metadata, "tasks", None) or [task]:
         _load(name, loading, sources)
-    clean, found = mteb_clean.cleaned(task, frozenset(flags.eval))
-    about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(found))}, "audit": storage.display(exclude)}
+    clean = mteb_clean.cleaned(task, frozenset(flags.eval))
+    about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(clean.found))}, "audit": storage.display(exclude)}
+    audited = contamination.audited_tasks(exclude)
+    if clean.images and audited is not None and name not in audited:  # no clean score where nobody looked
+        return {**about, "error": f"the audit at {storage.display(exclude)} read none of {name}'s images (an audit "
+                                  "against other tables, or from before it covered this task): audit --against "
+                                  "mieb again"}
     try:
-        scores = _quiet_evaluate(model, clean) if found else result
+        scores = _quiet_evaluate(model, clean.task) if clean.found else result
     except Exception as exc:  # what is left may be too little to score (an STS subset of one pair): said, not fatal
         return {**about, "error": f"mteb cannot score {name} without the flagged rows: {type(exc).__name__}: "
                                   f"{(str(exc).splitlines() or [''])[0]}"}

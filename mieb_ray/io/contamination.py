@@ -5,6 +5,7 @@ scores again without the flagged eval images (and, for the linear probe, without
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -37,6 +38,15 @@ def read(audit: str, columns: list[str], file: str = formats.PAIRS) -> pa.Table:
                         + ("itself: it flags no eval image" if is_self(manifest) else "eval images, not itself"))
     with storage.open_input(storage.join(audit, file)) as f:
         return pq.read_table(f, columns=columns)
+
+
+def audited_tasks(audit: str) -> set[str] | None:
+    """The eval tasks whose images the audit read (its summary.json's eval_tasks, each MIEB task apart); None
+    where it has no summary."""
+    path = storage.join(audit, formats.SUMMARY)
+    if not storage.exists(path):
+        return None
+    return set(json.loads(storage.read_text(path)).get("eval_tasks", {}))
 
 
 def detectors(text: str) -> tuple[str, ...]:

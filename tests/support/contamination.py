@@ -3,6 +3,7 @@ the evals' clean scores: mieb_ray/io/contamination.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -11,9 +12,13 @@ import pyarrow.parquet as pq
 from mieb_ray import storage
 
 
-def audit_output(path, pairs: list[tuple[str, str, str]]) -> str:
-    """An audit output as `mieb-ray audit` leaves it, holding these (train key, eval key, detector) pairs."""
+def audit_output(path, pairs: list[tuple[str, str, str]], audited: list[str] | None = None) -> str:
+    """An audit output as `mieb-ray audit` leaves it, holding these (train key, eval key, detector) pairs; with
+    `audited`, its summary.json naming those eval tasks as the ones whose images it read."""
     os.makedirs(path, exist_ok=True)
+    if audited is not None:
+        with open(os.path.join(path, "summary.json"), "w") as f:
+            json.dump({"eval_tasks": {task: {"eval_rows": 1} for task in audited}}, f)
     train, evaluated, method = zip(*pairs)
     pq.write_table(pa.table({"train_key": list(train), "eval_task": [None] * len(pairs), "eval_key": list(evaluated),
                              "method": list(method), "score": [1.0] * len(pairs)}), os.path.join(path,

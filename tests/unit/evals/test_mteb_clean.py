@@ -157,3 +157,14 @@ def test_a_task_too_small_to_score_clean_says_so_beside_its_scores(mirror, tiny_
     assert clean["error"].startswith("mteb cannot score STS12VisualSTS without the flagged rows: ValueError: ")
     assert "\n" not in clean["error"] and "scores" not in clean and clean["left_out"]["eval"]["exact"] == len(set(keys))
     assert mteb.TaskResult.from_dict(result).get_score() == result["scores"]["test"][0]["main_score"]
+
+
+def test_an_audit_that_never_read_a_task_gives_it_no_clean_score(mirror, tiny_clip, tmp_path):
+    """An audit whose summary names the tasks it read, STS12VisualSTS not among them (an audit against other tables,
+    or from before it covered the mteb tasks): the task gets an error line, not a clean score equal to its own."""
+    audit = audit_output(tmp_path / "audit", [("train/0", "sha256:" + "0" * 64, "exact")], audited=["CIFAR10"])
+    clean = ours(["STS12VisualSTS"], mirror, tiny_clip, str(tmp_path / "out"), exclude=audit)["STS12VisualSTS"][
+        "mieb_ray"]["clean"]
+    assert clean["error"] == (f"the audit at {audit} read none of STS12VisualSTS's images (an audit against other "
+                              "tables, or from before it covered this task): audit --against mieb again")
+    assert "scores" not in clean and "main_score" not in clean
