@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import benchmarks, mteb_clean
+from mieb_ray.evals.retrieval import top_docs
 from mieb_ray.io import contamination, embeddings
 from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import identity, placement, tasks
@@ -44,6 +45,7 @@ IMAGES, TEXTS = "images", "texts"
 ITEM_SCHEMA = {IMAGES: pa.schema([("key", pa.string()), ("image", pa.binary())]),
                TEXTS: pa.schema([("key", pa.string()), ("text", pa.string())])}
 BATCH = 512  # rows of a dataset read at a time
+ENGINE_DOCS = 50_000  # a retrieval corpus of this many docs (one chunk of mteb's search) or more: the top-k engine
 
 
 def image_key(data: bytes) -> str:
@@ -174,8 +176,12 @@ def recorder(dim: int, sink: ItemSink):
 
 def server(dim: int, vectors: dict[str, np.ndarray], task: str):
     """An mteb encoder that answers each input with its cached vector (an image and a text: their sum, as mteb's
-    CLIP wrapper adds them)."""
+    CLIP wrapper adds them), and mteb's search interface: a retrieval corpus of ENGINE_DOCS or more is searched on
+    the top-k engine (evals/retrieval.top_docs: mteb's own search, its query blocks over the cluster), a smaller
+    one, or a reranking of given candidates, by mteb's own SearchEncoderWrapper."""
     class Server(_encoder_base(dim)):
+        corpus = None
+
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows = []
             for keys, _, texts in inputs(inputs_, payload=False):
@@ -186,6 +192,33 @@ def server(dim: int, vectors: dict[str, np.ndarray], task: str):
                         raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
                     rows.append(vectors[parts[0]] + vectors[parts[1]] if len(parts) == 2 else vectors[parts[0]])
             return np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+
+        def index(self, corpus, **kwargs) -> None:
+            self.corpus = corpus
+
+        def search(self, queries, *, task_metadata, hf_split, hf_subset, top_k, encode_kwargs, top_ranked=None,
+                   num_proc=None, **kwargs) -> dict[str, dict[str, float]]:
+            from mteb._create_dataloaders import create_dataloader
+            from mteb.models.search_wrappers import SearchEncoderWrapper
+            from mteb.types import PromptType
+
+            where = {"task_metadata": task_metadata, "hf_split": hf_split, "hf_subset": hf_subset}
+            if top_ranked is not None or len(self.corpus) < ENGINE_DOCS:
+                mteb_search = SearchEncoderWrapper(self)
+                mteb_search.index(self.corpus, **where, encode_kwargs=encode_kwargs, num_proc=num_proc)
+                return mteb_search.search(queries, **where, top_k=top_k, encode_kwargs=encode_kwargs,
+                                          top_ranked=top_ranked, num_proc=num_proc, **kwargs)
+
+            def vectors_of(data, prompt_type) -> np.ndarray:
+                loader = create_dataloader(data, task_metadata=task_metadata, prompt_type=prompt_type,
+                                           num_proc=num_proc, **encode_kwargs)
+                return self.encode(loader, **where, prompt_type=prompt_type, **encode_kwargs)
+
+            ids = list(self.corpus["id"])
+            scores, rows = top_docs(vectors_of(queries, PromptType.query), vectors_of(self.corpus, PromptType.document),
+                                    ids, top_k)
+            self.corpus = None
+            return {qid: {ids[j]: float(v) for v, j in zip(scores[i], rows[i])} for i, qid in enumerate(queries["id"])}
 
     return Server()
 

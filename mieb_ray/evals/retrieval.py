@@ -62,11 +62,11 @@ def select_tasks(names: list[str] | None) -> list[RetrievalTask]:
     return [BY_NAME[n] for n in names] if names else list(TASKS)
 
 
-def id_order(n: int) -> np.ndarray:
-    """Per doc i of n, its place in the descending string order of the ids `corpus-<split>-<i>`: how mteb (its
-    heap of (score, id)) and pytrec_eval break ties."""
-    place = np.empty(n, np.int64)
-    place[sorted(range(n), key=str, reverse=True)] = np.arange(n)
+def id_order(ids: list) -> np.ndarray:
+    """Per doc, its place in the descending order of the docs' ids: how mteb (its heap of (score, id)) and
+    pytrec_eval break ties."""
+    place = np.empty(len(ids), np.int64)
+    place[sorted(range(len(ids)), key=ids.__getitem__, reverse=True)] = np.arange(len(ids))
     return place
 
 
@@ -75,9 +75,10 @@ class MtebTop:
     """Reducer: each query's top k docs as mteb's SearchEncoderWrapper finds them: (q, k) scores and doc rows,
     best first by (score, doc id), both descending. Per corpus chunk torch.topk keeps k + 1 (its choice among
     tied scores is torch's, and mteb's); of those the best k by (score, id). The corpus is one partition whose
-    group ids are its rows."""
+    group ids are its rows; `order` is id_order of its ids."""
 
     k: int
+    order: np.ndarray = field(compare=False)
 
     def score(self, part, queries: np.ndarray, data=None) -> tuple[np.ndarray, np.ndarray]:
         import torch
@@ -94,7 +95,7 @@ class MtebTop:
         if not values:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         values, rows = np.concatenate(values, 1), np.concatenate(rows, 1)
-        order = np.lexsort((id_order(len(part.docs))[rows], -values), axis=1)[:, :self.k]
+        order = np.lexsort((self.order[rows], -values), axis=1)[:, :self.k]
         return np.take_along_axis(values, order, 1), np.take_along_axis(rows, order, 1)
 
     @staticmethod
@@ -158,11 +159,27 @@ class _Pending:
 
 def search(queries, corpus, n: int) -> list:
     """Refs to the block summaries of n queries (a ref to their (n, d) vectors; query i's document is doc i)
-    against n docs (a ref)."""
-    lay = engine.layout(chunks=[_corpus.remote(corpus)], partitions=1)  # SciMMIR's corpus: 16,263 rows
+    against n docs (a ref), whose ids are `corpus-<split>-<i>` (their order: that of str(i))."""
     blocks = [(lo, min(lo + QUERY_BLOCK, n)) for lo in range(0, n, QUERY_BLOCK)]
-    tops = engine.search(lay, [_block.remote(queries, lo, hi) for lo, hi in blocks], MtebTop(TOP_K))
+    tops = _tops(queries, corpus, blocks, MtebTop(TOP_K, id_order([str(i) for i in range(n)])))
     return [_summary.remote(top, lo) for top, (lo, _) in zip(tops, blocks)]
+
+
+def _tops(queries, corpus, blocks: list[tuple[int, int]], reducer: MtebTop) -> list:
+    """Refs to each query block's top docs (MtebTop) in a corpus laid out as one partition."""
+    lay = engine.layout(chunks=[_corpus.remote(corpus)], partitions=1)  # SciMMIR's corpus: 16,263 rows
+    return engine.search(lay, [_block.remote(queries, lo, hi) for lo, hi in blocks], reducer)
+
+
+def top_docs(queries: np.ndarray, corpus: np.ndarray, ids: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's top k docs of the corpus as mteb's SearchEncoderWrapper finds them ((q, k) cosines and doc
+    rows, best first by (score, id)), its query blocks scored by the top-k engine's tasks (on Ray, or in this
+    process under tasks.using("local")): how the mteb suite searches a large retrieval corpus."""
+    blocks = [(lo, min(lo + QUERY_BLOCK, len(queries))) for lo in range(0, len(queries), QUERY_BLOCK)]
+    tops = tasks.get(_tops(tasks.put(queries), corpus, blocks, MtebTop(k, id_order(ids))))
+    if not tops:
+        return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int64)
+    return np.concatenate([values for values, _ in tops]), np.concatenate([rows for _, rows in tops])
 
 
 class RetrievalSuite:

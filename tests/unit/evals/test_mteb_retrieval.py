@@ -87,3 +87,24 @@ def test_the_scores_are_not_trivial(theirs):
 @pytest.mark.parametrize("name", NAMES)
 def test_each_task_equals_mteb(name, theirs, ours):
     assert_same_scores(ours[name], theirs[0][name], skip=lambda key: noise_decided(name, key))
+
+
+# self-retrieval (skip_first_result), fused image+text queries, ViDoRe's integer ids, a multilingual task's
+# subsets, ROxford's hard split, image+text documents
+ENGINE = ["CUB200I2IRetrieval", "CIRRIT2IRetrieval", "VidoreArxivQARetrieval", "WITT2IRetrieval",
+          "ROxfordHardI2IRetrieval", "EDIST2ITRetrieval"]
+
+
+def test_a_corpus_searched_on_the_top_k_engine_scores_as_mteb(mirror, theirs, tmp_path, monkeypatch):
+    """Every corpus taken for large (ENGINE_DOCS = 1): searched by the top-k engine's tasks (here in this process)
+    instead of mteb's SearchEncoderWrapper, every metric of every split and subset is still mteb's."""
+    from mieb_ray.evals import mteb_suite
+
+    searched, real = [], mteb_suite.top_docs
+    monkeypatch.setattr(mteb_suite, "ENGINE_DOCS", 1)
+    monkeypatch.setattr(mteb_suite, "top_docs", lambda *args: searched.append(len(args[2])) or real(*args))
+    root, model = mirror
+    results = mteb_tasks.ours(ENGINE, root, model, str(tmp_path / "out"))
+    assert len(searched) == sum(len(hub.ROWS[name]) for name in ENGINE)  # one search per subset
+    for name in ENGINE:
+        assert_same_scores(results[name], theirs[0][name], skip=lambda key: noise_decided(name, key))
