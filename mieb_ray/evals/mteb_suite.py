@@ -9,8 +9,11 @@ embed    the items no earlier run embedded with this model, each once however ma
          embed job into a content-keyed cache (OUT/embeddings/mteb/<model>/{images,texts}-<digest>/) as the
          model's raw vectors: mteb's CLIP wrapper returns those, and adds an image's and a text's for an input of both
 score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
-         input of both: the sum of its parts) -> the TaskResult mteb writes
-A second run with the same model embeds nothing; the driver reads no image.
+         input of both: the sum of its parts), and searches a retrieval corpus of ENGINE_DOCS or more on the top-k
+         engine -> the TaskResult mteb writes; with --exclude, mteb runs it once more on the task cleaned of the
+         rows that hold a flagged image (mteb_clean.py)
+A second run with the same model embeds nothing; the driver reads no image. The audit reads every image of these
+tasks through the same collect pass (eval_images).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ IMAGES, TEXTS = "images", "texts"
 ITEM_SCHEMA = {IMAGES: pa.schema([("key", pa.string()), ("image", pa.binary())]),
                TEXTS: pa.schema([("key", pa.string()), ("text", pa.string())])}
 BATCH = 512  # rows of a dataset read at a time
+RECORDED_DIM = 8  # the recorder's zero vectors when no model says their dim: any serves
 ENGINE_DOCS = 50_000  # a retrieval corpus of this many docs (one chunk of mteb's search) or more: the top-k engine
 
 
@@ -339,8 +343,12 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
     task = load_task(name, sources)
     for loading in getattr(task.metadata, "tasks", None) or [task]:
         _load(name, loading, sources)
-    clean = mteb_clean.cleaned(task, frozenset(flags.eval))
-    about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(clean.found))}, "audit": storage.display(exclude)}
+    where = {"audit": storage.display(exclude)}
+    try:
+        clean = mteb_clean.cleaned(task, frozenset(flags.eval))
+    except Exception as exc:  # a task whose rows mteb's cleaning cannot filter: said, not fatal
+        return {**where, "error": f"mteb cannot clean {name}: {type(exc).__name__}: {_first_line(exc)}"}
+    about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(clean.found))}, **where}
     audited = contamination.audited_tasks(exclude)
     if clean.images and audited is not None and name not in audited:  # no clean score where nobody looked
         return {**about, "error": f"the audit at {storage.display(exclude)} read none of {name}'s images (an audit "
@@ -350,8 +358,12 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
         scores = _quiet_evaluate(model, clean.task) if clean.found else result
     except Exception as exc:  # what is left may be too little to score (an STS subset of one pair): said, not fatal
         return {**about, "error": f"mteb cannot score {name} without the flagged rows: {type(exc).__name__}: "
-                                  f"{(str(exc).splitlines() or [''])[0]}"}
+                                  f"{_first_line(exc)}"}
     return {"main_score": TaskResult.from_dict(scores).get_score(), "scores": scores["scores"], **about}
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [""])[0]
 
 
 def missing_data(names: list[str], sources: str) -> list[str]:
@@ -381,7 +393,7 @@ def eval_images(names: list[str], sources: str, folder: str, log, where: placeme
     t0 = time.time()
     items = {n: storage.join(folder, "_items", n) for n in names}
     with tasks.using(where.mode, where.ctx):
-        tasks.get([collect_task.remote(n, sources, items[n], 8) for n in names])
+        tasks.get([collect_task.remote(n, sources, items[n], RECORDED_DIM) for n in names])
         holders: dict[str, list[str]] = {}  # key -> the tasks holding it (each task lists a key once)
         first: dict[str, list[tuple[int, str]]] = {}  # task -> (row, key) of the keys no earlier task holds
         for name in names:  # keys only: the driver reads no image
