@@ -1,17 +1,19 @@
 """The audit's rules, as pure functions on Arrow tables: fingerprint rows, join them, turn nearest neighbours
 into pairs, and count what was found. No Ray.
 
-A hash row: key, sha (sha256 of the bytes), pix (sha256 of the pixels; null when undecodable), pdq, pdq_mirror
-and pdq_quality (the perceptual hash of the pixels and of their mirror, and PDQ's quality), part (the join
-partition), unit and row (where the image is read again for the report), eval_task (the against side only)
-and error. Rows are partitioned by their pixel hash (their byte hash when undecodable): identical bytes
-decode to identical pixels, so rows that match either hash always share a partition, and each join task
-reads its partition of every hash file and nothing else.
+A hash row: key, sha (sha256 of the bytes), pix (sha256 of the pixels; null when undecodable), pdq, pdq_mirror,
+pdq_centred, pdq_sides and pdq_quality (the perceptual hash of the pixels, of their mirror and of windows cut off
+their centre, a side or a corner, and PDQ's quality: audit/fingerprints.py), part (the join partition), unit and
+row (where the image is read again for the report), eval_task (the against side only) and error. Rows are
+partitioned by their pixel hash (their byte hash when undecodable): identical bytes decode to identical pixels, so
+rows that match either hash always share a partition, and each join task reads its partition of every hash file
+and nothing else.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,18 +22,23 @@ import pyarrow.compute as pc
 
 from mieb_ray import formats
 from mieb_ray.audit import hamming
-from mieb_ray.audit.fingerprints import fingerprint
+from mieb_ray.audit.fingerprints import CENTRED, SIDES, fingerprint
 
-PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
-# (train hash, eval hash) compared: the pictures, one the mirror of the other, one a centred crop of the other
-PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
-                ("pdq", "pdq_c90"))
+PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_centred", "pdq_sides")  # columns of 32-byte PDQ hashes, one or more a row
+# (train column, eval column) compared, each hash of one with each of the other: the two pictures, one the other's
+# mirror; the eval picture a crop of the train one (of up to 10%: centred, off a side or a corner); the train
+# picture a centred crop of the eval one (the eval side's windows are held in the index: centred ones only)
+PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_centred", "pdq"), ("pdq_sides", "pdq"),
+                ("pdq", "pdq_centred"))
+# a table against itself (--against self): every row is searched with and in, so its windows find crops both ways
+PDQ_SELF_COMPARED = PDQ_COMPARED[:4]
 PDQ_THRESHOLD = 31  # Hamming distance of 256 bits, ThreatExchange's PDQ match distance (bench/calibration/)
 MIN_QUALITY = 50  # PDQ hashes of lower quality (flat images) take no part in the pdq detector
+HASH_VERSION = 2  # what hash rows hold (1: pdqhash of the pixels, their centre 95% and 90%): --resume keeps its own
 HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", pa.binary(32)),
-                         ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)), ("pdq_c95", pa.binary(32)),
-                         ("pdq_c90", pa.binary(32)), ("pdq_quality", pa.int16()),
-                         ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
+                         ("pdq", pa.binary(32)), ("pdq_mirror", pa.binary(32)),
+                         ("pdq_centred", pa.binary(32 * len(CENTRED))), ("pdq_sides", pa.binary(32 * len(SIDES))),
+                         ("pdq_quality", pa.int16()), ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
                          ("eval_task", pa.string()), ("error", pa.string())])
 ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
 PAIR_SCHEMA = pa.schema([("train_key", pa.string()), ("eval_task", pa.string()), ("eval_key", pa.string()),
@@ -162,45 +169,90 @@ def hash_pairs(train: pa.Table, against: pa.Table) -> tuple[pa.Table, list[dict]
 
 
 def pdq_words(hashes: pa.Array) -> np.ndarray:
-    """32-byte hashes as (n, 4) uint64 words."""
-    flat = np.frombuffer(hashes.buffers()[1], np.uint8)[hashes.offset * 32:(hashes.offset + len(hashes)) * 32]
-    return flat.view(">u8").astype(np.uint64).reshape(-1, 4) if len(hashes) else np.zeros((0, 4), np.uint64)
+    """Fixed-size binary hashes, one or more of 32 bytes a row, as (rows, hashes a row, 4) uint64 words."""
+    width = hashes.type.byte_width
+    if not len(hashes):
+        return np.zeros((0, width // 32, 4), np.uint64)
+    flat = np.frombuffer(hashes.buffers()[1], np.uint8)[hashes.offset * width:(hashes.offset + len(hashes)) * width]
+    return flat.view(">u8").astype(np.uint64).reshape(len(hashes), width // 32, 4)
+
+
+def pdq_comparisons(compared: tuple = PDQ_COMPARED) -> int:
+    """Hash comparisons per (train, eval) picture: each hash of one column against each of the other."""
+    def hashes(column: str) -> int:
+        return HASH_SCHEMA.field(column).type.byte_width // 32
+
+    return sum(hashes(a) * hashes(b) for a, b in compared)
+
+
+def pdq_columns(compared: tuple, side: int) -> list[str]:
+    """The hash columns one side of `compared` (0: train, 1: eval) searches with or is searched in; pdq first (it
+    tells the pictures apart)."""
+    return list(dict.fromkeys(["pdq", *(pair[side] for pair in compared)]))
 
 
 @dataclass(frozen=True)
 class PdqSide:
-    """One side's hash rows made ready for the pdq search once (the eval side serves every train batch): the
-    rows of PDQ quality MIN_QUALITY or more, their distinct pictures (one PDQ hash: identical pictures are
-    searched once, so a thousand copies of one frame cost one search) and each hash column of those pictures as
-    (n, 4) words, indexed for the search (hamming.Index)."""
+    """One side's hash rows made ready for the pdq search once (the eval side serves every train batch): the keys
+    and eval tasks of the rows of PDQ quality MIN_QUALITY or more, their distinct pictures (the same hashes:
+    identical pictures are searched once, so a thousand copies of one frame cost one search; `values`: a digest of
+    each picture's hashes) and of those pictures the hash columns it searches with, as (pictures, hashes a row, 4)
+    words, and those it is searched in, indexed (hamming.Index of all their hashes: a picture's k hashes are its k
+    rows in a row)."""
 
     table: pa.Table
     values: list
     rows: Rows
-    hashes: dict[str, hamming.Index]
+    words: dict[str, np.ndarray]
+    indexes: dict[str, hamming.Index]
 
 
-def pdq_side(table: pa.Table) -> PdqSide:
+def pdq_side(table: pa.Table, searching: Sequence[str] = (), searched: Sequence[str] = ()) -> PdqSide:
+    """`table`'s rows made ready to search with the hash columns `searching` and to be searched in `searched`."""
     table = table.filter(pc.fill_null(pc.greater_equal(table["pdq_quality"], MIN_QUALITY), False))
-    values, rows = _distinct(table["pdq"].to_pylist())
+    # pictures apart by all the hashes searched, not by pdq alone: an edit may keep one hash and change another
+    hashes = zip(*(table[c].to_pylist() for c in dict.fromkeys(["pdq", *searching, *searched])))
+    values, rows = _distinct([hashlib.sha256(b"".join(h)).digest() for h in hashes])
     first = pa.array(rows.first(), pa.int64())
-    return PdqSide(table, values, rows,
-                   {c: hamming.Index(pdq_words(table[c].take(first).combine_chunks())) for c in PDQ_HASHES})
+
+    def words(column: str) -> np.ndarray:
+        return pdq_words(table[column].take(first).combine_chunks())
+
+    return PdqSide(table.select(["key", "eval_task"]), values, rows, {c: words(c) for c in searching},
+                   {c: hamming.Index(words(c).reshape(-1, 4)) for c in searched})
 
 
-def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide,
-              threshold: int = PDQ_THRESHOLD) -> tuple[pa.Table, list[dict]]:
+def pdq_index(table: pa.Table, compared: tuple = PDQ_COMPARED) -> PdqSide:
+    """`table`'s rows made ready to be searched in as the eval side of `compared`."""
+    return pdq_side(table, searched=pdq_columns(compared, 1))
+
+
+def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide, threshold: int = PDQ_THRESHOLD,
+              compared: tuple = PDQ_COMPARED) -> tuple[pa.Table, list[dict]]:
     """The pdq pairs of two sets of hash rows (or of pdq_side's): a train image within `threshold` bits of an eval
-    image by any of PDQ_COMPARED (the smallest distance counts), both of PDQ quality MIN_QUALITY or more; score =
-    1 - distance / 256. And the groups of more than GROUP_CAP pairs (linked_rows)."""
-    train, against = (s if isinstance(s, PdqSide) else pdq_side(s) for s in (train, against))
-    best = {}
-    for a, b in PDQ_COMPARED:  # one link per (train, eval) picture: its smallest distance
-        i, j, d = hamming.within(train.hashes[a].words, against.hashes[b], threshold)
-        for x, y, dist in zip(i.tolist(), j.tolist(), d.tolist()):
-            best[x, y] = min(dist, best.get((x, y), dist))
+    image by any two hashes `compared` pairs, both of PDQ quality MIN_QUALITY or more; one pair per (train, eval)
+    row, at its smallest distance: score = 1 - distance / 256. And the groups of more than GROUP_CAP pairs
+    (linked_rows)."""
+    if not isinstance(train, PdqSide):
+        train = pdq_side(train, searching=pdq_columns(compared, 0))
+    if not isinstance(against, PdqSide):
+        against = pdq_index(against, compared)
+    found = [_within(train.words[a], against.indexes[b], len(against.values), threshold) for a, b in compared]
+    i, j, d = (np.concatenate(x) for x in zip(*found))
+    order = np.lexsort((d, j, i))  # each (train, eval) picture's smallest distance first
+    i, j, d = i[order], j[order], d[order]
+    first = np.ones(len(i), bool)
+    first[1:] = (i[1:] != i[:-1]) | (j[1:] != j[:-1])
     return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
-                       [(x, y, 1 - d / 256) for (x, y), d in best.items()])
+                       list(zip(i[first].tolist(), j[first].tolist(), (1 - d[first] / 256).tolist())))
+
+
+def _within(words: np.ndarray, index: hamming.Index, pictures: int, threshold: int) -> hamming.Result:
+    """(train picture, eval picture, distance) of every hash of `words` ((pictures, hashes a row, 4)) within
+    `threshold` of a hash of `index` (the hashes of `pictures` pictures, each picture's in a row)."""
+    found = [hamming.within(np.ascontiguousarray(words[:, k]), index, threshold) for k in range(words.shape[1])]
+    i, j, d = (np.concatenate(x) for x in zip(*found))
+    return i, j // max(1, len(index) // max(1, pictures)), d
 
 
 def near_rows(scores: np.ndarray, docs: np.ndarray, eval_keys: pa.Array, threshold: float) -> pa.Table:

@@ -1,7 +1,9 @@
 """The pdq detector's search: every train x eval pair within matches.PDQ_THRESHOLD bits, exactly. The eval side's
-PDQ hashes are read once into the object store and indexed once (matches.pdq_side: about 630 bytes a row), then
-a CPU task per batch of train hash files, each file read once, searches it by multi-index hashing
-(audit/hamming.py). For `--against self`, the train side is searched against itself.
+PDQ hashes it is searched in (the picture's, its mirror's, its centred windows') are read once into the object
+store and indexed once (matches.pdq_index: about 790 bytes a row), then a CPU task per batch of train hash files,
+each file read once, searches it with each train picture's hashes (its own and its windows': matches.PDQ_COMPARED)
+by multi-index hashing (audit/hamming.py). For `--against self`, the train side is searched against itself
+(matches.PDQ_SELF_COMPARED).
 """
 
 from __future__ import annotations
@@ -15,24 +17,29 @@ from mieb_ray.audit import duplicates, matches
 from mieb_ray.audit.hashes import HashFiles, read_columns
 from mieb_ray.runtime import tasks
 
-PDQ_COLUMNS = ["key", "eval_task", *matches.PDQ_HASHES, "pdq_quality"]
 PDQ_BATCH_ROWS = 100_000  # train hash rows one pdq task reads
 
 
+def _read(uris: list[str], compared: tuple, side: int) -> pa.Table:
+    """The columns one side of `compared` needs (0: train, 1: eval) of some hash files."""
+    return read_columns(uris, ["key", "eval_task", *matches.pdq_columns(compared, side), "pdq_quality"])
+
+
 @tasks.remote(num_cpus=1)
-def _indexed(uris: list[str]) -> matches.PdqSide:
-    """The side every train batch is searched against, read and made ready once."""
-    return matches.pdq_side(read_columns(uris, PDQ_COLUMNS))
+def _indexed(uris: list[str], compared: tuple) -> matches.PdqSide:
+    """The side every train batch is searched in, read and made ready once."""
+    return matches.pdq_index(_read(uris, compared, 1), compared)
 
 
 @tasks.remote(num_cpus=1)
 def _batch_pairs(uris: list[str], against: matches.PdqSide) -> tuple[pa.Table, list[dict]]:
-    return matches.pdq_pairs(read_columns(uris, PDQ_COLUMNS), against)
+    return matches.pdq_pairs(_read(uris, matches.PDQ_COMPARED, 0), against)
 
 
 @tasks.remote(num_cpus=1)
 def _batch_links(uris: list[str], every: matches.PdqSide) -> list:
-    return duplicates.pdq_links(matches.pdq_pairs(read_columns(uris, PDQ_COLUMNS), every)[0])
+    compared = matches.PDQ_SELF_COMPARED
+    return duplicates.pdq_links(matches.pdq_pairs(_read(uris, compared, 0), every, compared=compared)[0])
 
 
 def train_batches(hashed: HashFiles, cpus: float) -> list[list[str]]:
@@ -55,7 +62,7 @@ def train_batches(hashed: HashFiles, cpus: float) -> list[list[str]]:
 def pairs(hashed: HashFiles, cpus: float, log) -> tuple[pa.Table, list[dict]]:
     """The pdq pairs, and the groups of more than matches.GROUP_CAP pairs."""
     t0 = time.time()
-    against = _indexed.remote(hashed.uris("against"))
+    against = _indexed.remote(hashed.uris("against"), matches.PDQ_COMPARED)
     batches = train_batches(hashed, cpus)
     found = tasks.get([_batch_pairs.remote(b, against) for b in batches])
     table = pa.concat_tables([f[0] for f in found] or [matches.PAIR_SCHEMA.empty_table()])
@@ -83,6 +90,6 @@ def _merged(groups: list[dict]) -> list[dict]:
 
 def links(hashed: HashFiles, cpus: float) -> list:
     """`--against self`: the ("pdq", key, key) links of every train batch searched against the whole train side."""
-    every = _indexed.remote(hashed.uris("train"))
+    every = _indexed.remote(hashed.uris("train"), matches.PDQ_SELF_COMPARED)
     return [link for found in tasks.get([_batch_links.remote(b, every) for b in train_batches(hashed, cpus)])
             for link in found]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mieb_ray import __version__, formats, storage
+from mieb_ray.audit import matches
 from mieb_ray.audit.config import MIEB, AuditConfig
 from mieb_ray.errors import UserError
 from mieb_ray.evals import biovita_data as biovita
@@ -111,8 +112,8 @@ class Plan:
 
     def settings(self) -> dict:
         """What a resumed run must share with the one whose hash files it reuses."""
-        return {"version": __version__, "partitions": self.partitions, "unit_rows": UNIT_ROWS,
-                "train": storage.display(self.train.uris[0]),
+        return {"version": __version__, "hashes": matches.HASH_VERSION, "partitions": self.partitions,
+                "unit_rows": UNIT_ROWS, "train": storage.display(self.train.uris[0]),
                 "against": [storage.display(u) for u in self.against.uris]}
 
 

@@ -17,16 +17,18 @@ from PIL import Image
 from mieb_ray.demo_data.mirror import photo_names, picture
 from support.pictures import encode, jpeg
 
-# how each planted copy differs from its train image, and the detectors that must find it
-# (pdq within 31 bits: all but the crop, which is cut from one side only: the pdq detector's crop hashes are centred)
+# how each planted copy differs from its train image, and the detectors that must find it (pdq: within 31 bits,
+# crops through the train image's windows)
 PLANTS = {
     "same bytes": ("exact", "pixels", "pdq"),
     "JPEG -> PNG": ("pixels", "pdq"),
     "JPEG quality 90 -> 50": ("pdq", "near"),
     "PNG -> JPEG": ("pdq", "near"),
     "resized by 1 px": ("pdq", "near"),
-    "cropped 5%": ("near",),
+    "cropped 7% off the left": ("pdq", "near"),
     "mirrored": ("pdq", "near"),
+    "cropped 3% off a corner": ("pdq", "near"),
+    "downscaled to 64 px": ("pdq", "near"),
 }
 TILE = 96
 TRAIN_TILES = 36  # tiles 0..35 go to train (tile 3, the PNG -> JPEG one, as a PNG); the rest are eval-only
@@ -53,8 +55,10 @@ def plant(kind: str, data: bytes) -> bytes:
             "JPEG quality 90 -> 50": lambda: jpeg(image, 50),
             "PNG -> JPEG": lambda: jpeg(image),
             "resized by 1 px": lambda: jpeg(image.resize((w - 1, h - 1), Image.Resampling.BICUBIC)),
-            "cropped 5%": lambda: jpeg(image.crop((round(w * 0.05), 0, w, h))),
-            "mirrored": lambda: jpeg(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT))}[kind]()
+            "cropped 7% off the left": lambda: jpeg(image.crop((round(w * 0.07), 0, w, h))),
+            "mirrored": lambda: jpeg(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
+            "cropped 3% off a corner": lambda: jpeg(image.crop((0, round(h * 0.03), w - round(w * 0.03), h))),
+            "downscaled to 64 px": lambda: jpeg(image.resize((64, 64), Image.Resampling.LANCZOS))}[kind]()
 
 
 def write_table(folder: str, keys: list[str], images: list[bytes]) -> str:

@@ -62,9 +62,10 @@ def test_hash_detectors_find_what_they_must_and_nothing_else(ray_local, planted,
     eval_rows = pq.read_metadata(os.path.join(planted["against"][0], "000000.parquet")).num_rows
     assert first["eval_rows"] == eval_rows
     assert first["exact"]["eval_images"] == 1 and first["pixels"]["eval_images"] == 2
-    assert first["pdq"]["eval_images"] == 6
-    assert first["any"]["percent"] == pytest.approx(100 * 6 / eval_rows, abs=1e-4)
-    assert summary["totals"]["train_rows_flagged"] == 7 and summary["threshold"] is None
+    # every plant of the first task, crops off a side and a corner and the 64-px downscale among them
+    assert first["pdq"]["eval_images"] == first["any"]["eval_images"] == len(PLANTS)
+    assert first["any"]["percent"] == pytest.approx(100 * len(PLANTS) / eval_rows, abs=1e-4)
+    assert summary["totals"]["train_rows_flagged"] == len(PLANTS) + 1 and summary["threshold"] is None
     assert set(summary["train_datasets"]) == {"cifar100", "food101"}
     page = open(os.path.join(out, "report.html")).read()
     assert "data:image/jpeg;base64," in page and "cifar100/test/0" in page and "a threshold, not a proof" in page
