@@ -4,12 +4,12 @@ The full audit (`mieb-ray audit --against mieb` of mieb-train on 256 cores) runs
 about 8,661 train hash rows against the eval side of all of MIEB (about 1M pictures). This times one such task on
 random hash rows of those shapes (PDQ_HASHES columns, keys, quality 100), one core, CPU time:
 
-  eval side   matches.pdq_side of the 1M eval rows (distinct pictures, their index): once per audit, in the job's
+  eval side   matches.pdq_index of the 1M eval rows (distinct pictures, their index): once per audit, in the job's
               `_pdq_against` task
   shipped     the eval side pickled (protocol 5) and read back: what each task pays to receive it from the object
               store (Ray pickles it the same way; its numpy and Arrow buffers travel out of band)
-  search      matches.pdq_pairs of the train batch against it: the train side made ready, the six comparisons of
-              PDQ_COMPARED, the pairs as rows
+  search      matches.pdq_pairs of the train batch against it: the train side made ready, the comparisons of
+              PDQ_COMPARED (matches.pdq_comparisons a pair of pictures), the pairs as rows
 and the same search with hamming.within replaced by hamming.brute_force (the search before multi-index hashing):
 the baseline. The pair tables must be equal. Then the full audit's pdq step projected: 512 x (shipped + search).
 Prints the harness table (bench/harness.py; CPU seconds) and writes bench/records/audit_pdq_task.json.
@@ -38,8 +38,9 @@ TASKS = 512  # the full audit's pdq tasks on 256 cores (audit/pdq.py train_batch
 
 
 def table(rng, n: int, prefix: str, task: str) -> pa.Table:
-    hashes = {c: pa.array(np.frombuffer(rng.bytes(n * 32), "V32").tolist(), pa.binary(32))
-              for c in matches.PDQ_HASHES}
+    types = {c: matches.HASH_SCHEMA.field(c).type for c in matches.PDQ_HASHES}  # one hash a row, or several
+    hashes = {c: pa.array(np.frombuffer(rng.bytes(n * t.byte_width), f"V{t.byte_width}").tolist(), t)
+              for c, t in types.items()}
     return pa.table({"key": [f"{prefix}/{i}" for i in range(n)], "eval_task": [task] * n, **hashes,
                      "pdq_quality": pa.array(np.full(n, 100), pa.int16())})
 
@@ -76,7 +77,7 @@ def main() -> None:
     kept = {}
 
     def eval_side(i):
-        seconds, kept["side"] = cpu(lambda: matches.pdq_side(evals))
+        seconds, kept["side"] = cpu(lambda: matches.pdq_index(evals))
         kept["blob"] = pickle.dumps(kept["side"], protocol=5)
         return seconds
 
@@ -97,17 +98,17 @@ def main() -> None:
             hamming.within = within
         return seconds
 
-    comparisons = args.train * args.eval * len(matches.PDQ_COMPARED)
+    comparisons = args.train * args.eval * matches.pdq_comparisons()
     base = "search, brute force"
     bench = h.Benchmark(
         "audit_pdq_task", f"One pdq task of the full audit: {args.train:,} train x {args.eval:,} eval hash rows "
         f"({comparisons:,} hash comparisons), one core, CPU seconds", [
-            h.Contender("eval side made ready", "matches.pdq_side of the eval rows: once per audit", call=eval_side),
+            h.Contender("eval side made ready", "matches.pdq_index of the eval rows: once per audit", call=eval_side),
             h.Contender("eval side shipped", "its pickle (protocol 5) read back: what each task pays to receive it",
                         call=shipped),
             h.Contender(base, "matches.pdq_pairs with hamming.brute_force (the search before multi-index hashing): "
                         "the baseline", call=brute_force),
-            h.Contender("search, multi-index hashing", "matches.pdq_pairs: the train side made ready, the six "
+            h.Contender("search, multi-index hashing", "matches.pdq_pairs: the train side made ready, the "
                         "comparisons of PDQ_COMPARED, the pairs as rows", call=search, baseline=base)],
         group="Audit", ratio=("search, multi-index hashing", base), repeat=args.repeat, unit="CPU s")
     record = h.run(bench)
