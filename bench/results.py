@@ -33,6 +33,7 @@ PAGE = {
     "eval_zeroshot": "Eval: the MIEB zero-shot suite against mteb",
     "eval_probe": "Eval: linear probe against mteb",
     "eval_scale": "Eval: group-max top-10 on the top-k engine",
+    "eval_types": "Eval: MIEB by task type against mteb, on the same embeddings",
     "audit_near": "Audit: the near-duplicate stage against faiss",
     "audit_pdq_search": "Audit: the pdq pair search",
     "audit_pdq_task": "Audit: one pdq task of the full audit",
