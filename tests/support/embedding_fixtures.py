@@ -71,11 +71,12 @@ def _vectors(plan: Plan, dim: int, seed: int, grid: int | None, spread: float):
 
 
 def write_embeddings(out: str, keys: list[str], matrix: np.ndarray, modality: str, dtype: str, shards: int,
-           config: dict) -> dict:
-    """Shards + _manifest.json, laid out as the embed job writes them (manifest last)."""
+           config: dict, normalized: bool = True) -> dict:
+    """Shards + _manifest.json, laid out as the embed job writes them (manifest last); `normalized`: what the
+    shards say of their vectors (False: raw, as `embed --raw` writes them)."""
     storage.check_output(out)
     dim = matrix.shape[1]
-    meta = {"model": MODEL | {"dim": dim}, "modality": modality, "dtype": dtype, "normalized": True,
+    meta = {"model": MODEL | {"dim": dim}, "modality": modality, "dtype": dtype, "normalized": normalized,
             "preprocessing": None, "package": f"mieb-ray {__version__}"}
     schema = formats.embedding_schema(dim, dtype, None, meta)
     entries = []
