@@ -1,25 +1,38 @@
-"""Calibrate the audit's detectors on real pictures: copies under the edits datasets make, against distinct images.
+"""Calibrate the audit's pdq detector on real pictures: copies under the edits datasets make, against distinct images.
 
-Originals: the real photographs two PyPI packages ship at full size, each under the licence its package states:
-scikit-image's `skimage/data/` (astronaut, camera, coffee, coins, hubble_deep_field, rocket: public domain or no
-known copyright restrictions; brick, cell, chelsea, grass, gravel, microaneurysms, retina: CC0; ihc: no known
-copyright restrictions) and scikit-learn's `sklearn/datasets/images/` (china, flower: CC BY 2.0). Neither package
-is a dependency of mieb-ray: `pip install scikit-image ImageHash` first.
+Originals, two sets, read from the installed packages (nothing of them is copied into this repository). Set A, the
+16 pictures the detector was designed on: the real photographs scikit-image's `skimage/data/` ships at full size
+(astronaut, camera, coffee, coins, hubble_deep_field, rocket: public domain or no known copyright restrictions;
+brick, cell, chelsea, grass, gravel, microaneurysms, retina: CC0; ihc: no known copyright restrictions) and
+scikit-learn's `sklearn/datasets/images/` (china, flower: CC BY 2.0). Set B, to check it on pictures it was not
+designed on: scikit-image's other photographs (clock_motion, text: public domain; motorcycle_left: the Middlebury
+2014 stereo benchmark; moon, page: no source stated) and a window (half to three quarters of each side, at a random
+place) of each picture of set A, as a photograph of its own. Neither package is a dependency of mieb-ray:
+`pip install scikit-image ImageHash scikit-learn` first.
 
-Copies (the eval side): every original under each edit of EDITS. Distinct images: each original's four quadrants
-and its centre half (half of them on each side), and every other original. The train side holds the originals and
-half the distinct crops; a pair found between a copy and its own original is a true match, any other pair found is
-a false one (a quadrant of a photo is not a copy of it, nor is a 20% crop of the quadrant's photo).
+Copies (the eval side): every original under each edit of EDITS and under edits drawn at random (random_edits):
+crops of up to 10% centred, off one side, off a corner's two sides (the same share off each) and asymmetric ones
+(up to 10% of each axis split at random between its two ends), downscales to a longer side of 64, 96 or 128 px
+(a filter drawn at random), and chains of them with JPEG. Distinct images: each original's four quadrants and its
+centre half (half of them on each side), every other original, and 100 faces of 25 x 25 px (scikit-image's
+lfw_subset, from the LFW data set, half on each side: small, alike pictures). The train side holds the originals,
+half the distinct crops and half the faces; a pair found between a copy and its own original is a true match, any
+other pair found is a false one (a quadrant of a photo is not a copy of it, nor is a 20% crop of the quadrant's
+photo).
 
-Detectors, each over a grid of thresholds: exact (sha256), pixels (decoded pixels), pdq (mieb-ray's: PDQ of the
-pixels box-downscaled to 512, against the eval image and its mirror; Hamming distance of 256 bits), phash
-(imagehash.phash, 64 bits, as imagededup uses it: the anchor) and, with --clip, the near detector's cosine on a
-random tiny CLIP (tests' model: its cosines mean nothing; stated so, until a trained model can be loaded: pass
---model NAME_OR_PATH for one).
+Detectors: exact (sha256), pixels (decoded pixels), pdq (mieb-ray's, matches.PDQ_COMPARED: the train picture's
+hash and its windows' against the eval picture's hash, its mirror's and its centred windows', pictures of PDQ
+quality 50 or more), over a grid of thresholds; the same with the copies on the train side (a train image made by
+editing an eval image); pdq as it was before its windows (hash version 1: pdqhash of the pixels at 256 px, their
+mirror, central 95% and 90%); phash (imagehash.phash, 64 bits, as imagededup uses it: the anchor) and, with --clip,
+the near detector's cosine on a random tiny CLIP (tests' model: its cosines mean nothing; pass --model
+NAME_OR_PATH for a trained one).
 
-Prints recall per edit and threshold, precision and false pairs per threshold, the recall on the edits a hash can
-see (all but crops over 10% and rotations), the distances of the pairs that are not copies, and the hash stage's
-images per second on one core on mieb-train's mix (bench/preprocess.py's kinds, weighted by rows).
+Prints, per set, the recall of each family of edits and threshold, precision and false pairs; the distances of the
+pairs that are not copies; whether matches.pdq_pairs (the audit's search) finds exactly the pairs within 31 bits;
+the recall of the crop families for other grids of windows (how the windows were chosen); the pdq search's CPU
+time before and after on hashes of a task's shape; and the hash stage's images per second on one core before and
+after, on mieb-train's mix (bench/preprocess.py's kinds, weighted by rows). Every draw is seeded (SEED).
 
 Run through the harness (wrapped): what it prints becomes bench/records/audit_calibrate.json.
 
@@ -37,36 +50,69 @@ import tempfile
 import time
 
 import numpy as np
+import pyarrow as pa
 from PIL import Image, ImageEnhance, ImageOps
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [BENCH, os.path.dirname(BENCH)]  # bench/ (the harness, preprocess.py's kinds), the repository
 
-from mieb_ray.audit.fingerprints import fingerprint  # noqa: E402
-from mieb_ray.audit.matches import PDQ_COMPARED  # noqa: E402
+from mieb_ray.audit import fingerprints, matches  # noqa: E402
+from mieb_ray.audit.fingerprints import decode, fingerprint, pdq_pixels, pixel_hash, sha256  # noqa: E402
 
+SEED = 0
 SKIMAGE = ("astronaut", "brick", "camera", "cell", "chelsea", "coffee", "coins", "grass", "gravel",
            "hubble_deep_field", "ihc", "microaneurysms", "retina", "rocket")
 SKLEARN = ("china", "flower")
-PDQ = (8, 16, 24, 31, 40, 48, 56, 64)
-PHASH = (4, 6, 8, 10, 12, 16)
+SKIMAGE_OTHERS = ("motorcycle_left", "clock_motion", "moon", "page", "text")
+FACES = 100  # the first 100 of lfw_subset are faces
+PDQ = (16, 24, 31, 40, 48, 64)
+PHASH = 10  # imagededup's distance
 COSINE = (0.90, 0.95, 0.99)
-NOT_HASHABLE = ("crop 20%", "rotate 2°", "rotate 5°", "chain: crop 10% + rotate 2°")
+THRESHOLD = matches.PDQ_THRESHOLD
+FILTERS = (Image.Resampling.BOX, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC, Image.Resampling.LANCZOS)
+# (left, right, top, bottom): the sides a crop of each kind cuts off
+ONE_SIDE = {"left": (1, 0, 0, 0), "right": (0, 1, 0, 0), "top": (0, 0, 1, 0), "bottom": (0, 0, 0, 1)}
+CORNERS = {"top left": (1, 0, 1, 0), "top right": (0, 1, 1, 0), "bottom left": (1, 0, 0, 1),
+           "bottom right": (0, 1, 0, 1)}
+# the version-1 detector (before the windows): its hash columns and comparisons
+V1_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_c95", "pdq"), ("pdq", "pdq_c95"), ("pdq_c90", "pdq"),
+               ("pdq", "pdq_c90"))
 
 
-def originals() -> dict[str, Image.Image]:
+def skimage_picture(name: str) -> Image.Image:
     import skimage
+
+    data = os.path.join(os.path.dirname(skimage.__file__), "data")
+    path = next(os.path.join(data, f) for f in os.listdir(data) if os.path.splitext(f)[0] == name)
+    return Image.open(path).convert("RGB")
+
+
+def set_a() -> dict[str, Image.Image]:
     import sklearn
 
-    out = {}
-    data = os.path.join(os.path.dirname(skimage.__file__), "data")
-    for name in SKIMAGE:
-        path = next(os.path.join(data, f) for f in os.listdir(data) if os.path.splitext(f)[0] == name)
-        out[name] = Image.open(path).convert("RGB")
+    out = {name: skimage_picture(name) for name in SKIMAGE}
     images = os.path.join(os.path.dirname(sklearn.__file__), "datasets", "images")
     for name in SKLEARN:
         out[name] = Image.open(os.path.join(images, f"{name}.jpg")).convert("RGB")
     return out
+
+
+def set_b(a: dict[str, Image.Image], rng: np.random.Generator) -> dict[str, Image.Image]:
+    """Other photographs, and a window of each picture of set A (half to three quarters of each side)."""
+    out = {name: skimage_picture(name) for name in SKIMAGE_OTHERS}
+    for name, image in a.items():
+        w, h = image.size
+        cw, ch = round(w * rng.uniform(0.5, 0.75)), round(h * rng.uniform(0.5, 0.75))
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        out[f"{name} window"] = image.crop((x, y, x + cw, y + ch))
+    return out
+
+
+def faces() -> list[Image.Image]:
+    import skimage
+
+    stack = np.load(os.path.join(os.path.dirname(skimage.__file__), "data", "lfw_subset.npy"))[:FACES]
+    return [Image.fromarray(np.round(face * 255).astype(np.uint8)).convert("RGB") for face in stack]
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -75,11 +121,21 @@ def encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
     return buf.getvalue()
 
 
+def cut(image: Image.Image, left: float, right: float, top: float, bottom: float) -> Image.Image:
+    """The image with these shares of its width and height cut off each side."""
+    w, h = image.size
+    return image.crop((round(w * left), round(h * top), w - round(w * right), h - round(h * bottom)))
+
+
 def crop(image: Image.Image, p: float) -> Image.Image:
     """Remove p of the width and of the height, centred."""
-    w, h = image.size
-    dx, dy = round(w * p / 2), round(h * p / 2)
-    return image.crop((dx, dy, w - dx, h - dy))
+    return cut(image, p / 2, p / 2, p / 2, p / 2)
+
+
+def downscale(image: Image.Image, side: int, resample=Image.Resampling.LANCZOS) -> Image.Image:
+    """The image with its longer side `side` px."""
+    scale = side / max(image.size)
+    return image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample)
 
 
 def letterbox(image: Image.Image) -> Image.Image:
@@ -98,26 +154,78 @@ def png(f):
     return lambda im: encode(f(im))
 
 
+# name -> (family, edit); a family in NOT_HASHABLE is one no hash is meant to see
 EDITS = {
-    **{f"jpeg q{q}": jpeg(q) for q in (90, 70, 50, 30, 10)},
-    "resize x0.5": png(lambda im: im.resize((im.width // 2, im.height // 2), Image.Resampling.BICUBIC)),
-    "resize x2": png(lambda im: im.resize((im.width * 2, im.height * 2), Image.Resampling.BICUBIC)),
-    **{f"crop {round(p * 100)}%": png(lambda im, p=p: crop(im, p)) for p in (0.05, 0.10, 0.20)},
-    "mirror": png(ImageOps.mirror),
-    "rotate 2°": png(lambda im: im.rotate(2, Image.Resampling.BICUBIC)),
-    "rotate 5°": png(lambda im: im.rotate(5, Image.Resampling.BICUBIC)),
-    "brightness +20%": png(lambda im: ImageEnhance.Brightness(im).enhance(1.2)),
-    "brightness -20%": png(lambda im: ImageEnhance.Brightness(im).enhance(0.8)),
-    "contrast +20%": png(lambda im: ImageEnhance.Contrast(im).enhance(1.2)),
-    "contrast -20%": png(lambda im: ImageEnhance.Contrast(im).enhance(0.8)),
-    "letterbox borders": png(letterbox),
-    "grayscale": png(lambda im: ImageOps.grayscale(im).convert("RGB")),
-    "format: JPEG q95": jpeg(95),
-    "format: WebP q80": lambda im: encode(im, "WEBP", quality=80),
-    "chain: resize x0.5 + jpeg q50": lambda im: encode(im.resize((im.width // 2, im.height // 2)), "JPEG", quality=50),
-    "chain: mirror + brightness -20%": png(lambda im: ImageEnhance.Brightness(ImageOps.mirror(im)).enhance(0.8)),
-    "chain: crop 10% + rotate 2°": png(lambda im: crop(im, 0.10).rotate(2, Image.Resampling.BICUBIC)),
+    **{f"jpeg q{q}": ("re-encode", jpeg(q)) for q in (90, 70, 50, 30)},
+    "jpeg q10": ("jpeg q10", jpeg(10)),
+    "format: JPEG q95": ("re-encode", jpeg(95)),
+    "format: WebP q80": ("re-encode", lambda im: encode(im, "WEBP", quality=80)),
+    "resize x0.5": ("resize x0.5, x2", png(lambda im: im.resize((im.width // 2, im.height // 2),
+                                                                 Image.Resampling.BICUBIC))),
+    "resize x2": ("resize x0.5, x2", png(lambda im: im.resize((im.width * 2, im.height * 2),
+                                                               Image.Resampling.BICUBIC))),
+    "crop 5%": ("crop centred", png(lambda im: crop(im, 0.05))),
+    "crop 10%": ("crop centred", png(lambda im: crop(im, 0.10))),
+    "crop 20%": ("crop 20%", png(lambda im: crop(im, 0.20))),
+    "mirror": ("mirror", png(ImageOps.mirror)),
+    "rotate 2°": ("rotate", png(lambda im: im.rotate(2, Image.Resampling.BICUBIC))),
+    "rotate 5°": ("rotate", png(lambda im: im.rotate(5, Image.Resampling.BICUBIC))),
+    "brightness +20%": ("colour", png(lambda im: ImageEnhance.Brightness(im).enhance(1.2))),
+    "brightness -20%": ("colour", png(lambda im: ImageEnhance.Brightness(im).enhance(0.8))),
+    "contrast +20%": ("colour", png(lambda im: ImageEnhance.Contrast(im).enhance(1.2))),
+    "contrast -20%": ("colour", png(lambda im: ImageEnhance.Contrast(im).enhance(0.8))),
+    "grayscale": ("colour", png(lambda im: ImageOps.grayscale(im).convert("RGB"))),
+    "letterbox borders": ("letterbox", png(letterbox)),
+    "chain: resize x0.5 + jpeg q50": ("chain", lambda im: encode(im.resize((im.width // 2, im.height // 2)), "JPEG",
+                                                                 quality=50)),
+    "chain: mirror + brightness -20%": ("chain", png(lambda im: ImageEnhance.Brightness(ImageOps.mirror(im))
+                                                     .enhance(0.8))),
+    "chain: crop 10% + rotate 2°": ("rotate", png(lambda im: crop(im, 0.10).rotate(2, Image.Resampling.BICUBIC))),
 }
+NOT_HASHABLE = ("crop 20%", "rotate")
+FAMILIES = ("re-encode", "jpeg q10", "resize x0.5, x2", "downscale to 64-128 px", "crop centred", "crop one side",
+            "crop corner", "crop asymmetric", "mirror", "colour", "letterbox", "chain", "crop 20%", "rotate")
+
+
+def random_edits(rng: np.random.Generator) -> list[tuple[str, str, object]]:
+    """(name, family, edit) of one original's edits drawn at random: crop shares in (0, 10%], sides, filters."""
+    def share() -> float:
+        return float(rng.uniform(0.0, 0.10)) or 0.10
+
+    def shaped(shape: tuple, p: float):
+        return lambda im: cut(im, *(p * s for s in shape))
+
+    out = []
+    for _ in range(4):
+        p = share()
+        out.append((f"crop centred {p:.1%}", "crop centred", png(lambda im, p=p: crop(im, p))))
+    for kind, family in ((ONE_SIDE, "crop one side"), (CORNERS, "crop corner")):
+        for name, shape in kind.items():
+            for _ in range(2):
+                p = share()
+                out.append((f"crop {name} {p:.1%}", family, png(shaped(shape, p))))
+    for _ in range(6):
+        across, down = share(), share()
+        left, top = across * rng.uniform(), down * rng.uniform()
+        sides = (left, across - left, top, down - top)
+        out.append(("crop " + "/".join(f"{s:.1%}" for s in sides), "crop asymmetric",
+                    png(lambda im, s=sides: cut(im, *s))))
+    for side in (64, 64, 96, 128):
+        f = FILTERS[rng.integers(len(FILTERS))]
+        out.append((f"downscale to {side} px ({f.name.lower()})", "downscale to 64-128 px",
+                    png(lambda im, side=side, f=f: downscale(im, side, f))))
+    out.append(("chain: downscale to 64 px + jpeg q75", "chain",
+                lambda im: encode(downscale(im, 64), "JPEG", quality=75)))
+    for kind in (ONE_SIDE, CORNERS):
+        name = list(kind)[rng.integers(len(kind))]
+        p = share()
+        out.append((f"chain: crop {name} {p:.1%} + downscale to 128 px + jpeg q75", "chain",
+                    lambda im, s=kind[name], p=p: encode(downscale(cut(im, *(p * x for x in s)), 128), "JPEG",
+                                                         quality=75)))
+    p = share()
+    out.append((f"chain: crop centred {p:.1%} + jpeg q50", "chain", lambda im, p=p: encode(crop(im, p), "JPEG",
+                                                                                               quality=50)))
+    return out
 
 
 def pieces(image: Image.Image) -> list[Image.Image]:
@@ -128,8 +236,76 @@ def pieces(image: Image.Image) -> list[Image.Image]:
     return quads + [crop(image, 0.5)]
 
 
-def bits(b: bytes) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(b, np.uint8))
+# ---------------------------------------------------------------------------------------------- the detectors
+
+
+def central(pixels: np.ndarray, keep: float) -> np.ndarray:
+    h, w = pixels.shape[:2]
+    dy, dx = round(h * (1 - keep) / 2), round(w * (1 - keep) / 2)
+    return np.ascontiguousarray(pixels[dy:h - dy, dx:w - dx])
+
+
+def v1_hashes(rgb: Image.Image) -> tuple:
+    """The pdq detector's hashes before its windows (hash version 1): pdqhash of the pixels at 256 px, of their
+    mirror, of their central 95% and 90%, and the quality."""
+    import pdqhash
+
+    pixels = pdq_pixels(rgb)
+    bits, quality = pdqhash.compute(pixels)
+    others = [pdqhash.compute(p)[0] for p in (np.ascontiguousarray(pixels[:, ::-1]), central(pixels, 0.95),
+                                               central(pixels, 0.90))]
+    return (*(np.packbits(np.asarray(b, np.uint8)).tobytes() for b in (bits, *others)), int(quality))
+
+
+def v1_fingerprint(data: bytes) -> tuple:
+    """The hash stage before the windows: sha256, decode, pixel hash, the four pdqhash hashes."""
+    digest, rgb = sha256(data), decode(data)
+    return digest, pixel_hash(rgb), *v1_hashes(rgb)
+
+
+def v1_rows(keys: list[str], images: list[bytes]) -> pa.Table:
+    hashed = [v1_hashes(decode(b)) for b in images]
+    columns = ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")
+    return pa.table({"key": keys, "eval_task": ["T"] * len(keys),
+                     **{c: pa.array([x[n] for x in hashed], pa.binary(32)) for n, c in enumerate(columns)},
+                     "pdq_quality": pa.array([x[4] for x in hashed], pa.int16())})
+
+
+def distances(train: pa.Table, evals: pa.Table, compared: tuple) -> np.ndarray:
+    """The pdq detector's distance of every (train, eval) row, computed pair by pair: the smallest over the hashes
+    `compared` pairs; 257 where either side's quality is under matches.MIN_QUALITY."""
+    def words(table: pa.Table, column: str) -> np.ndarray:
+        return matches.pdq_words(table[column].combine_chunks())
+
+    def usable(table: pa.Table) -> np.ndarray:
+        return table["pdq_quality"].fill_null(0).to_numpy() >= matches.MIN_QUALITY
+
+    out = np.full((train.num_rows, evals.num_rows), 257)
+    for a, b in compared:
+        ours, theirs = words(train, a), words(evals, b)
+        for k in range(ours.shape[1]):
+            for m in range(theirs.shape[1]):
+                d = np.bitwise_count(ours[:, k, None, :] ^ theirs[None, :, m, :]).sum(-1, dtype=np.int64)
+                np.minimum(out, d, out=out)
+    out[~(usable(train)[:, None] & usable(evals)[None, :])] = 257
+    return out
+
+
+def searched(train: pa.Table, evals: pa.Table, threshold: int) -> dict[tuple[str, str], int]:
+    """matches.pdq_pairs, the audit's search: {(train key, eval key): distance}."""
+    pairs = matches.pdq_pairs(train, evals, threshold)[0]
+    keys = zip(pairs["train_key"].to_pylist(), pairs["eval_key"].to_pylist())
+    return {key: round((1 - score) * 256) for key, score in zip(keys, pairs["score"].to_pylist())}
+
+
+def phash_distances(train: list[bytes], evals: list[bytes]) -> np.ndarray:
+    import imagehash
+
+    def bits(data: bytes) -> np.ndarray:
+        return imagehash.phash(Image.open(io.BytesIO(data)).convert("RGB")).hash.ravel()
+
+    t, e = np.stack([bits(b) for b in train]), np.stack([bits(b) for b in evals])
+    return (t[:, None, :] != e[None, :, :]).sum(-1)
 
 
 def clip_vectors(model: str, images: list[bytes]) -> np.ndarray:
@@ -147,22 +323,202 @@ def clip_vectors(model: str, images: list[bytes]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def hash_rate() -> str:
-    """CPU-seconds images per second of `fingerprint` (decode, sha256, pixel hash, four PDQ hashes) on mieb-train's
-    mix: bench/preprocess.py's kinds (crops of the fixture pictures at each kind's size and format), weighted by
-    their rows in mieb-train."""
+# ---------------------------------------------------------------------------------------------- one set
+
+
+class Sides:
+    """The train side (originals, half the distinct crops and faces) and the eval side (copies, the other half) of
+    one set of originals: names, bytes, the original each copies (None: a distinct image) and family of edit."""
+
+    def __init__(self, photos: dict[str, Image.Image], people: list[Image.Image], rng: np.random.Generator):
+        self.train: list[tuple[str, bytes, str | None]] = []
+        self.evals: list[tuple[str, bytes, str | None, str]] = []
+        for name, image in photos.items():
+            self.train.append((name, encode(image), name))
+            edits = [(e, f, fn) for e, (f, fn) in EDITS.items()] + random_edits(rng)
+            for edit, family, make in edits:
+                self.evals.append((f"{name} | {edit}", make(image), name, family))
+            for n, piece in enumerate(pieces(image)):
+                if n % 2:
+                    self.train.append((f"{name} | piece {n}", encode(piece), None))
+                else:
+                    self.evals.append((f"{name} | piece {n}", encode(piece), None, ""))
+        for n, face in enumerate(people):
+            if n % 2:
+                self.train.append((f"face {n}", encode(face), None))
+            else:
+                self.evals.append((f"face {n}", encode(face), None, ""))
+        # a copy matches its own original only
+        self.truth = np.array([[t[2] is not None and t[2] == e[2] for e in self.evals] for t in self.train])
+        self.family = np.array([e[3] for e in self.evals])
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        return (matches.hash_rows([t[0] for t in self.train], [t[1] for t in self.train], 0, 0, 1,
+                                  [None] * len(self.train)),
+                matches.hash_rows([e[0] for e in self.evals], [e[1] for e in self.evals], 0, 0, 1,
+                                  ["T"] * len(self.evals)))
+
+
+def measure(label: str, photos: dict[str, Image.Image], people: list[Image.Image], rng: np.random.Generator,
+            clip: str | None) -> dict:
+    """Print one set's tables; return its figures."""
+    s = Sides(photos, people, rng)
+    train, evals = s.tables()
+    now = distances(train, evals, matches.PDQ_COMPARED)
+    # the copies on the train side: a train image made from an eval image (the eval side's windows: centred only)
+    reverse = distances(evals, train, matches.PDQ_COMPARED).T
+    v1 = distances(v1_rows([t[0] for t in s.train], [t[1] for t in s.train]),
+                   v1_rows([e[0] for e in s.evals], [e[1] for e in s.evals]), V1_COMPARED)
+    found = searched(train, evals, THRESHOLD)
+    within = {(s.train[i][0], s.evals[j][0]): int(now[i, j]) for i, j in zip(*np.nonzero(now <= THRESHOLD))}
+    def same(column: str) -> np.ndarray:
+        return np.array([[a is not None and a == b for b in evals[column].to_pylist()]
+                         for a in train[column].to_pylist()])
+
+    detectors = {"exact": {"": same("sha")}, "pixels": {"": same("pix")},
+                 "pdq before": {f"<={THRESHOLD}": v1 <= THRESHOLD},
+                 "pdq": {f"<={t}": now <= t for t in PDQ},
+                 "pdq, copy on the train side": {f"<={THRESHOLD}": reverse <= THRESHOLD},
+                 "phash": {f"<={PHASH}": phash_distances([t[1] for t in s.train], [e[1] for e in s.evals]) <= PHASH}}
+    if clip:
+        cos = clip_vectors(clip, [t[1] for t in s.train]) @ clip_vectors(clip, [e[1] for e in s.evals]).T
+        detectors["near (cosine)"] = {f">={t}": cos >= t for t in COSINE}
+    copies = s.family != ""
+    hashable = copies & ~np.isin(s.family, NOT_HASHABLE)
+    quality = dict(zip(train["key"].to_pylist(), train["pdq_quality"].to_pylist()))
+    flat = [name for name in photos if (quality[name] or 0) < matches.MIN_QUALITY]
+    usable = hashable & ~np.isin([e[2] for e in s.evals], flat)
+    columns = [(d, t) for d, grid in detectors.items() for t in grid]
+    distinct = sum(e[2] is None for e in s.evals) + sum(t[2] is None for t in s.train)
+    print(f"### {label}: {len(photos)} originals, {copies.sum()} copies ({len(EDITS)} fixed edits and "
+          f"{copies.sum() // len(photos) - len(EDITS)} drawn at random each); {distinct} distinct images; "
+          f"{len(s.train)} train x {len(s.evals)} eval = {s.truth.size:,} pairs\n")
+
+    def recall(d: str, t: str, which: np.ndarray) -> str:
+        return f"{(detectors[d][t] & s.truth)[:, which].any(0).mean():.3f}"
+
+    rows = [[family, int((s.family == family).sum()), *(recall(d, t, s.family == family) for d, t in columns)]
+            for family in FAMILIES]
+    summary = {"recall, hashable edits": hashable, "recall, hashable edits but asymmetric crops":
+               hashable & (s.family != "crop asymmetric"),
+               f"recall, hashable edits of originals of quality {matches.MIN_QUALITY} or more": usable,
+               "recall, all edits": copies}
+    rows += [[f"**{name}**", int(which.sum()), *(recall(d, t, which) for d, t in columns)]
+             for name, which in summary.items()]
+    rows.append(["**precision**", "", *(f"{(detectors[d][t] & s.truth).sum() / max(detectors[d][t].sum(), 1):.3f}"
+                                        for d, t in columns)])
+    rows.append(["**false pairs**", "", *(f"{int((detectors[d][t] & ~s.truth).sum())}" for d, t in columns)])
+    from harness import markdown_table
+
+    print(markdown_table(["edits", "copies", *(f"{d} {t}".strip() for d, t in columns)], rows))
+    others = np.sort(now[~s.truth & (now < 257)])
+    false = [(s.train[i][0], s.evals[j][0], int(now[i, j])) for i, j in zip(*np.nonzero((now <= THRESHOLD) & ~s.truth))]
+    missed = [(s.evals[j][0], int(now[:, j][s.truth[:, j]].min())) for j in np.flatnonzero(usable)
+              if not (now[:, j][s.truth[:, j]] <= THRESHOLD).any()]
+    uneven = [m for m in missed if s.family[[e[0] for e in s.evals].index(m[0])] == "crop asymmetric"]
+    shown = [f"{name} ({d if d < 257 else 'its quality under 50'})" for name, d in missed if (name, d) not in uneven]
+    bar = matches.MIN_QUALITY
+    print(f"\nOriginals of PDQ quality under {bar}, left out by the detector: {', '.join(flat) or 'none'}. pdq "
+          f"distances of the {others.size:,} pairs that are not copies (quality {bar} or more on both sides): min "
+          f"{others[0]}, 0.1% {np.quantile(others, 0.001):.0f}, 1% {np.quantile(others, 0.01):.0f}, median "
+          f"{np.median(others):.0f}. False pairs at {THRESHOLD}: {false or 'none'}. The other originals' hashable "
+          f"copies missed at {THRESHOLD} (their distance): {len(uneven)} asymmetric crops and "
+          f"{'; '.join(shown) or 'none'}. The audit's search (matches.pdq_pairs) finds exactly the pairs within "
+          f"{THRESHOLD}: {found == within}.\n")
+    pdq_at = detectors["pdq"][f"<={THRESHOLD}"]
+    return {"recall": {f: float((pdq_at & s.truth)[:, s.family == f].any(0).mean()) for f in FAMILIES},
+            "hashable": float((pdq_at & s.truth)[:, hashable].any(0).mean()),
+            "usable": float((pdq_at & s.truth)[:, usable].any(0).mean()), "flat": flat,
+            "precision": float((pdq_at & s.truth).sum() / max(pdq_at.sum(), 1)), "false": len(false),
+            "before": float((detectors["pdq before"][f"<={THRESHOLD}"] & s.truth)[:, hashable].any(0).mean()),
+            "search exact": found == within}
+
+
+def grids(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
+    """How the windows were chosen: recall of crops drawn at random (the windows of the original against the
+    copy's hash) and false pairs (every window of each original against every other picture and piece), for
+    windows every 3.3 to 1.5 points of crop, and none."""
+    from harness import markdown_table
+
+    third, quarter = (0.0167, 0.05, 0.0833), (0.0125, 0.0375, 0.0625, 0.0875)
+    options = {"none": ((), ()), "every 3.3 points": (third, third), "every 2.5 points": (quarter, quarter),
+               "every 2 points": (fingerprints.CUTS, fingerprints.CUTS),
+               "every 2 points, corners 1.5 (the detector's)": (fingerprints.CUTS, fingerprints.CORNER_CUTS),
+               "every 1.5 points": (fingerprints.CORNER_CUTS, fingerprints.CORNER_CUTS)}
+    shapes = {"crop centred": [(0.5,) * 4], "crop one side": list(ONE_SIDE.values()),
+              "crop corner": list(CORNERS.values())}
+
+    def hashes(image: Image.Image, windows: tuple) -> np.ndarray:
+        gray = fingerprints.luma(pdq_pixels(image))
+        coefs = fingerprints.coefficients(gray, (fingerprints.WHOLE, *windows))
+        return np.unpackbits(np.frombuffer(fingerprints.hash_bits(coefs), np.uint8)).reshape(len(coefs), 256)
+
+    copies = []  # (original, family, the copy's hash)
+    for name, image in photos.items():
+        for family, kinds in shapes.items():
+            for _ in range(8):
+                p = float(rng.uniform(0, 0.10))
+                copy = cut(image, *(p * x for x in kinds[rng.integers(len(kinds))]))
+                copies.append((name, family, hashes(copy, ())[0]))
+    others = [hashes(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
+    rows = []
+    for label, (cuts, corner_cuts) in options.items():
+        windows = tuple(tuple(c * x for x in shape) for family, kinds in shapes.items() for shape in kinds
+                        for c in (corner_cuts if family == "crop corner" else cuts))
+        originals = {name: hashes(image, windows) for name, image in photos.items()}
+        found = {f: [] for f in shapes}
+        for name, family, copy in copies:
+            found[family].append((originals[name] != copy).sum(1).min() <= THRESHOLD)
+        near = sum(int(((mine != other).sum(1) <= THRESHOLD).any()) for mine in originals.values() for other in others)
+        rows.append([label, len(windows), *(f"{np.mean(v):.3f}" for v in found.values()), near - len(photos)])
+    print("Windows chosen by measurement (set A, crops drawn at random, 8 of each kind an original; the hash of the "
+          "copy against the original's windows; false pairs: an original's windows against the other originals and "
+          "all pieces):\n")
+    print(markdown_table(["windows", "hashes", *shapes, "false pairs"], rows))
+
+
+def hash_rate() -> tuple[float, float, str]:
+    """Images per second of the hash stage before (v1_fingerprint) and now (fingerprint) on mieb-train's mix, CPU
+    time of one core: bench/preprocess.py's kinds (crops of the fixture pictures at each kind's size and format),
+    weighted by their rows in mieb-train; and the share of the mix of PDQ quality 50 or more, each way."""
     from preprocess import KINDS, make_kind, mix_weights
 
-    weights, seconds, cells = mix_weights(), {}, []
+    weights, seconds, cells, usable = mix_weights(), {"before": {}, "now": {}}, [], {"before": 0.0, "now": 0.0}
     for i, kind in enumerate(KINDS):
         images = make_kind(kind, 64, seed=i)
+        for way, fn, quality in (("before", v1_fingerprint, lambda x: x[-1]), ("now", fingerprint,
+                                                                              lambda x: x.pdq_quality)):
+            t0 = time.process_time()
+            out = [fn(data) for data in images]
+            seconds[way][kind] = (time.process_time() - t0) / len(images)
+            usable[way] += weights[kind] * np.mean([quality(x) >= matches.MIN_QUALITY for x in out])
+        cells.append(f"{kind} {1 / seconds['before'][kind]:,.0f} -> {1 / seconds['now'][kind]:,.0f}/s")
+    rate = {way: 1 / sum(weights[k] * s[k] for k in KINDS) for way, s in seconds.items()}
+    return rate["before"], rate["now"], (", ".join(cells) + f"; quality 50 or more: {usable['before']:.1%} of the "
+                                                              f"mix before, {usable['now']:.1%} now")
+
+
+def search_cost(train: int = 2_000, evals: int = 200_000) -> str:
+    """CPU seconds of the pdq search (matches.pdq_pairs against the eval side made ready once) of `train` x `evals`
+    pictures of uniform random hashes, one core, before (V1_COMPARED) and now (matches.PDQ_COMPARED)."""
+    rng = np.random.default_rng(SEED)
+    v1 = {c: pa.binary(32) for c in ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")}
+    now = {c: matches.HASH_SCHEMA.field(c).type for c in matches.PDQ_HASHES}
+
+    def table(n: int, types: dict) -> pa.Table:
+        return pa.table({"key": [str(i) for i in range(n)], "eval_task": ["T"] * n,
+                         **{c: pa.array(np.frombuffer(rng.bytes(n * t.byte_width), f"V{t.byte_width}").tolist(), t)
+                            for c, t in types.items()}, "pdq_quality": pa.array(np.full(n, 100), pa.int16())})
+
+    cells = []
+    for label, types, compared, per_pair in (("before", v1, V1_COMPARED, len(V1_COMPARED)),
+                                             ("now", now, matches.PDQ_COMPARED, matches.pdq_comparisons())):
+        side = matches.pdq_index(table(evals, types), compared)
+        batch = table(train, types)
         t0 = time.process_time()
-        for data in images:
-            fingerprint(data)
-        seconds[kind] = (time.process_time() - t0) / len(images)
-        cells.append(f"{kind} {1 / seconds[kind]:,.0f}/s")
-    mix = 1 / sum(weights[k] * seconds[k] for k in KINDS)
-    return f"mieb-train's mix (weighted by rows) {mix:,.0f}/s; " + ", ".join(cells)
+        matches.pdq_pairs(batch, side, compared=compared)
+        cells.append(f"{label} {time.process_time() - t0:.2f} CPU-s ({per_pair} hash comparisons a pair)")
+    return f"{train:,} train x {evals:,} eval pictures of uniform random hashes: " + ", ".join(cells)
 
 
 def main() -> None:
@@ -172,87 +528,41 @@ def main() -> None:
     args = ap.parse_args()
     import imagehash
 
-    photos = originals()
-    train, evals = [], []  # (name, bytes, original it copies or None)
-    for name, image in photos.items():
-        train.append((name, encode(image), name))
-        for edit, make in EDITS.items():
-            evals.append((f"{name} | {edit}", make(image), name))
-        for n, piece in enumerate(pieces(image)):
-            (train if n % 2 else evals).append((f"{name} | piece {n}", encode(piece), None))
-    prints = {k: [fingerprint(b) for _, b, _ in side] for k, side in (("train", train), ("eval", evals))}
-    phash = {k: [imagehash.phash(Image.open(io.BytesIO(b)).convert("RGB")) for _, b, _ in side]
-             for k, side in (("train", train), ("eval", evals))}
-    truth = np.array([[t[2] is not None and t[2] == e[2] and t[0] == t[2] for e in evals] for t in train])
-    def side(k: str, column: str) -> np.ndarray:
-        return np.stack([bits(getattr(p, column)) for p in prints[k]])
+    clip = args.model
+    if args.clip and not clip:
+        from mieb_ray.demo_data.models import make_tiny_clip
 
-    pdq_d = np.min([(side("train", a)[:, None] != side("eval", b)[None]).sum(2) for a, b in PDQ_COMPARED], axis=0)
-    pdq_full = (side("train", "pdq")[:, None] != side("eval", "pdq")[None]).sum(2)
-    pdq_mirror = np.minimum(pdq_full, (side("train", "pdq")[:, None] != side("eval", "pdq_mirror")[None]).sum(2))
-    ph_d = np.array([[a - b for b in phash["eval"]] for a in phash["train"]])
-    detectors = {
-        "exact": {"": np.array([[a.sha == b.sha for b in prints["eval"]] for a in prints["train"]])},
-        "pixels": {"": np.array([[a.pix is not None and a.pix == b.pix for b in prints["eval"]]
-                                 for a in prints["train"]])},
-        "pdq": {f"<={t}": pdq_d <= t for t in PDQ},
-        "pdq, no crop hashes": {"<=31": pdq_mirror <= 31},
-        "pdq, one hash": {"<=31": pdq_full <= 31},
-        "phash": {f"<={t}": ph_d <= t for t in PHASH},
-    }
-    clip_note = None
-    if args.clip or args.model:
-        model = args.model
-        if not model:
-            from mieb_ray.demo_data.models import make_tiny_clip
-
-            model = make_tiny_clip(os.path.join(tempfile.mkdtemp(), "tiny-clip"))
-        vt = clip_vectors(model, [b for _, b, _ in train])
-        ve = clip_vectors(model, [b for _, b, _ in evals])
-        cos = vt @ ve.T
-        detectors["near (cosine)"] = {f">={t}": cos >= t for t in COSINE}
-        clip_note = args.model or "a random tiny CLIP (tests' model): its cosines mean nothing"
-
-    edits = list(EDITS)
-    edit_of = np.array([e[0].split(" | ", 1)[1] if e[2] is not None and " | piece" not in e[0] else "" for e in evals])
-    hashable = np.isin(edit_of, [e for e in edits if e not in NOT_HASHABLE])
-    print(f"# Audit detectors on real pictures: {len(photos)} originals x {len(EDITS)} edits = "
-          f"{sum(edit_of != '')} copies; {sum(e[2] is None for e in train + evals)} distinct crops; "
-          f"{len(train)} train x {len(evals)} eval = {len(train) * len(evals):,} pairs\n")
-    columns = [(d, t) for d, grid in detectors.items() for t in grid]
-    print("| edit | " + " | ".join(f"{d} {t}".strip() for d, t in columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    for edit in edits:
-        cells = []
-        for d, t in columns:
-            found = detectors[d][t] & truth
-            copies = edit_of == edit
-            cells.append(f"{found[:, copies].any(0).mean():.2f}")
-        print(f"| {edit} | " + " | ".join(cells) + " |")
-    rows = {"recall, hashable edits": [], "recall, all edits": [], "precision": [], "false pairs": []}
-    for d, t in columns:
-        found = detectors[d][t]
-        tp = (found & truth).any(0)
-        rows["recall, hashable edits"].append(f"{tp[hashable].mean():.3f}")
-        rows["recall, all edits"].append(f"{tp[edit_of != ''].mean():.3f}")
-        false = int((found & ~truth).sum())
-        rows["false pairs"].append(f"{false}")
-        rows["precision"].append(f"{(found & truth).sum() / max(found.sum(), 1):.3f}")
-    for name, cells in rows.items():
-        print(f"| **{name}** | " + " | ".join(cells) + " |")
-    distinct = np.sort(pdq_d[~truth])
-    print(f"\npdq distances of the {distinct.size:,} pairs that are not copies: min {distinct[0]}, 0.1% "
-          f"{np.quantile(distinct, 0.001):.0f}, 1% {np.quantile(distinct, 0.01):.0f}, median {np.median(distinct):.0f}")
-    false = [(train[i][0], evals[j][0], int(pdq_d[i, j])) for i, j in zip(*np.nonzero((pdq_d <= 31) & ~truth))]
-    print(f"pdq false pairs at 31: {false}")
-    print(f"hash stage (decode, sha256, pixel hash, 4 PDQ hashes), one core: {hash_rate()}")
-    if clip_note:
-        print(f"near: {clip_note}")
-    print(f"CPU: {platform.processor() or platform.machine()}; Python {platform.python_version()}; "
-          f"imagehash {imagehash.__version__}")
+        clip = make_tiny_clip(os.path.join(tempfile.mkdtemp(), "tiny-clip"))
+    rng = np.random.default_rng(SEED)
+    a = set_a()
+    people = faces()
+    figures = {"A": measure("Set A (the 16 pictures the detector was designed on)", a, people[:FACES // 2], rng, clip),
+               "B": measure("Set B (other photographs, and a window of each picture of set A)", set_b(a, rng),
+                            people[FACES // 2:], rng, clip)}
+    grids(a, rng)
+    before, now, cells = hash_rate()
+    centred, sides = len(fingerprints.CENTRED), len(fingerprints.SIDES)
+    print(f"\nThe pdq search (matches.pdq_pairs, one core): {search_cost()}.")
+    print(f"\nHash stage (decode, sha256, pixel hash, PDQ hashes), one core, CPU time, mieb-train's mix (weighted by "
+          f"rows): **{before:,.0f} images/s before** (4 pdqhash hashes), **{now:,.0f} now** ({2 + centred + sides} "
+          f"hashes: the picture, its mirror, {centred} centred and {sides} side and corner windows); {cells}.\n")
+    for name, f in figures.items():
+        crops = ", ".join(f"{k.removeprefix('crop ')} {f['recall'][k]:.3f}" for k in
+                          ("crop centred", "crop one side", "crop corner", "crop asymmetric"))
+        downscales = f["recall"]["downscale to 64-128 px"]
+        flat = f" ({f['usable']:.3f} but for the originals of quality under 50: {', '.join(f['flat'])})" \
+            if f["flat"] else ""
+        print(f"- Set {name}, pdq at {THRESHOLD}: recall on hashable edits {f['hashable']:.3f}{flat}, before the "
+              f"windows {f['before']:.3f}; crops {crops}; downscales to 64-128 px {downscales:.3f}; precision "
+              f"{f['precision']:.3f} ({f['false']} false pairs); search exact: {f['search exact']}.")
+    if clip:
+        print(f"- near: {args.model or 'a random tiny CLIP (tests model): its cosines mean nothing'}")
+    print(f"\nCPU: {platform.processor() or platform.machine()}; Python {platform.python_version()}; imagehash "
+          f"{imagehash.__version__}; numpy {np.__version__}")
 
 
 if __name__ == "__main__":
     import harness
 
-    harness.wrap(main, "audit_calibrate", "Audit detectors on real pictures", kind="calibration", group="Audit")
+    harness.wrap(main, "audit_calibrate", "Audit: the pdq detector, calibrated on real pictures", kind="calibration",
+                 group="Audit")
