@@ -393,16 +393,20 @@ def measure(label: str, photos: dict[str, Image.Image], people: list[Image.Image
     print(f"### {label}: {len(photos)} originals, {copies.sum()} copies ({len(EDITS)} fixed edits and "
           f"{copies.sum() // len(photos) - len(EDITS)} drawn at random each); {distinct} distinct images; "
           f"{len(s.train)} train x {len(s.evals)} eval = {s.truth.size:,} pairs\n")
+    if flat:
+        print(f"Originals of PDQ quality under {matches.MIN_QUALITY}, which the pdq detector leaves out: "
+              f"{', '.join(flat)}; their copies count only in the rows that say so.\n")
 
     def recall(d: str, t: str, which: np.ndarray) -> str:
         return f"{(detectors[d][t] & s.truth)[:, which].any(0).mean():.3f}"
 
-    rows = [[family, int((s.family == family).sum()), *(recall(d, t, s.family == family) for d, t in columns)]
-            for family in FAMILIES]
-    summary = {"recall, hashable edits": hashable, "recall, hashable edits but asymmetric crops":
-               hashable & (s.family != "crop asymmetric"),
-               f"recall, hashable edits of originals of quality {matches.MIN_QUALITY} or more": usable,
-               "recall, all edits": copies}
+    kept = copies & ~np.isin([e[2] for e in s.evals], flat)  # the rows by edit: copies of originals not left out
+    rows = [[family, int((kept & (s.family == family)).sum()), *(recall(d, t, kept & (s.family == family))
+                                                               for d, t in columns)] for family in FAMILIES]
+    summary = {"recall, hashable edits": usable, "recall, hashable edits but asymmetric crops":
+               usable & (s.family != "crop asymmetric"),
+               f"recall, hashable edits, originals of quality under {matches.MIN_QUALITY} too": hashable,
+               f"recall, all edits, originals of quality under {matches.MIN_QUALITY} too": copies}
     rows += [[f"**{name}**", int(which.sum()), *(recall(d, t, which) for d, t in columns)]
              for name, which in summary.items()]
     rows.append(["**precision**", "", *(f"{(detectors[d][t] & s.truth).sum() / max(detectors[d][t].sum(), 1):.3f}"
@@ -417,20 +421,18 @@ def measure(label: str, photos: dict[str, Image.Image], people: list[Image.Image
               if not (now[:, j][s.truth[:, j]] <= THRESHOLD).any()]
     uneven = [m for m in missed if s.family[[e[0] for e in s.evals].index(m[0])] == "crop asymmetric"]
     shown = [f"{name} ({d if d < 257 else 'its quality under 50'})" for name, d in missed if (name, d) not in uneven]
-    bar = matches.MIN_QUALITY
-    print(f"\nOriginals of PDQ quality under {bar}, left out by the detector: {', '.join(flat) or 'none'}. pdq "
-          f"distances of the {others.size:,} pairs that are not copies (quality {bar} or more on both sides): min "
-          f"{others[0]}, 0.1% {np.quantile(others, 0.001):.0f}, 1% {np.quantile(others, 0.01):.0f}, median "
-          f"{np.median(others):.0f}. False pairs at {THRESHOLD}: {false or 'none'}. The other originals' hashable "
-          f"copies missed at {THRESHOLD} (their distance): {len(uneven)} asymmetric crops and "
-          f"{'; '.join(shown) or 'none'}. The audit's search (matches.pdq_pairs) finds exactly the pairs within "
-          f"{THRESHOLD}: {found == within}.\n")
+    print(f"\npdq distances of the {others.size:,} pairs that are not copies (quality {matches.MIN_QUALITY} or more "
+          f"on both sides): min {others[0]}, 0.1% {np.quantile(others, 0.001):.0f}, 1% "
+          f"{np.quantile(others, 0.01):.0f}, median {np.median(others):.0f}. False pairs at {THRESHOLD}: "
+          f"{false or 'none'}. Hashable copies missed at {THRESHOLD} (their distance), but the left-out originals': "
+          f"{len(uneven)} asymmetric crops and {'; '.join(shown) or 'none'}. The audit's search (matches.pdq_pairs) "
+          f"finds exactly the pairs within {THRESHOLD}: {found == within}.\n")
     pdq_at = detectors["pdq"][f"<={THRESHOLD}"]
-    return {"recall": {f: float((pdq_at & s.truth)[:, s.family == f].any(0).mean()) for f in FAMILIES},
-            "hashable": float((pdq_at & s.truth)[:, hashable].any(0).mean()),
-            "usable": float((pdq_at & s.truth)[:, usable].any(0).mean()), "flat": flat,
+    return {"recall": {f: float((pdq_at & s.truth)[:, kept & (s.family == f)].any(0).mean()) for f in FAMILIES},
+            "hashable": float((pdq_at & s.truth)[:, usable].any(0).mean()),
+            "with flat": float((pdq_at & s.truth)[:, hashable].any(0).mean()), "flat": flat,
             "precision": float((pdq_at & s.truth).sum() / max(pdq_at.sum(), 1)), "false": len(false),
-            "before": float((detectors["pdq before"][f"<={THRESHOLD}"] & s.truth)[:, hashable].any(0).mean()),
+            "before": float((detectors["pdq before"][f"<={THRESHOLD}"] & s.truth)[:, usable].any(0).mean()),
             "search exact": found == within}
 
 
@@ -550,7 +552,7 @@ def main() -> None:
         crops = ", ".join(f"{k.removeprefix('crop ')} {f['recall'][k]:.3f}" for k in
                           ("crop centred", "crop one side", "crop corner", "crop asymmetric"))
         downscales = f["recall"]["downscale to 64-128 px"]
-        flat = f" ({f['usable']:.3f} but for the originals of quality under 50: {', '.join(f['flat'])})" \
+        flat = f" ({f['with flat']:.3f} with the originals of quality under 50: {', '.join(f['flat'])})" \
             if f["flat"] else ""
         print(f"- Set {name}, pdq at {THRESHOLD}: recall on hashable edits {f['hashable']:.3f}{flat}, before the "
               f"windows {f['before']:.3f}; crops {crops}; downscales to 64-128 px {downscales:.3f}; precision "
