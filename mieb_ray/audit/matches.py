@@ -40,6 +40,7 @@ HASH_SCHEMA = pa.schema([("key", pa.string()), ("sha", pa.binary(32)), ("pix", p
                          ("pdq_centred", pa.binary(32 * len(CENTRED))), ("pdq_sides", pa.binary(32 * len(SIDES))),
                          ("pdq_quality", pa.int16()), ("part", pa.int32()), ("unit", pa.int32()), ("row", pa.int64()),
                          ("eval_task", pa.string()), ("error", pa.string())])
+JOIN_COLUMNS = ["key", "sha", "pix", "eval_task", "error"]  # what the exact and pixels detectors read of hash rows
 ERROR_SCHEMA = pa.schema([("side", pa.string()), ("key", pa.string()), ("error", pa.string())])
 PAIR_SCHEMA = pa.schema([("train_key", pa.string()), ("eval_task", pa.string()), ("eval_key", pa.string()),
                          ("method", pa.string()), ("score", pa.float64()), ("group", pa.int64())])
