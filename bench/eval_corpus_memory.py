@@ -7,9 +7,9 @@ image, keyed as the eval keys them (sha256 of the stored bytes), made once and g
   1. mieb-ray   `mieb-ray eval --tasks SketchyI2IRetrieval --image-embeddings E --executor ray`, a fresh process
                 joining a local Ray started once beforehand: the task is scored by a Ray worker (mteb's loader and
                 evaluator), its corpus searched on the top-k engine from 50,000 documents; the driver's peak RSS is
-                its own ru_maxrss at exit, the workers' sampled beside it (harness.MemorySampler: the largest one)
+                its own VmHWM at exit, the workers' sampled beside it (harness.MemorySampler: the largest one)
   2. mteb       `mteb.evaluate` of the same task in one process with an encoder serving the same vectors
-                (bench/contenders/mteb_served_call.py): its peak RSS, ru_maxrss at exit
+                (bench/contenders/mteb_served_call.py): its peak RSS, VmHWM at exit
 Both TaskResults are compared (every metric, within 1e-6) before anything is reported.
 
     .venv/bin/python bench/eval_corpus_memory.py [--sizes 25000,100000] [--queries 200] [--records DIR]
@@ -89,9 +89,9 @@ def main() -> None:
             mirror(root, n, args.queries)
             vectors = embed(root / "mteb/sketchy", work / f"emb-{n}")
             out = work / f"out-{n}"
-            driver = [sys.executable, "-c", "import resource, sys; from mieb_ray.cli import main; "
-                      "code = main(sys.argv[1:]); print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss "
-                      "* 1024); sys.exit(code)", "eval", "--tasks", TASK, "--sources", str(root),
+            driver = [sys.executable, "-c", "import sys; from mieb_ray.cli import main; code = main(sys.argv[1:]); "
+                      "print('peak', [int(l.split()[1]) * 1024 for l in open('/proc/self/status') "
+                      "if l.startswith('VmHWM')][0]); sys.exit(code)", "eval", "--tasks", TASK, "--sources", str(root),
                       "--image-embeddings", vectors, "--executor", "ray", "--address", address, "--out", str(out)]
             with h.MemorySampler() as sampled:
                 ours_s, ours_rss, _ = peak_of(driver, env)
@@ -119,7 +119,8 @@ def main() -> None:
         h.measured(bench, seconds, extras).finish(figures={"memory (MiB)": h.markdown_table(
             ["corpus docs", "mieb-ray driver peak RSS", "largest Ray worker RSS", "mteb's process peak RSS",
              "mieb-ray s", "mteb s"], rows)}, records=args.records, notes=[
-            "Peak RSS is each process's own ru_maxrss; the workers' is sampled every 0.25 s (harness.MemorySampler).",
+            "Peak RSS is each process's own VmHWM (/proc/self/status; not ru_maxrss, which Linux carries over "
+            "from the parent across fork and exec); the workers' is sampled every 0.25 s (harness.MemorySampler).",
             "Every TaskResult compared with mteb's, every metric (within 1e-6), before this was written."])
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,12 +1,11 @@
 """One mteb task scored by `mteb.evaluate` in this process, its inputs answered from precomputed raw embeddings (an
 image: the vector of sha256:<hex of its stored bytes>): the user's alternative in bench/eval_corpus_memory.py. mteb's
-own search (SearchEncoderWrapper) ranks the corpus. Prints the process's peak RSS in bytes on its last line.
+own search (SearchEncoderWrapper) ranks the corpus. Prints the process's peak RSS in bytes (VmHWM) on its last line.
 
     python bench/contenders/mteb_served_call.py TASK MIRROR EMBEDDINGS OUT_JSON
 """
 
 import json
-import resource
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ def main(task: str, root: str, vectors_uri: str, out: str) -> None:
             return np.stack(rows).astype(np.float32)
 
     Path(out).write_text(json.dumps(_quiet_evaluate(Served(), load_task(task, root))))
-    print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print("peak", [int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM")][0])
 
 
 if __name__ == "__main__":
