@@ -19,7 +19,9 @@ mteb is imported inside the functions: the CLI does not import it at start-up.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import warnings
 
 from mieb_ray.evals import benchmarks
 
@@ -38,7 +40,7 @@ def summarize(results: dict[str, dict]) -> dict:
     its JSON})."""
     import mteb
 
-    theirs = {name: mteb.get_task(name) for name in results}
+    theirs = {name: _task(mteb, name) for name in results}
     main = {name: _task_result(result) for name, result in results.items()}
     clean = {name: _clean_result(main[name], clean_of(r)) for name, r in results.items()
              if "main_score" in (clean_of(r) or {})}
@@ -58,6 +60,20 @@ def summarize(results: dict[str, dict]) -> dict:
                       for kind, names in types.items()},
             "benchmarks": {name: _benchmark(name, main, clean) for name, members in benchmarks.BENCHMARKS.items()
                            if set(members) & set(results)}}
+
+
+def _task(mteb, name: str):
+    """mteb's task object, quietly: a beta task (BioVITA) warns on every instance, in a log line and a warning,
+    which belong to whoever runs it, not to a summary of its scores."""
+    log = logging.getLogger("mteb")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return mteb.get_task(name)
+    finally:
+        log.setLevel(level)
 
 
 def _task_result(result: dict):
