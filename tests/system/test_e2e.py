@@ -140,7 +140,7 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     from mieb_ray.io import embeddings
 
     mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk
-    make_mirror(mirror, rows=16, eval_rows=8)
+    make_mirror(mirror, rows=8, eval_rows=4)
     writers = {**tasks_misc.TASKS, **sts.TASKS, **compositionality.TASKS, **retrieval.TASKS}
     for write in dict.fromkeys(writers[t] for t in benchmarks.LITE if t in writers):
         write(str(mirror))
