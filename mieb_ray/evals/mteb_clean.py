@@ -4,7 +4,7 @@ the audit flagged, by mteb's own data-cleaning machinery (`mteb.data_cleaning`: 
 split's judgements and top-ranked lists valid as it drops documents and queries, and drops a query left without a
 positive, as mteb's evaluation does).
 
-An image is named as the collect pass keys it (mteb_suite.inputs): `sha256:` of its stored bytes, or, for a
+An image is named as the collect pass keys it (mteb_keys.py): `sha256:` of its stored bytes, or, for a
 picture a task makes in memory (Compositionality's), `pixels:` and mteb's own content hash of the decoded image.
 A row goes when any of its images is flagged: a query with its text, an STS pair, a compositionality example.
 """
@@ -12,12 +12,12 @@ A row goes when any of its images is flagged: a query with its text, an STS pair
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 from typing import NamedTuple
 
+from mieb_ray.evals.mteb_keys import PIXELS, SHA, image_key, pixels_key, stored_bytes
+
 FILTER = "mieb_ray_exclude"
-SHA, PIXELS = "sha256:", "pixels:"
 
 
 def image_keys(value, pixels: bool) -> list[str]:
@@ -27,18 +27,14 @@ def image_keys(value, pixels: bool) -> list[str]:
         return [k for v in value for k in image_keys(v, pixels)]
     if not isinstance(value, dict) or not ({"bytes", "path"} & set(value)):
         return []  # a text, a label
-    data = value.get("bytes")
+    data = stored_bytes(value)
     if data is None:
-        if not value.get("path"):
-            return []
-        with open(value["path"], "rb") as f:
-            data = f.read()
-    keys = [SHA + hashlib.sha256(data).hexdigest()]
+        return []
+    keys = [image_key(data)]
     if pixels:
         import datasets
-        from mteb._content_hashes import hash_image
 
-        keys.append(PIXELS + hash_image(datasets.Image().decode_example({"bytes": data, "path": None})))
+        keys.append(pixels_key(datasets.Image().decode_example({"bytes": data, "path": None})))
     return keys
 
 

@@ -19,7 +19,6 @@ tasks through the same collect pass (eval_images).
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import json
 import os
@@ -36,6 +35,7 @@ import pyarrow.parquet as pq
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import benchmarks, mteb_clean
+from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
 from mieb_ray.io import contamination, embeddings
 from mieb_ray.io.contamination import Flags
@@ -50,10 +50,6 @@ ITEM_SCHEMA = {IMAGES: pa.schema([("key", pa.string()), ("image", pa.binary())])
 BATCH = 512  # rows of a dataset read at a time
 RECORDED_DIM = 8  # the recorder's zero vectors when no model says their dim: any serves
 ENGINE_DOCS = 50_000  # a retrieval corpus of this many docs (one chunk of mteb's search) or more: the top-k engine
-
-
-def image_key(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- mteb's side
@@ -110,7 +106,7 @@ def inputs(loader, payload: bool = True):
         for batch in loader:
             n = len(next(iter(batch.values())))
             images = batch.get("image", [None] * n)
-            keys = [None if im is None else "pixels:" + _hash_image(im) for im in images]
+            keys = [None if im is None else pixels_key(im) for im in images]
             data = [None if im is None or not payload else _png(im) for im in images]
             yield keys, data, [None if t is None else str(t) for t in batch.get("text", [None] * n)]
         return
@@ -126,12 +122,6 @@ def inputs(loader, payload: bool = True):
         yield keys, data if payload else [None] * n, texts
 
 
-def _hash_image(image) -> str:
-    from mteb._content_hashes import hash_image  # pixels, mode, size, palette: what tells two pictures apart
-
-    return hash_image(image)
-
-
 def _png(image) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG")
@@ -141,12 +131,7 @@ def _png(image) -> bytes:
 def _bytes(value, stored: bool) -> bytes | None:
     if value is None:
         return None
-    if not stored:
-        return _png(value)
-    if value.get("bytes") is not None:
-        return value["bytes"]
-    with open(value["path"], "rb") as f:
-        return f.read()
+    return stored_bytes(value) if stored else _png(value)
 
 
 def _encoder_base(dim: int):
