@@ -7,8 +7,8 @@ refuses) and a mirror of each of the other 85 tasks in its hub repo's layout (te
 a tiny CLIP (make_tiny_clip). Not timed:
   warm   `mieb-ray eval --tasks "MIEB(Multilingual)" --sources MIRROR --model MODEL --out WARM`: embeds every input
          the benchmark needs, once; its outputs are the embeddings both contenders score from. Then the same with
-         --overwrite, which must encode nothing. Its embed outputs' row counts over the benchmark's distinct items
-         give "encodes per unique item".
+         --overwrite, which must encode nothing. The rows its cache encoded over the benchmark's distinct items
+         (by content) give "encodes per unique item".
   check  each contender once per type; every TaskResult of one compared with the other's (every metric of every
          split and subset, within 1e-6) before anything is timed. This also warms the `datasets` cache.
 Contenders, per task type (mteb's `metadata.type`), interleaved, --repeat rounds, each a fresh process timed from
@@ -84,8 +84,8 @@ def task_types() -> dict[str, list[str]]:
 
 def outputs(warm: Path, suite: str) -> tuple[list[Path], list[Path]]:
     """The complete embedding outputs (image, text) the warm run made for a suite."""
-    if suite == "mteb":  # the content-keyed cache: OUT/mteb/embeddings/mteb/<model>/{images,texts}-<digest>/
-        base = next(p for p in (warm / "mteb/embeddings/mteb").iterdir() if not p.name.startswith("_"))
+    if suite == "mteb":  # the run's content-keyed cache: OUT/embeddings/cache/<model>/{images,texts}-<digest>/
+        base = next(p for p in (warm / "embeddings/cache").iterdir() if not p.name.startswith("_"))
         images, texts = base.glob("images-*"), base.glob("texts-*")
     else:
         images, texts = (warm / suite / "embeddings").glob("images*"), (warm / suite / "embeddings").glob("texts*")
@@ -142,30 +142,25 @@ def eval_calls(names: list[str], mirror: str, warm: Path) -> list[tuple[list[str
 
 
 def encodes(warm: Path, log: str) -> dict:
-    """Rows the warm run's embed jobs encoded (its log; its outputs' manifests must say the same) and the distinct
-    items of the benchmark: images of the mteb suite's item tables by content key, the hand-built suites' rows by
-    their keys (a source's eval row is one item however many suites score it), texts by themselves."""
+    """Rows the warm run's embed jobs encoded (its log; the cache's manifests must say the same) and the distinct
+    items of the benchmark by content: the mteb suite's item tables' keys, the sha256 of the stored bytes of every
+    row a hand-built suite read (a source's eval row is one item however many suites score it, and so is a picture
+    in several rows), texts by themselves."""
     counted = sum(int(n.replace(",", "")) for n in ENCODE.findall(log))
     per_output = {}
-    for manifest in sorted(warm.glob("*/embeddings/**/_manifest.json")):
-        if "_items" not in manifest.parts and "_todo" not in manifest.parts:
-            name = str(manifest.parent.relative_to(warm)).replace("embeddings/mteb/", "").split("/")
-            key = "/".join(name[:1] + [re.sub(r"-[0-9a-f]{16}$", "", name[-1])])
-            per_output[key] = per_output.get(key, 0) + json.loads(manifest.read_text())["counts"]["total"]
+    for manifest in sorted(warm.glob("embeddings/cache/*/*/_manifest.json")):
+        kind = re.sub(r"-[0-9a-f]{16}$", "", manifest.parent.name)
+        per_output[kind] = per_output.get(kind, 0) + json.loads(manifest.read_text())["counts"]["total"]
     assert counted == sum(per_output.values()), (counted, per_output)
-    images, texts, by_content = set(), set(), set()
+    images, texts = set(), set()
     for kind, found in (("images", images), ("texts", texts)):
         for table in (warm / "mteb/embeddings/mteb/_items").glob(f"*/{kind}.parquet"):
             found.update(pq.read_table(table, columns=["key"])["key"].to_pylist())
-    by_content.update(images)
     for suite in ("zeroshot", "linear_probe", "clustering", "retrieval"):
-        for key, data in row_images(warm, suite):
-            images.add(key)
-            by_content.add("sha256:" + hashlib.sha256(data).hexdigest())
+        images.update("sha256:" + hashlib.sha256(data).hexdigest() for _, data in row_images(warm, suite))
         for root in outputs(warm, suite)[1]:
             texts.update(embeddings.read_all(str(root))[0])
-    return {"encoded": counted, "per_output": per_output, "images": len(images), "texts": len(texts),
-            "images_by_content": len(by_content)}
+    return {"encoded": counted, "per_output": per_output, "images": len(images), "texts": len(texts)}
 
 
 def exact(n: int, d: int) -> str:
@@ -305,10 +300,9 @@ def main() -> None:
         record.finish(records=args.records, figures={
             "tables": [{"title": "Per task type", "header": header, "rows": rows}],
             "encodes per unique item": exact(count["encoded"], distinct),
-            "rows encoded, per embed output": count["per_output"],
-            "distinct items": {"images": count["images"], "texts": count["texts"]},
-            "encodes per unique item, images by content (sha256 of their bytes; the mirror reuses 32 pictures per "
-            "source cyclically)": exact(count["encoded"], count["images_by_content"] + count["texts"]),
+            "rows encoded, per kind of the run's cache outputs": count["per_output"],
+            "distinct items (images by the sha256 of their bytes; the mirror reuses 32 pictures per source "
+            "cyclically)": {"images": count["images"], "texts": count["texts"]},
             "rows encoded by the second --model run (--overwrite; its embedding outputs unchanged)": again,
             "warm --model run (s)": round(logs[0][0], 1), "second --model run, --overwrite (s)": round(logs[1][0], 1),
             "tasks differing from mteb": differ[everything] or "none",
@@ -331,10 +325,12 @@ def main() -> None:
             "Zero-shot and Any2Any retrieval take two mieb-ray processes, one per suite: one `eval` call cannot be "
             "given both suites' precomputed embeddings (--text-embeddings takes one output, and the mteb suite "
             "refuses the hand-built suites' L2-normalised vectors given beside its own).",
-            "Encodes per unique item: rows the warm run's embed jobs encoded (its log; its outputs' manifests agree) "
-            "over the benchmark's distinct items: the mteb suite's item keys (images by content, texts by "
-            "themselves) plus the hand-built suites' rows by key (a source's eval row scored by the zero-shot, "
-            "probe and clustering suites is one item) and their texts. SciMMIR's eval split has at most 5 rows: its "
+            "Encodes per unique item: rows the warm run's embed jobs encoded (its log; the run's cache's manifests "
+            "agree) over the benchmark's distinct items by content: the mteb suite's item keys (an image by the "
+            "sha256 of its stored bytes, a text by itself), the sha256 of the bytes of every row a hand-built suite "
+            "read (a source's eval row that the zero-shot, probe and clustering suites score is one item) and their "
+            "texts. Every suite's embeddings come from the run's one content-keyed cache "
+            "(mieb_ray/evals/embed_cache.py). SciMMIR's eval split has at most 5 rows: its "
             "fixture's rows 5 and 6 have no caption on purpose, which the SciMMIR retrieval suite refuses."])
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -98,46 +98,55 @@ def prepare(root: Path) -> None:
         job.evaluate(registry.select(",".join(TASKS.values())), registry.Options(str(mirror)), str(root / mode),
                      log=_quiet, model=model, executor="local", fast=mode == "fast")
         print(f"[gpu_eval] eval ({mode}) on the CPU: {time.time() - t0:.1f}s")
-    outputs = [_entry(root, m, Path(m).parent.relative_to(root)) for m in sorted(root.glob("*/**/_manifest.json"))
-               if json.loads(m.read_text()).get("format") == "mieb-embeddings"]
+    # the run's cache: every vector the suites read comes from it (their embed outputs are views of it, made anew)
+    outputs = [_entry(root, m, Path(m).parent.relative_to(root))
+               for m in sorted(root.glob("*/embeddings/cache/*/*/_manifest.json"))]
     (root / "index.json").write_text(json.dumps({"model": "model", "mirror": "mirror", "tasks": TASKS,
                                                  "outputs": outputs}, indent=1) + "\n")
-    for items in root.glob("*/mteb/embeddings/mteb/_items"):  # what mteb's loaders gave: in DIR/inputs/ now, and
+    for items in root.glob("*/**/embeddings/mteb/_items"):  # what mteb's loaders gave: in DIR/inputs/ now, and
         shutil.rmtree(items)  # each eval collects it again
     print(f"[gpu_eval] {len(outputs)} embed outputs in {root}/index.json")
 
 
 def _entry(root: Path, manifest: Path, folder: Path) -> dict:
-    """An embed output's index entry; its input relative to DIR (the mteb suite's cache inputs, deleted once
-    embedded, written again from its tasks' item tables into DIR/inputs/)."""
+    """A cache output's index entry; its input (deleted once embedded) written again, relative to DIR."""
     m = json.loads(manifest.read_text())
     config = m["config"]
-    source = Path(config["input"])
-    if not source.exists():
-        source = _mteb_input(root, folder, config["modality"])
+    source = _cache_input(root, folder, config["modality"])
     return {"output": str(folder), "input": str(source.resolve().relative_to(root.resolve())),
             "key": config["key_column"], "modality": config["modality"], "image_column": config["image_column"],
             "text_column": config["text_column"], "raw": config["raw"], "mode": "exact" if config["exact"] else "fast",
             "rows": m["counts"]["total"]}
 
 
-def _mteb_input(root: Path, folder: Path, modality: str) -> Path:
+def _cache_input(root: Path, folder: Path, modality: str) -> Path:
+    """DIR/inputs/<kind>-<digest of its keys>.parquet: a cache output's items (key, image or text) taken again from
+    what the eval's suites read (mteb's item tables; the hand-built suites' tables keyed by content)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mieb_ray.io import embeddings
+    from mieb_ray.evals.mteb_keys import image_key
+    from mieb_ray.io import embeddings, parquet
 
     keys, _ = embeddings.read_all(str(root / folder))
-    items = root / folder.parent.parent / "_items"  # OUT/mteb/embeddings/mteb/{<model>/<output>,_items}
     kind = "images" if modality == "image" else "texts"
-    table = pa.concat_tables([pq.read_table(p) for p in sorted(items.glob(f"*/{kind}.parquet"))])
-    first = {}
-    for i, k in enumerate(table["key"].to_pylist()):
-        first.setdefault(k, i)
-    target = root / "inputs" / f"mteb-{kind}-{hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:12]}.parquet"
+    run = root / folder.parts[0]
+    items = {}
+    for table in sorted(run.glob(f"**/embeddings/mteb/_items/*/{kind}.parquet")):
+        for k, v in zip(*pq.read_table(table).columns):
+            items.setdefault(k.as_py(), v.as_py())
+    if kind == "images":  # the eval splits and the probe's drawn rows
+        for table in sorted(p for p in run.glob("**/*.parquet") if {"eval-data", "probe-train"} & set(p.parts)):
+            for value in parquet.image_bytes(pq.read_table(table, columns=["image"])["image"]).to_pylist():
+                items.setdefault(image_key(value), value)
+    else:  # prompts and captions: tables keyed by the text
+        for table in sorted(run.glob("**/embeddings/_*/*.parquet")):
+            items.update((t, t) for t in pq.read_table(table, columns=["key"])["key"].to_pylist())
+    target = root / "inputs" / f"{kind}-{hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:12]}.parquet"
     if not target.exists():  # named by its keys: the exact and fast caches hold the same items, written once
         target.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.take([first[k] for k in keys]), target)
+        column = pa.array([items[k] for k in keys], pa.binary() if kind == "images" else pa.string())
+        pq.write_table(pa.table({"key": keys, kind[:-1]: column}), target)
     return target
 
 
@@ -196,10 +205,9 @@ def device(root: Path, out: Path, fast_executor: str = "auto") -> None:
 
 
 def _role(entry: dict) -> str:
-    """What an output is within its mode's eval, the same for its exact and fast twins: its path below the mode's
-    folder; the mteb suite's content-keyed cache (folder names of digests) by its modality."""
-    parts = entry["output"].split("/")[1:]
-    return f"mteb cache: {entry['modality']}" if "mteb" in parts else "/".join(parts)
+    """What a cache output is within its mode's eval, the same for its exact and fast twins (whose folders are
+    named by digests that differ): its modality and input, named by the keys it holds."""
+    return f"{entry['modality']}: {Path(entry['input']).name}"
 
 
 def _compare(keys, vectors, ref_keys, ref) -> dict:

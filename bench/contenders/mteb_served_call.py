@@ -12,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 
-from mieb_ray.evals.mteb_suite import _encoder_base, _quiet_evaluate, cached_vectors, inputs, load_task  # noqa: E402
+from mieb_ray.evals.embed_cache import vectors as cached_vectors  # noqa: E402
+from mieb_ray.evals.mteb_suite import _encoder_base, _quiet_evaluate, inputs, load_task  # noqa: E402
 from mieb_ray.io import embeddings  # noqa: E402
 
 

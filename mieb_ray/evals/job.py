@@ -3,15 +3,16 @@ build, embed and the audit share.
 
 start     the output checked: a complete one refused without --overwrite, an unfinished one without --resume or
           --overwrite (the same rule and words as every job)
-units     one per suite, run in turn by the driver: with --model, embed what it needs into OUT[/<suite>]/ first
-          (embeddings and eval splits reused only when of the same identity: runtime/identity.py); score it on the
-          top-k engine (its tasks on Ray or in this process, evals/protocol.py); write its `<Task>.json` files and
-          its own files (and, of several suites, its folder's manifest); then its progress record
+units     one per suite, run in turn by the driver: with --model, its embeddings first, from the run's cache
+          (evals/embed_cache.py: each item encoded once per model across suites and runs; eval splits reused only
+          when of the same identity: runtime/identity.py); score it on the top-k engine (its tasks on Ray or in
+          this process, evals/protocol.py); write its `<Task>.json` files and its own files (and, of several
+          suites, its folder's manifest); then its progress record
 manifest  last: a single suite's kind, or `mieb-eval` listing the suite folders beside OUT/report.html; files of
           this kind an earlier run left (a task no longer chosen) are removed first
 
 --resume skips the suites an earlier, unfinished run scored from the same inputs and settings; --overwrite
-replaces a complete output (its embeddings and eval splits stay, and are reused when they fit).
+replaces a complete output (its cache and eval splits stay, and are reused when they fit).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mieb_ray import __version__, flags, formats, storage
 from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.errors import UserError
-from mieb_ray.evals import protocol, registry, results_repo, run_report
+from mieb_ray.evals import embed_cache, protocol, registry, results_repo, run_report
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import identity
 from mieb_ray.runtime.cluster import RunContext
@@ -106,12 +107,13 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     planned = {suite.name: {"tasks": names} for suite, names in selected}
     done = job.earlier(planned, _settings(options, config))
     t0, results, keep, scored_from, manifest, made = time.time(), {}, set(), None, {}, []
+    cache = embed_cache.Cache.of(out, config.model, config.revision, exact=not config.fast) if config.model else None
     for (suite, names), scorer in zip(selected, scorers):
         folder = f"{suite.name}/" if several else ""
         where = storage.join(out, suite.name) if several else out
         record = done.get(suite.name)
         if record is None:
-            record = _scored(config, scorer, where, several, log, ctx)
+            record = _scored(config, scorer, where, several, log, cache, ctx)
             job.progress.record(suite.name, planned[suite.name], record)
         else:
             log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
@@ -152,11 +154,11 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
 
 
 def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log,
-            ctx: RunContext | None = None) -> dict:
-    """One unit: the suite embedded (with --model) and scored into `where`; its progress record's result."""
-    inputs = protocol.embed(scorer, where, config.model, config.revision, log, executor=config.executor,
-                            pool=config.pool, exact=not config.fast, ctx=ctx) if config.model \
-        else (config.images, config.texts if scorer.needs_texts else None)
+            cache: embed_cache.Cache | None, ctx: RunContext | None = None) -> dict:
+    """One unit: the suite embedded (with --model: from the run's cache) and scored into `where`; its progress
+    record's result."""
+    inputs = protocol.embed(scorer, where, cache, log, executor=config.executor, pool=config.pool, ctx=ctx) \
+        if cache else (config.images, config.texts if scorer.needs_texts else None)
     scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
                             executor_name=config.executor, ctx=ctx)
     manifest = {**scorer.kind.stamp(), "version": __version__, "files": scored.files,

@@ -5,9 +5,9 @@ collect  a task each (Ray, or this process): mteb loads the task with its own co
          root/<its hub path>) and runs it with a Recorder, which keys every input mteb would encode by its content
          (an image: sha256 of its stored bytes, never decoded; a text: itself) and writes the task's item tables
          (OUT/embeddings/mteb/_items/<task>/); the evaluator runs on zero vectors and its result is dropped
-embed    the items no earlier run embedded with this model, each once however many tasks hold it, embedded by the
-         embed job into a content-keyed cache (OUT/embeddings/mteb/<model>/{images,texts}-<digest>/) as the
-         model's raw vectors: mteb's CLIP wrapper returns those, and adds an image's and a text's for an input of both
+embed    the items no earlier run or suite embedded with this model, each once however many tasks hold it, embedded
+         by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
+         CLIP wrapper returns those, and adds an image's and a text's for an input of both
 score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
          input of both: the sum of its parts), and searches a retrieval corpus of ENGINE_DOCS or more on the top-k
          engine -> the TaskResult mteb writes; with --exclude, mteb runs it once more on the task cleaned of the
@@ -34,17 +34,17 @@ import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import benchmarks, mteb_clean
+from mieb_ray.evals import benchmarks, embed_cache, mteb_clean
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
-from mieb_ray.io import contamination, embeddings
+from mieb_ray.io import contamination, embeddings, parquet
 from mieb_ray.io.contamination import Flags
-from mieb_ray.runtime import identity, placement, tasks
+from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
 
 HF = "hf"
-IMAGES, TEXTS = "images", "texts"
+IMAGES, TEXTS = embed_cache.IMAGES, embed_cache.TEXTS
 ITEM_SCHEMA = {IMAGES: pa.schema([("key", pa.string()), ("image", pa.binary())]),
                TEXTS: pa.schema([("key", pa.string()), ("text", pa.string())])}
 BATCH = 512  # rows of a dataset read at a time
@@ -250,11 +250,6 @@ def _quiet_evaluate(model, task) -> dict:
 # ---------------------------------------------------------------------------------------------- the tasks
 
 
-def read_parquet(uri: str, columns: list[str] | None = None) -> pa.Table:
-    fs, path = storage.filesystem(uri)
-    return pq.read_table(path, filesystem=fs, columns=columns)
-
-
 def items_root(out: str, task: str) -> str:
     return storage.join(out, "embeddings", "mteb", "_items", task)
 
@@ -293,16 +288,6 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
 
 
 @tasks.remote(num_cpus=1)
-def select_task(source: str, target: str, rows: list[int], labels: list[str] | None = None) -> None:
-    """The chosen rows of an item table into `target` (the items to embed), each with its label (an `eval_task`
-    column) when given."""
-    table = read_parquet(source).take(rows)
-    if labels is not None:
-        table = table.append_column("eval_task", pa.array(labels, pa.string()))
-    storage.commit_file(target, lambda local: pq.write_table(table, local))
-
-
-@tasks.remote(num_cpus=1)
 def score_task(name: str, sources: str, items: str | None, cache: list[str], exclude: str | None = None) -> dict:
     """Load a task with mteb's code, answer its inputs from the cache (of the keys its item tables list, when
     collected): its TaskResult JSON; with `exclude` (an audit), its clean scores too (mteb_clean.py)."""
@@ -310,8 +295,8 @@ def score_task(name: str, sources: str, items: str | None, cache: list[str], exc
     if items is not None:
         keys = set()
         for kind in ITEM_SCHEMA:
-            keys.update(read_parquet(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
-    vectors, dim = cached_vectors(cache, keys)
+            keys.update(parquet.read_table(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
+    vectors, dim = embed_cache.vectors(cache, keys)
     result = _quiet_evaluate(server(dim, vectors, name), load_task(name, sources))
     if exclude:
         result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
@@ -383,33 +368,18 @@ def eval_images(names: list[str], sources: str, folder: str, log, where: placeme
         first: dict[str, list[tuple[int, str]]] = {}  # task -> (row, key) of the keys no earlier task holds
         for name in names:  # keys only: the driver reads no image
             source = storage.join(items[name], f"{IMAGES}.parquet")
-            for i, key in enumerate(read_parquet(source, ["key"])["key"].to_pylist()):
+            for i, key in enumerate(parquet.read_table(source, ["key"])["key"].to_pylist()):
                 if key not in holders:
                     first.setdefault(name, []).append((i, key))
                 holders.setdefault(key, []).append(name)
-        tasks.get([select_task.remote(storage.join(items[n], f"{IMAGES}.parquet"),
+        tasks.get([embed_cache.select.remote(storage.join(items[n], f"{IMAGES}.parquet"),
                                       storage.join(folder, f"images-{i:05d}.parquet"), [r for r, _ in rows],
-                                      ["/".join(holders[key]) for _, key in rows])
+                                      labels=["/".join(holders[key]) for _, key in rows])
                    for i, (n, rows) in enumerate(first.items())])
     storage.write_manifest(folder, {**made, "images": len(holders)})
     log(f"[audit] the {len(names)} mteb tasks' eval images read by mteb's loaders in {time.time() - t0:.1f}s: "
         f"{len(holders):,} images")
     return folder if holders else None
-
-
-def cached_vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
-    """key -> vector of the cache's outputs (only `keys` when given), and their dim."""
-    found, dim = {}, 0
-    for root in roots:
-        for uri in embeddings.shard_uris(root):
-            table = embeddings.open_shard(uri)
-            dim = embeddings.dim(table) or dim
-            names = table["key"].to_pylist()
-            take = [i for i, k in enumerate(names) if keys is None or k in keys]
-            if take:
-                matrix = embeddings.matrix(table, dim)
-                found.update((names[i], np.asarray(matrix[i], np.float32)) for i in take)
-    return found, dim
 
 
 # ---------------------------------------------------------------------------------------------- the suite
@@ -430,65 +400,22 @@ class MtebSuite:
     def task_names(self) -> list[str]:
         return list(self.names)
 
-    def embed(self, out: str, model: str, revision: str | None, log, executor: str = "auto",
-              pool: PoolRequest = PoolRequest(), exact: bool = True, ctx: RunContext | None = None) -> tuple[str, str]:
-        """Collect every task's inputs, embed the ones the cache lacks (raw vectors; exact: as mteb's wrapper
-        computes them, else eval --fast's) into new cache outputs; (image outputs, text outputs) of the cache,
-        comma-separated. The cache is kept apart for each: OUT/embeddings/mteb/<model>[-fast]/."""
-        from mieb_ray.encode.model import identity as model_identity
-        from mieb_ray.encode.model import load_info, resolve
-        from mieb_ray.pipelines.embed import embed_table
-
-        path = resolve(model, revision)
-        info = load_info(path, model, revision)
-        folder = storage.join(out, "embeddings", "mteb", identity.digest(model_identity(model, path, info))[:16]
-                              + ("" if exact else "-fast"))
+    def embed(self, out: str, cache: embed_cache.Cache, log, executor: str = "auto",
+              pool: PoolRequest = PoolRequest(), ctx: RunContext | None = None) -> tuple[str, str]:
+        """Collect every task's inputs, embed the ones the cache lacks (embed_cache.py); (image outputs, text
+        outputs) of the cache, comma-separated."""
         where = placement.choose(executor, None, ctx=ctx)
         t0, self.out = time.time(), out
         with tasks.using(where.mode, where.ctx):
             self.counts = dict(zip(self.names, tasks.get(
-                [collect_task.remote(n, self.sources, items_root(out, n), info.dim) for n in self.names])))
+                [collect_task.remote(n, self.sources, items_root(out, n), cache.dim) for n in self.names])))
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         made = {}
-        for kind, modality in ((IMAGES, "image"), (TEXTS, "text")):
-            segments = _complete(folder, kind)
-            todo = self._todo(out, kind, segments, where)
-            if todo:
-                embed_table(todo, "key", storage.join(folder, f"{kind}-{_name_of(todo)}"), model, revision, modality,
-                            log, pool, executor, raw=True, exact=exact, ctx=where.ctx)
-                storage.delete_tree(todo)  # its items are in the cache now
-                segments = _complete(folder, kind)
-            else:
-                log(f"[eval] mteb: every {modality} is in the cache ({storage.display(folder)})")
-            made[kind] = ",".join(segments)
+        for kind in ITEM_SCHEMA:
+            tables = [storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names]
+            made[kind] = ",".join(cache.add([(t, t) for t in tables], kind, log, pool, executor, where.ctx))
         return made[IMAGES], made[TEXTS]
-
-    def _todo(self, out: str, kind: str, segments: list[str], where: placement.Placement) -> str | None:
-        """The items of `kind` that no cache output holds, each once, as a folder of tables; None: nothing to do."""
-        cached = set()
-        for root in segments:
-            for uri in embeddings.shard_uris(root):
-                cached.update(embeddings.open_shard(uri)["key"].to_pylist())
-        picks = {}
-        for name in self.names:
-            source = storage.join(items_root(out, name), f"{kind}.parquet")
-            keys = read_parquet(source, ["key"])["key"].to_pylist()
-            rows = []
-            for i, key in enumerate(keys):
-                if key not in cached:  # nor taken from an earlier task's table
-                    cached.add(key)
-                    rows.append(i)
-            if rows:
-                picks[source] = rows
-        if not picks:
-            return None
-        digest = identity.digest({s: r for s, r in picks.items()})[:16]
-        target = storage.join(out, "embeddings", "mteb", "_todo", f"{kind}-{digest}")
-        with tasks.using(where.mode, where.ctx):
-            tasks.get([select_task.remote(s, storage.join(target, f"{n:05d}.parquet"), rows)
-                       for n, (s, rows) in enumerate(picks.items())])
-        return target
 
     def embed_inputs(self, out: str, log, ctx: RunContext | None = None):
         raise NotImplementedError("the mteb suite embeds through its own cache (embed)")
@@ -511,15 +438,3 @@ class MtebSuite:
 
     def write(self, out: str, results: dict[str, dict], pending, log) -> tuple[list[str], dict]:
         return [], {"items": self.counts}
-
-
-def _complete(folder: str, kind: str) -> list[str]:
-    """The cache's complete outputs of `kind` (a manifest: committed last)."""
-    names = sorted({uri[len(folder) + 1:].split("/")[0] for uri in storage.list_files(folder)}) \
-        if storage.exists(folder) else []
-    return [storage.join(folder, n) for n in names
-            if n.startswith(f"{kind}-") and storage.read_manifest(storage.join(folder, n)) is not None]
-
-
-def _name_of(todo: str) -> str:
-    return todo.rstrip("/").rsplit("-", 1)[-1]

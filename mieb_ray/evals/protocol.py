@@ -3,7 +3,7 @@
 An eval implements `EvalSuite`: the tasks it scores together from one set of embeddings (BioVITA's subsets,
 the zero-shot tasks chosen), what to embed with which keys, how to score blocks on the top-k engine (refs
 only: workers read the embeddings), how to gather and merge the blocks into mteb's TaskResult per task, and
-what else to write. `embed()` embeds what it needs (reused by identity: runtime/identity.py), `score()` scores it
+what else to write. `embed()` embeds what it needs (once per item and model: evals/embed_cache.py), `score()` scores it
 the same way for all: placement, submit, collect, `OUT/<task>.json` per task and the suite's own files. The eval
 job (evals/job.py) makes that an output: its lifecycle, the manifest last.
 """
@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
+from mieb_ray.evals import embed_cache
 from mieb_ray.io import embeddings
-from mieb_ray.pipelines.embed import embed_table
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.runtime.pools import PoolRequest
@@ -138,22 +138,20 @@ def placement_of(requested: str, images: str, texts: str | None,
     return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings", ctx)
 
 
-def embed(suite: EvalSuite, out: str, model: str, revision: str | None, log=print, executor: str = "auto",
-          pool: PoolRequest = PoolRequest(), exact: bool = True,
-          ctx: RunContext | None = None) -> tuple[str, str | None]:
-    """Embed the suite's images and texts into OUT/embeddings/{images[-N],texts} (embed_table: complete embeddings
-    of the same identity are reused, any others replaced). exact: as mteb's wrappers compute them (embed --exact);
-    False: the embed job's default (eval --fast: bf16 on a GPU, --decode auto). ctx: the command's Ray."""
-    if hasattr(suite, "embed"):  # a suite that embeds into its own cache instead (evals/mteb_suite.py)
-        return suite.embed(out, model, revision, log, executor, pool, exact=exact, ctx=ctx)
+def embed(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, executor: str = "auto",
+          pool: PoolRequest = PoolRequest(), ctx: RunContext | None = None) -> tuple[str, str | None]:
+    """The suite's images and texts as embed outputs OUT/embeddings/{images[-N],texts} keyed as it reads them, every
+    vector from the eval's cache of this model (embed_cache.py: each item encoded once across suites and runs).
+    ctx: the command's Ray."""
+    if hasattr(suite, "embed"):  # a suite that reads the cache by content itself (evals/mteb_suite.py)
+        return suite.embed(out, cache, log, executor, pool, ctx=ctx)
     inputs = suite.embed_inputs(out, log, ctx)
     root = storage.join(out, "embeddings")
-    tables = embeddings.roots(inputs.images)
-    images = [embed_table(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), model,
-                          revision, "image", log, pool, executor, raw=inputs.raw, exact=exact, ctx=ctx)
-              for n, table in enumerate(tables)]
-    texts = embed_table(inputs.texts, "key", storage.join(root, "texts"), model, revision, "text", log, pool,
-                        executor, exact=exact, ctx=ctx) if inputs.texts else None
+    images = [cache.serve(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")),
+                          embed_cache.IMAGES, not inputs.raw, log, pool, executor, ctx)
+              for n, table in enumerate(embeddings.roots(inputs.images))]
+    texts = cache.serve(inputs.texts, "key", storage.join(root, "texts"), embed_cache.TEXTS, True, log, pool,
+                        executor, ctx) if inputs.texts else None
     return ",".join(images), texts
 
 

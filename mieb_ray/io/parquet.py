@@ -26,6 +26,15 @@ def footer(uri: str) -> pq.FileMetaData:
         raise FormatError(f"unreadable parquet file {storage.display(uri)}: {first_line(exc)}") from exc
 
 
+def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
+    """A whole (small) file, or its `columns`: a table of keys, an item table."""
+    fs, path = storage.filesystem(uri)
+    try:
+        return pq.read_table(path, filesystem=fs, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise FormatError(f"unreadable parquet file {storage.display(uri)}: {first_line(exc)}") from exc
+
+
 def hub_class_names(meta: pq.FileMetaData, column: str) -> list[str] | None:
     """The ClassLabel names of `column` kept by HF `datasets` in the parquet schema metadata."""
     raw = (meta.metadata or {}).get(b"huggingface")

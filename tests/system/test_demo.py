@@ -59,7 +59,8 @@ def test_the_demo_command_builds_embeds_and_scores(tmp_path):
     # one eval command, two suites: each in its folder, the folders listed by the manifest written last
     evaluated = out / "eval"
     assert read(evaluated / "_manifest.json")["suites"] == {"biovita": "biovita", "zeroshot": "zeroshot"}
-    assert sorted(os.listdir(evaluated)) == ["_manifest.json", "biovita", "report.html", "summary.json", "zeroshot"]
+    assert sorted(os.listdir(evaluated)) == ["_manifest.json", "biovita", "embeddings", "report.html", "summary.json",
+                                             "zeroshot"]  # embeddings: the run's cache (evals/embed_cache.py)
     assert sorted(os.listdir(evaluated / "biovita")) == ["BioVITAT2IReranking.json", "_manifest.json", "embeddings",
                                                           "ranks.parquet", "report.html"]
     assert sorted(os.listdir(evaluated / "zeroshot")) == ["CIFAR10ZeroShot.json", "_manifest.json", "embeddings",

@@ -131,13 +131,15 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster: the 23 sources' eval splits and
     the other tasks' inputs (read by mteb's loaders from a mirror in their hub layouts) embedded on the worker
     nodes, each unique input once, and every task's TaskResult written as mteb reads it back."""
+    import hashlib
+
     import mteb
     import pyarrow.parquet as pq
     from support.hub_tasks import compositionality, retrieval, sts, tasks_misc
 
     from mieb_ray.demo_data.mirror import make_mirror
     from mieb_ray.evals import benchmarks, registry
-    from mieb_ray.io import embeddings
+    from mieb_ray.io import embeddings, parquet
 
     mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk
     make_mirror(mirror, rows=8, eval_rows=4)
@@ -153,9 +155,16 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
         for name in names:
             result = mteb.TaskResult.from_disk(out / suite.name / f"{name}.json")
             assert result.task_name == name and result.scores, name
-    # each input the mteb tasks hold embedded once: the cache's rows are the item tables' distinct keys
-    items = out / "mteb" / "embeddings" / "mteb"
+    # each input of every suite embedded once: the cache's rows are the distinct items, by content, that mteb's
+    # loaders gave (the item tables) and that the hand-built suites read (their tables' image bytes, their texts)
     for kind in ("images", "texts"):
-        keys = {k for path in items.glob(f"_items/*/{kind}.parquet") for k in pq.read_table(path)["key"].to_pylist()}
-        cached = [k for folder in items.glob(f"*/{kind}-*") for k in embeddings.read_all(str(folder))[0]]
-        assert len(cached) == len(set(cached)) == len(keys) > 0, kind
+        keys = {k for path in out.glob(f"mteb/embeddings/mteb/_items/*/{kind}.parquet")
+                for k in pq.read_table(path)["key"].to_pylist()}
+        if kind == "images":
+            tables = [p for p in out.glob("*/*/**/*.parquet") if {"eval-data", "probe-train"} & set(p.parts)]
+            keys |= {f"sha256:{hashlib.sha256(b).hexdigest()}" for path in tables
+                     for b in parquet.image_bytes(pq.read_table(path)["image"]).to_pylist()}
+        else:
+            keys |= {k for path in out.glob("*/embeddings/texts") for k in embeddings.read_all(str(path))[0]}
+        cached = [k for folder in out.glob(f"embeddings/cache/*/{kind}-*") for k in embeddings.read_all(str(folder))[0]]
+        assert sorted(cached) == sorted(keys) and keys, kind

@@ -13,7 +13,7 @@ from support.mteb_tasks import assert_same_scores, mteb_result
 
 from mieb_ray.cli import main
 from mieb_ray.demo_data.mirror import make_mirror
-from mieb_ray.evals import job, protocol, registry
+from mieb_ray.evals import job, registry
 from mieb_ray.pipelines import embed as embed_job
 
 pytestmark = pytest.mark.timeout(600)
@@ -29,15 +29,14 @@ def mirror(tmp_path_factory):
 
 
 def _spied(monkeypatch) -> list[bool]:
-    """The `exact` of every embed_table call, on both paths."""
+    """The `exact` of every embed_table call, from every suite."""
     calls, real = [], embed_job.embed_table
 
     def spy(*args, exact=True, **kwargs):
         calls.append(exact)
         return real(*args, exact=exact, **kwargs)
 
-    monkeypatch.setattr(protocol, "embed_table", spy)
-    monkeypatch.setattr(embed_job, "embed_table", spy)  # the mteb suite imports it when it embeds
+    monkeypatch.setattr(embed_job, "embed_table", spy)  # the eval's cache imports it when it embeds
     return calls
 
 
@@ -62,7 +61,7 @@ def test_fast_reaches_embed_and_every_output_says_which_computation(mirror, tiny
     for text in (page, zeroshot_page):
         assert ("These scores are not mteb&#x27;s computation" in text) == fast
         assert ("bench/RESULTS.md" in text) == fast
-    cache = os.listdir(os.path.join(out, "mteb", "embeddings", "mteb"))
+    cache = os.listdir(os.path.join(out, "embeddings", "cache"))
     assert [c.endswith("-fast") for c in cache if not c.startswith("_")] == [fast]  # a cache of its own
     if not fast:  # the key beside mteb's leaves the comparison with mteb's TaskResult as it was
         assert_same_scores(results["STS12VisualSTS"], mteb_result("STS12VisualSTS", mirror, tiny_clip))

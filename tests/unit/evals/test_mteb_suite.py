@@ -52,7 +52,7 @@ def two_tasks(tmp_path_factory):
 
 
 def _cache(out) -> dict[str, int]:
-    """Each cache output under OUT/embeddings/mteb/<model>/: its rows."""
+    """Each cache output under OUT/embeddings/cache/<model>/: its rows."""
     folder = _model_dir(out)
     return {name: len(embeddings.read_all(os.path.join(folder, name))[0]) for name in sorted(os.listdir(folder))}
 
@@ -71,13 +71,13 @@ def test_each_image_is_embedded_once_across_tasks_and_runs(two_tasks, tmp_path):
     lines = []
     again = ours(names, root, model, str(tmp_path), overwrite=True, log=lines.append)
     assert _cache(tmp_path) == cache  # the second run embedded nothing
-    assert "[eval] mteb: every image is in the cache" in "\n".join(lines)
+    assert "[eval] every image is in the cache" in "\n".join(lines)
     assert {n: again[n]["scores"] for n in names} == {n: first[n]["scores"] for n in names}
 
 
 def _model_dir(out) -> str:
-    """OUT/embeddings/mteb/<model>: the cache of the one model used."""
-    folder = os.path.join(out, "embeddings", "mteb")
+    """OUT/embeddings/cache/<model>: the cache of the one model used."""
+    folder = os.path.join(out, "embeddings", "cache")
     (model,) = [d for d in os.listdir(folder) if not d.startswith("_")]
     return os.path.join(folder, model)
 

@@ -215,7 +215,7 @@ def test_cli_with_embeddings(ray_local, data, tmp_path, capsys):
 def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data, tiny_clip, tmp_path, capsys):
     """--model: the eval splits are built through the build job, embedded with the model (images keyed
     <slug>/<split>/<index>, prompts keyed by their text), scored as mteb scores those same embeddings; a rerun
-    reuses the complete embeddings."""
+    finds every item in the run's cache."""
     chosen = ["CIFAR100ZeroShot", "RenderedSST2"]
     out = str(tmp_path / "out")
     argv = ["eval-zeroshot", "--tasks", ",".join(chosen), "--data", data, "--model", tiny_clip, "--out", out,
@@ -236,9 +236,8 @@ def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data,
     logged = capsys.readouterr().out
     (built,) = os.listdir(os.path.join(out, "eval-data"))  # the one eval-data build, reused
     reused = [line.split(": made from the same ")[0] for line in logged.splitlines() if " reusing " in line]
-    assert reused == [f"[build] reusing {os.path.join(out, 'eval-data', built)}",
-                      f"[embed] reusing {os.path.join(root, 'images')}",
-                      f"[embed] reusing {os.path.join(root, 'texts')}"]
+    assert reused == [f"[build] reusing {os.path.join(out, 'eval-data', built)}"]
+    assert "[eval] every image is in the cache" in logged and "[eval] every text is in the cache" in logged
     assert " units, " not in logged  # nothing built or encoded again
 
 

@@ -1,0 +1,221 @@
+"""The eval's embeddings, made once: each image and text the chosen tasks need is encoded once per model identity,
+across suites, tasks and runs, keyed by its content (evals/mteb_keys.py: an image by sha256 of its stored bytes,
+never decoded; a text by itself).
+
+OUT/embeddings/cache/<model>[-fast]/{images,texts}-<digest>/   embed outputs of the model's raw vectors (what
+                                                               mteb's CLIP wrapper gives); one counts once complete
+add    item tables (`key` and `image` or `text`; the mteb suite's) -> the items no complete output holds, each once,
+       embedded by the embed job's pools into a new output
+serve  a hand-built suite's table, its rows keyed its own way (<slug>/<split>/<index>, a corpus id): a task per file
+       keys its rows by content (`row`, `key`: no image is decoded, the driver reads none), `add` embeds what the
+       cache lacks, and a task per file writes the rows' vectors, gathered from the cache, as an embed output of
+       their own keyed as the suite reads them (L2-normalised unless the suite scores raw vectors)
+So an image that the zero-shot, probe and clustering suites and an mteb task all read costs one forward pass, and a
+second run encodes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+from mieb_ray.evals.mteb_keys import image_key
+from mieb_ray.io import embeddings, parquet, reader
+from mieb_ray.runtime import identity, placement, tasks
+from mieb_ray.runtime.cluster import RunContext
+from mieb_ray.runtime.pools import PoolRequest
+from mieb_ray.topk.groupmax import normalize
+
+IMAGES, TEXTS = "images", "texts"
+MODALITY = {IMAGES: "image", TEXTS: "text"}
+KEYED = pa.schema([("row", pa.string()), ("key", pa.string())])  # a suite's row -> its item's content key
+BATCH_ROWS, BATCH_BYTES = 2048, 256 << 20  # the keying task's reads
+
+
+@dataclass(frozen=True)
+class Cache:
+    """One model's cache in one eval output: `folder`, and how its items are embedded."""
+
+    root: str  # OUT/embeddings/cache
+    name: str  # the model's identity digest, -fast for eval --fast's
+    model: str
+    revision: str | None
+    exact: bool  # as mteb's wrappers compute (embed --exact); False: eval --fast's, in a folder of its own
+    dim: int
+
+    @classmethod
+    def of(cls, out: str, model: str, revision: str | None, exact: bool = True) -> Cache:
+        from mieb_ray.encode.model import identity as model_identity
+        from mieb_ray.encode.model import load_info, resolve
+
+        path = resolve(model, revision)
+        info = load_info(path, model, revision)
+        name = identity.digest(model_identity(model, path, info))[:16] + ("" if exact else "-fast")
+        return cls(storage.join(out, "embeddings", "cache"), name, model, revision, exact, info.dim)
+
+    @property
+    def folder(self) -> str:
+        return storage.join(self.root, self.name)
+
+    def outputs(self, kind: str) -> list[str]:
+        """The complete outputs of `kind` (a manifest: committed last)."""
+        names = sorted({u[len(self.folder) + 1:].split("/")[0] for u in storage.list_files(self.folder)}) \
+            if storage.exists(self.folder) else []
+        return [storage.join(self.folder, n) for n in names
+                if n.startswith(f"{kind}-") and storage.read_manifest(storage.join(self.folder, n)) is not None]
+
+    def add(self, tables: list[tuple[str, str]], kind: str, log, pool: PoolRequest = PoolRequest(),
+            executor: str = "auto", ctx: RunContext | None = None) -> list[str]:
+        """Embed the items of `tables` ((data file, file of its rows' `key`s), row for row; one file may be both)
+        that no output holds, each once, into a new output; the complete outputs of `kind` after."""
+        from mieb_ray.pipelines.embed import embed_table
+
+        outputs, where = self.outputs(kind), placement.choose(executor, None, ctx=ctx)
+        cached = {k for root in outputs for k in _keys(root)}
+        picks = {}
+        for data, keys in tables:  # keys only: the driver reads no image
+            rows = []
+            for i, key in enumerate(parquet.read_table(keys, ["key"])["key"].to_pylist()):
+                if key is not None and key not in cached:  # nor taken from an earlier table
+                    cached.add(key)
+                    rows.append(i)
+            if rows:
+                picks[(data, keys)] = rows
+        if not picks:
+            log(f"[eval] every {MODALITY[kind]} is in the cache ({storage.display(self.folder)})")
+            return outputs
+        digest = identity.digest([[*t, r] for t, r in picks.items()])[:16]
+        todo = storage.join(self.root, "_todo", f"{kind}-{digest}")
+        with tasks.using(where.mode, where.ctx):
+            tasks.get([select.remote(data, storage.join(todo, f"{n:05d}.parquet"), rows, keys, MODALITY[kind])
+                       for n, ((data, keys), rows) in enumerate(picks.items())])
+        embed_table(todo, "key", storage.join(self.folder, f"{kind}-{digest}"), self.model, self.revision,
+                    MODALITY[kind], log, pool, executor, raw=True, exact=self.exact, ctx=where.ctx)
+        storage.delete_tree(todo)  # its items are in the cache now
+        return self.outputs(kind)
+
+    def serve(self, table: str, key: str, target: str, kind: str, normalized: bool, log,
+              pool: PoolRequest = PoolRequest(), executor: str = "auto", ctx: RunContext | None = None) -> str:
+        """`table`'s images (or texts) as an embed output at `target` keyed by its `key` column, every vector
+        from the cache (what it lacks embedded first: add). Returns target."""
+        where = placement.choose(executor, None, ctx=ctx)
+        fmt, files = reader.input_files(table)
+        if fmt != "parquet":
+            raise UserError(f"{storage.display(table)}: the eval's embeddings are made from Parquet tables")
+        if storage.exists(target):  # an earlier view, or an embed output of an older version: made anew
+            storage.delete_tree(target)
+        keyed = storage.join(target, "_keyed")
+        with tasks.using(where.mode, where.ctx):
+            tasks.get([content_keys.remote(f.uri, key, MODALITY[kind], storage.join(keyed, f"{n:05d}.parquet"))
+                       for n, f in enumerate(files)])
+        pairs = [(f.uri, storage.join(keyed, f"{n:05d}.parquet")) for n, f in enumerate(files)]
+        outputs = self.add(pairs, kind, log, pool, executor, ctx)
+        if not outputs:
+            raise UserError(f"{storage.display(table)}: no row has an image or text to embed")
+        with tasks.using(where.mode, where.ctx):
+            shards = tasks.get([view.remote(k, outputs, target, f"{n:05d}.arrow", normalized)
+                                for n, (_, k) in enumerate(pairs)])
+        storage.delete_tree(keyed)
+        first = storage.read_manifest(outputs[0])
+        storage.write_manifest(target, {
+            **first, "config": {**first["config"], "input": storage.display(table), "key_column": key,
+                                "raw": not normalized},
+            "counts": {"total": sum(s["rows"] for s in shards), "errors": sum(s["errors"] for s in shards)},
+            "shards": [{k: s[k] for k in ("path", "rows", "bytes", "sha256")} for s in shards],
+            "error_files": [s["error_file"] for s in shards if s["error_file"]],
+            "cache": [storage.display(o) for o in outputs]})
+        return target
+
+
+def _keys(root: str) -> list[str]:
+    return [k for uri in embeddings.shard_uris(root) for k in embeddings.open_shard(uri)["key"].to_pylist()]
+
+
+def vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """key -> vector of embed outputs (only `keys` when given), and their dim."""
+    found, dim = {}, 0
+    for root in roots:
+        for uri in embeddings.shard_uris(root):
+            table = embeddings.open_shard(uri)
+            dim = embeddings.dim(table) or dim
+            names = table["key"].to_pylist()
+            take = [i for i, k in enumerate(names) if keys is None or k in keys]
+            if take:
+                matrix = embeddings.matrix(table, dim)
+                found.update((names[i], np.asarray(matrix[i], np.float32)) for i in take)
+    return found, dim
+
+
+def _errors(roots: list[str], keys: set[str]) -> dict[str, str]:
+    """key -> why the embed job could not embed it, of `keys`, from the outputs' error files."""
+    found = {}
+    for root in roots:
+        for name in (storage.read_manifest(root) or {}).get("error_files") or []:
+            with storage.open_input(storage.join(root, name)) as f:
+                table = pa.ipc.open_file(f).read_all()
+            found.update((k, e) for k, e in zip(table["key"].to_pylist(), table["error"].to_pylist()) if k in keys)
+    return found
+
+
+@tasks.remote(num_cpus=1)
+def content_keys(source: str, key: str, modality: str, target: str) -> int:
+    """One Parquet file of a suite's table, each row's content key beside its own (`row`, `key`): an image's
+    sha256 of its stored bytes (None where it has none: the view says so), a text itself. Its row count."""
+    column = "image" if modality == "image" else "text"
+    parts = []
+    for _, table in parquet.read_range(source, [key, column], max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES):
+        rows = [str(r) for r in table[key].to_pylist()]
+        if modality == "image":
+            data = parquet.image_bytes(table[column]).to_pylist()
+            items = [image_key(d) if d else None for d in data]
+        else:
+            items = table[column].to_pylist()
+        parts.append(pa.table([pa.array(rows, pa.string()), pa.array(items, pa.string())], schema=KEYED))
+    storage.commit_file(target, lambda local: pq.write_table(pa.concat_tables(parts) if parts
+                                                             else KEYED.empty_table(), local))
+    return sum(p.num_rows for p in parts)
+
+
+@tasks.remote(num_cpus=1)
+def select(data: str, target: str, rows: list[int], keys: str | None = None, column: str | None = None,
+           labels: list[str] | None = None) -> None:
+    """The chosen rows of a table into `target`: of `data` as it is, or (with `keys`, a file of its rows' content
+    keys) its `column` beside those keys; each with its label (an `eval_task` column) when given."""
+    if keys is None:
+        table = parquet.read_table(data).take(rows)
+    else:
+        values = parquet.read_table(data, [column])[column].take(rows)
+        if column == "image":
+            values = parquet.image_bytes(values)
+        table = pa.table({"key": parquet.read_table(keys, ["key"])["key"].take(rows), column: values})
+    if labels is not None:
+        table = table.append_column("eval_task", pa.array(labels, pa.string()))
+    storage.commit_file(target, lambda local: pq.write_table(table, local))
+
+
+@tasks.remote(num_cpus=1)
+def view(keyed: str, outputs: list[str], target: str, name: str, normalized: bool) -> dict:
+    """The rows of a keyed table with their vectors from the cache's outputs, as the shard `name` of `target`
+    (a row whose item the cache could not embed: an error row with its reason); its manifest entry."""
+    table = parquet.read_table(keyed)
+    rows, items = table["row"].to_pylist(), table["key"].to_pylist()
+    wanted = {k for k in items if k is not None}
+    found, dim = vectors(outputs, wanted)
+    why = _errors(outputs, wanted - set(found))
+    errors = np.array(["" if k in found else why.get(k, "no image bytes" if k is None else "not in the cache")
+                       for k in items], dtype=object)
+    matrix = np.stack([found.get(k, np.zeros(dim, np.float32)) for k in items]) if items \
+        else np.zeros((0, dim), np.float32)
+    if normalized:
+        matrix = normalize(matrix)
+    schema = embeddings.open_shard(embeddings.shard_uris(outputs[0])[0]).schema  # the cache's: model, dim, dtype
+    meta = {**embeddings.model_metadata(schema), "normalized": normalized}
+    schema = pa.schema(list(schema)[:2], metadata={b"mieb_ray": json.dumps(meta).encode()})
+    return embeddings.commit_shard(target, name, schema, {"key": np.array(rows, dtype=object), "embedding": matrix},
+                                   "key", (), errors)
