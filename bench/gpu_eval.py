@@ -166,12 +166,12 @@ def device(root: Path, out: Path, fast_executor: str = "auto") -> None:
     work, out = Path(tempfile.mkdtemp(prefix="gpu-eval-")), out.resolve()
     import transformers
 
-    from mieb_ray.encode.preprocess import _alpha_onto_white
+    from mieb_ray.encode.pixels import alpha_onto_white
 
     # the machine's transformers decides how a transparent image becomes RGB (preprocess._to_rgb): score() runs
     # mteb's reference under the same rule
     summary = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
-               "alpha_onto_white": _alpha_onto_white(), "outputs": []}
+               "alpha_onto_white": alpha_onto_white(), "outputs": []}
     t_all = time.time()
     try:
         for e in index["outputs"]:
