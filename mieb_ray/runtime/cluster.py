@@ -112,6 +112,31 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
         raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
+def autoscaler_config(gcs_address: str, proc: str = "/proc") -> str | None:
+    """The config file this cluster's autoscaler runs with, when its monitor process runs on this machine: the
+    `--autoscaling-config` of `ray start --head` (`ray up` passes ~/ray_bootstrap_config.yaml), which the monitor
+    (autoscaler v1 or v2) is started with, beside the address of its cluster's GCS. A `ray job submit` driver runs on
+    the head, where the monitor does. Ray 2.60's autoscalers do not report their config to the GCS, so there is no
+    other way to know what a `ray start --autoscaling-config` cluster can grow to. None elsewhere (another machine,
+    no /proc)."""
+    try:
+        pids = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if f"--gcs-address={gcs_address}" not in args or not any(a.endswith("monitor.py") for a in args):
+            continue
+        for arg in args:
+            if arg.startswith("--autoscaling-config="):
+                return os.path.expanduser(arg.split("=", 1)[1])
+    return None
+
+
 def read_cluster(ctx: RunContext | None = None) -> Cluster:
     """What the Ray cluster has now and can grow to (joining ctx's, or starting a local Ray, on first use)."""
     import ray
@@ -132,6 +157,12 @@ def read_cluster(ctx: RunContext | None = None) -> Cluster:
     elif os.path.exists(path := os.path.expanduser(BOOTSTRAP_CONFIG)):
         with open(path) as f:
             grown, source = launcher_capacity(yaml.safe_load(f) or {}), "the cluster launcher's config"
+    elif path := autoscaler_config(ray.get_runtime_context().gcs_address):
+        try:
+            with open(path) as f:
+                grown, source = launcher_capacity(yaml.safe_load(f) or {}), "its autoscaler's config"
+        except (OSError, yaml.YAMLError):  # gone or unreadable: as if there were none
+            pass
     if grown is None:
         return Cluster(cpus, gpus, cpus, gpus, nodes, None)
     return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source)

@@ -2,12 +2,13 @@
 
 An autoscaling cluster starts with its head alone, so sizing from what is up would give one actor and, for
 the encoders, CPUs (NeMo Curator's bug: GPU requests computed on a CPU-only head). What the cluster can grow
-to comes from Ray itself: the cluster config its autoscaler reports to the GCS (autoscaler v2, KubeRay,
-...), or, on the head of a cluster started by `ray up` (whose v1 autoscaler reports none), the launcher's
-config. Without either there is no autoscaler we know of, and the maximum is what is up now.
+to comes from Ray itself: the cluster config its autoscaler reports to the GCS (none does in Ray 2.60), or, on
+the head, the launcher's config of `ray up` or the config the autoscaler's monitor runs with
+(runtime/cluster.read_cluster). Without any there is no autoscaler we know of, and the maximum is what is up now.
 
-Pools then autoscale between a minimum (what fits now, at least one) and that maximum. The rules are pure
-functions of a `Cluster` (runtime/cluster.py reads one from Ray), tested without Ray; a pool carries one line
+Pools then autoscale between a minimum (what fits now, at least one) and that maximum; but GPU encoders on an
+autoscaling cluster all start at once, each waiting for its node (encoder_pool: ray-project/ray#59144). The rules
+are pure functions of a `Cluster` (runtime/cluster.py reads one from Ray), tested without Ray; a pool carries one line
 that says what it uses and why.
 """
 
@@ -123,11 +124,14 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
             pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
             return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0,
                         pool.why + ": no GPU on this machine and no autoscaler to add one")
+        elif cluster.autoscaler:  # a GPU node type capped at 0, or none: waiting would never end
+            raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and its autoscaler can add none "
+                            f"({cluster.autoscaler}); pass --gpus-per-worker 0 to encode on CPUs, or give the "
+                            "cluster a GPU node type")
         else:
-            where = (f"its autoscaler can add none ({cluster.autoscaler})" if cluster.autoscaler
-                     else "Ray reports no autoscaler that could add one")
-            raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and {where}; pass "
-                            "--gpus-per-worker 0 to encode on CPUs, or --gpus-per-worker 1 to wait for GPU nodes")
+            raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and Ray reports no autoscaler that "
+                            "could add one; pass --gpus-per-worker 0 to encode on CPUs, or --gpus-per-worker 1 to "
+                            "wait for GPU nodes")
     if gpus_per_worker == 0:
         pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
         return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0, pool.why + ": --gpus-per-worker 0")
@@ -138,6 +142,12 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
     # without a known autoscaler, a GPU the user asked for may come from a node not started yet: wait for one
     lo, hi = _sized(int(cluster.gpus // gpus_per_worker), int(cluster.max_gpus // gpus_per_worker), workers, cap)
     why = "--workers" if workers is not None else cluster.describe("GPU")
+    waiting = ""
+    if cluster.autoscaler is not None and workers is None and hi > lo:
+        # Ray Data grows a pool only within the resources it sees up, so the autoscaler would add the node the
+        # first actor waits for and no more (ray-project/ray#59144): every encoder is asked for at once, each
+        # waiting for its node, which is what the autoscaler adds nodes for (and no request outlives the job)
+        lo, waiting = hi, ": all started at once, each waiting for the GPU node its autoscaler adds"
     if cpus_per_worker is not None:
         cpus, because = cpus_per_worker, "--cpus-per-worker"
     elif device_decode:
@@ -147,7 +157,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
         cpus, because = 1.0, "it only drives the GPU: CPU tasks decode its images"
     return Pool(lo, hi, cpus, gpus_per_worker,
                 f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus)} CPU ({why}; {_n(cpus)} CPU: "
-                f"{because})")
+                f"{because}){waiting}")
 
 
 def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:

@@ -18,8 +18,14 @@ CPU_AUTOSCALER = Cluster(cpus=0, gpus=0, max_cpus=512, max_gpus=0, nodes=1, auto
 
 def test_gpus_that_are_not_up_yet_still_make_a_gpu_pool():
     pool = encoder_pool(FRESH, None, 1.0)
-    assert (pool.min_size, pool.max_size, pool.num_gpus) == (1, 8, 1.0)
+    # all at once: Ray Data would grow the pool only within the GPUs up (ray-project/ray#59144)
+    assert (pool.min_size, pool.max_size, pool.num_gpus) == (8, 8, 1.0)
     assert "0 GPUs up now, up to 8 as its autoscaler adds nodes (Ray's cluster config)" in pool.why
+    assert pool.why.endswith(": all started at once, each waiting for the GPU node its autoscaler adds")
+    some_up = Cluster(cpus=8, gpus=2, max_cpus=544, max_gpus=8, nodes=3, autoscaler="Ray's cluster config")
+    assert (encoder_pool(some_up, None, 1.0).min_size, encoder_pool(some_up, None, 1.0, workers=3).min_size) == (8, 3)
+    fixed = encoder_pool(GPU_BOX, None, 1.0)  # no autoscaler: what is up
+    assert (fixed.min_size, fixed.max_size) == (2, 2) and "all started at once" not in fixed.why
     assert encoder_pool(GPU_BOX, None, 2.0).why == ("encoders: 2 actors x 1 GPU + 2 CPU (2 GPUs up now; 2 CPU: "
                                                      "--cpus-per-worker)")
     half = encoder_pool(GPU_BOX, 0.5, 1.0)
@@ -68,3 +74,25 @@ def test_read_cluster_reports_the_local_ray(ray_local):
     cluster = read_cluster()
     assert (cluster.cpus, cluster.gpus, cluster.nodes, cluster.autoscaler) == (4, 0, 1, None)
     assert encoder_pool(cluster, None, 1.0).num_gpus == 0  # the test session's Ray is a laptop
+
+
+def test_the_autoscaler_config_is_what_this_clusters_monitor_runs_with(tmp_path):
+    """Ray 2.60's autoscalers report no config to the GCS: a `ray start --autoscaling-config` cluster's maximum comes
+    from its monitor's command line, on the head (a fake /proc here: this cluster's monitor, another cluster's, a
+    monitor with no config, other processes)."""
+    from mieb_ray.runtime.cluster import autoscaler_config
+
+    def process(pid: str, *args: str) -> None:
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cmdline").write_bytes(b"\0".join(a.encode() for a in args) + b"\0")
+
+    python, v1, v2 = "/venv/bin/python", "/ray/autoscaler/_private/monitor.py", "/ray/autoscaler/v2/monitor.py"
+    process("10", python, v1, "--gcs-address=10.0.0.1:6379", "--autoscaling-config=/tmp/other.yaml")
+    process("11", python, v2, "--logs-dir=/tmp/l", "--gcs-address=10.0.0.1:7000", "--autoscaling-config=/tmp/ours.json")
+    process("12", python, "-m", "mieb_ray", "--gcs-address=10.0.0.1:7000", "--autoscaling-config=/tmp/not-a-monitor")
+    process("13", python, v1, "--gcs-address=10.0.0.1:7001")  # a local Ray's monitor: no autoscaler
+    (tmp_path / "self").mkdir()
+    assert autoscaler_config("10.0.0.1:7000", str(tmp_path)) == "/tmp/ours.json"
+    assert autoscaler_config("10.0.0.1:6379", str(tmp_path)) == "/tmp/other.yaml"
+    assert autoscaler_config("10.0.0.1:7001", str(tmp_path)) is None
+    assert autoscaler_config("10.0.0.1:7000", str(tmp_path / "absent")) is None
