@@ -21,8 +21,8 @@ spawn to exit:
                    ... --out OUT` on the warm run's outputs (each suite's own: the hand-built suites' keyed by row,
                    the mteb suite's content-keyed cache). Where a type spans a hand-built suite with L2-normalised
                    embeddings and the mteb suite (zero-shot, Any2Any retrieval), one call cannot take both suites'
-                   embeddings (one --text-embeddings output; the mteb suite refuses normalised vectors): one call per
-                   suite, their seconds summed.
+                   embeddings (the mteb suite refuses normalised vectors beside its raw ones): one call per suite,
+                   their seconds summed.
 
 Run from the repository root:
     .venv/bin/python bench/eval_types.py [--rows 40] [--eval-rows 20] [--repeat 3]
@@ -127,7 +127,7 @@ def write_vectors(path: Path, vectors: dict[str, np.ndarray]) -> None:
 
 def eval_calls(names: list[str], mirror: str, warm: Path) -> list[tuple[list[str], list[Path], list[Path]]]:
     """(tasks, image outputs, text outputs) of each `mieb-ray eval` call a type takes: one, unless its suites'
-    embeddings cannot go to one call (more than one text output, or normalised ones beside the mteb suite's)."""
+    embeddings cannot go to one call (normalised ones beside the mteb suite's)."""
     by_suite = [(suite.name, picked) for suite, picked in registry.select(",".join(names), log=lambda *a: None)]
     calls = []
     for suite, picked in by_suite:
@@ -136,7 +136,7 @@ def eval_calls(names: list[str], mirror: str, warm: Path) -> list[tuple[list[str
         calls.append((picked, images, texts if needs_texts else []))
     texts = [t for _, _, ts in calls for t in ts]
     mixed = any(s == "mteb" for s, _ in by_suite) and any(normalised(r) for _, images, ts in calls for r in images + ts)
-    if len(calls) > 1 and len(texts) <= 1 and not mixed:
+    if len(calls) > 1 and not mixed:
         calls = [([n for c in calls for n in c[0]], [i for c in calls for i in c[1]], texts)]
     return calls
 
@@ -198,10 +198,12 @@ def main() -> None:
             if done.returncode:
                 sys.exit(f"failed: {' '.join(argv)}\n{done.stderr[-3000:]}")
             logs.append((time.perf_counter() - t0, done.stdout + done.stderr))
-            made.append({p: p.read_text() for p in warm.glob("*/embeddings/**/_manifest.json")})
+            made.append({**{p: p.read_text() for p in warm.glob("embeddings/cache/**/_manifest.json")},  # the cache
+                         **{p: json.loads(p.read_text())["shards"]  # the suites' views of it: their shards' sha256
+                            for p in warm.glob("*/embeddings/**/_manifest.json")}})
         count = encodes(warm, logs[0][1])
         again = sum(int(n.replace(",", "")) for n in ENCODE.findall(logs[1][1]))
-        assert made[0] == made[1], "the second run changed the embedding outputs"
+        assert made[0] == made[1], "the second run changed the cache or the vectors the suites read"
         distinct = count["images"] + count["texts"]
         print(f"[eval_types] warm run {logs[0][0]:.0f}s: {count['encoded']:,} rows encoded, {distinct:,} distinct "
               f"items; again with --overwrite {logs[1][0]:.0f}s: {again} rows encoded", flush=True)
@@ -323,8 +325,8 @@ def main() -> None:
             "same 2 cores at the same time: the load average before, after and between the calls is recorded, "
             "and it moves single runs by seconds.",
             "Zero-shot and Any2Any retrieval take two mieb-ray processes, one per suite: one `eval` call cannot be "
-            "given both suites' precomputed embeddings (--text-embeddings takes one output, and the mteb suite "
-            "refuses the hand-built suites' L2-normalised vectors given beside its own).",
+            "given both suites' precomputed embeddings (the mteb suite refuses the hand-built suites' "
+            "L2-normalised vectors given beside its own raw ones).",
             "Encodes per unique item: rows the warm run's embed jobs encoded (its log; the run's cache's manifests "
             "agree) over the benchmark's distinct items by content: the mteb suite's item keys (an image by the "
             "sha256 of its stored bytes, a text by itself), the sha256 of the bytes of every row a hand-built suite "

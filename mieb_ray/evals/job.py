@@ -52,8 +52,8 @@ class EvalConfig:
              "for the eval splits (what build --split eval writes) and, for the linear probe, <slug>/<index> for its "
              "train rows (mieb-train's keys)")
     texts: str | None = flags.option(
-        None, flag="--text-embeddings", parse=flags.existing,
-        help="embed output of the query texts, prompts and captions, keyed by the text itself")
+        None, flag="--text-embeddings", parse=flags.existing_list,
+        help="embed output(s), comma-separated, of the query texts, prompts and captions, keyed by the text itself")
     model: str | None = flags.option(None, flag="--model", parse=flags.model,
                                      help="instead of the two embedding flags: embed what the tasks need with this "
                                           "model first (reused only when made from the same model commit or files, "
@@ -180,6 +180,6 @@ def _settings(options: registry.Options, config: EvalConfig) -> dict:
         made_by = model_identity(config.model, path, load_info(path, config.model, config.revision))
     return {"version": __version__, "sources": storage.display(options.sources), "model": made_by,
             "images": [identity.of_input(r) for r in embeddings.roots(config.images)] if config.images else None,
-            "texts": identity.of_input(config.texts) if config.texts else None,
+            "texts": [identity.of_input(r) for r in embeddings.roots(config.texts)] if config.texts else None,
             "exclude": identity.of_input(options.exclude) if options.exclude else None,
             "settings": options.settings, "fast": config.fast}

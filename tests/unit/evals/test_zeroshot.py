@@ -263,3 +263,23 @@ def test_clean_scores_are_the_scores_of_the_images_the_audit_did_not_flag(data, 
                    np.zeros(len(kept)))
     assert clean["accuracy"] == want["accuracy"] and clean["f1"] == want["f1"]
     assert clean["images"] == EVAL_ROWS - 3 and clean["left_out"]["eval"] == {"any": 3, "exact": 2, "near": 1}
+
+
+def test_text_embeddings_spread_over_several_outputs(data, tmp_path):
+    """--text-embeddings takes several outputs, comma-separated, as --image-embeddings does (the prompts of one task
+    in two embed outputs): the scores are mteb's on the same vectors."""
+    task = select_tasks("RenderedSST2")[0]
+    images, texts = _embed(tmp_path, tasks=[task.name])
+    keys, vectors = embeddings.read_all(texts)
+    half = len(keys) // 2
+    parts = [str(tmp_path / "txt-a"), str(tmp_path / "txt-b")]
+    for part, rows in zip(parts, (slice(0, half), slice(half, None))):
+        write_embeddings(part, keys[rows], vectors[rows], "text", "float32", 1, {"fixture": "split"})
+    out = str(tmp_path / "out")
+    assert main(["eval", "--tasks", task.name, "--sources", data, "--image-embeddings", images,
+                 "--text-embeddings", ",".join(parts), "--out", out]) == 0
+    image_vectors = dict(zip(*embeddings.read_all(images)))
+    rows = np.stack([image_vectors[f"{task.key_prefix()}{i}"] for i in range(EVAL_ROWS)])
+    theirs = mteb_zeroshot(task.name, os.path.join(data, task.source.repo), task.split, dict(zip(keys, vectors)), rows)
+    ours = json.loads(open(os.path.join(out, f"{task.name}.json")).read())
+    assert ours["scores"][task.split][0] == theirs["scores"][task.split][0]
