@@ -165,4 +165,5 @@ def read_cluster(ctx: RunContext | None = None) -> Cluster:
             pass
     if grown is None:
         return Cluster(cpus, gpus, cpus, gpus, nodes, None)
-    return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source)
+    return Cluster(cpus, gpus, max(cpus, grown["CPU"]), max(gpus, grown["GPU"]), nodes, source,
+                   grown.get("CPU without GPU"))

@@ -11,7 +11,8 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
               progress record an earlier run committed with these settings), refused without it, and refused
               with it when the settings or units differ, saying how: hours of work are never replaced by mistake
     run()     the remaining units on Ray or in this process (runtime/placement.py), a progress line every 5 s,
-              each unit's result once, and an error if one never came back
+              each unit's result once, and an error if one never came back; on Ray, what the cluster did
+              meanwhile (runtime/watch.py)
     finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
               run's other shard sizes), the manifest written last with the job's identity, then the progress
               records dropped
@@ -19,13 +20,14 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.runtime import identity, output, units
-from mieb_ray.runtime.cluster import RunContext
+from mieb_ray.runtime import identity, output, units, watch
+from mieb_ray.runtime.cluster import RunContext, ray_up
 from mieb_ray.runtime.output import Progress
 
 TICK_SECONDS = 5.0
@@ -112,6 +114,22 @@ class Job:
         with a progress line every TICK_SECONDS and at the end. total: the planned units (default: len(todo)).
         ctx: the command's Ray (None: RunContext())."""
         total = total or len(todo)
+        with self._watch(todo, stages, mode, ctx):
+            results = self._results(todo, stages, mode, total, on_rows, ctx)
+        missing = sorted(set(todo) - set(results))
+        if missing:  # never a silent loss
+            raise RuntimeError(f"{len(missing)} of {len(todo)} units did not come back (e.g. unit {missing[0]})")
+        return [results[i] for i in todo]
+
+    def _watch(self, todo: list[int], stages: list[units.Stage], mode: str, ctx: RunContext | None):
+        """On Ray: the cluster's nodes added and removed, and the pools' largest size, in the job's log."""
+        if mode != "ray" or not todo:
+            return contextlib.nullcontext()
+        ray_up(ctx)
+        return watch.watching(self.name, self.log, {s.pool.what: (s.fn.__name__, s.pool.max_size)
+                                                    for s in stages if s.pool is not None})
+
+    def _results(self, todo, stages, mode, total, on_rows, ctx) -> dict[int, dict]:
         results, rows, t_run, t_log = {}, 0, time.time(), 0.0
         for number, result in units.run(todo, stages, mode, on_rows, ctx):
             if number in results:
@@ -122,10 +140,7 @@ class Job:
             if time.time() - t_log > TICK_SECONDS or done == total:
                 t_log, elapsed = time.time(), time.time() - t_run
                 self.log(f"[{self.name}] {done}/{total} units, {rows:,} rows, {rows / max(elapsed, 1e-9):,.0f} rows/s")
-        missing = sorted(set(todo) - set(results))
-        if missing:  # never a silent loss
-            raise RuntimeError(f"{len(missing)} of {len(todo)} units did not come back (e.g. unit {missing[0]})")
-        return [results[i] for i in todo]
+        return results
 
     def check_errors(self, errors: int, rows: int, rate: float, verb: str, detail: str = "") -> None:
         """Fail when more than `rate` of the rows could not be made (the rows themselves are in _errors/)."""

@@ -6,14 +6,16 @@ to comes from Ray itself: the cluster config its autoscaler reports to the GCS (
 the head, the launcher's config of `ray up` or the config the autoscaler's monitor runs with
 (runtime/cluster.read_cluster). Without any there is no autoscaler we know of, and the maximum is what is up now.
 
-Pools then autoscale between a minimum (what fits now, at least one) and that maximum; but GPU encoders on an
-autoscaling cluster all start at once, each waiting for its node (encoder_pool: ray-project/ray#59144). The rules
+Pools then autoscale between a minimum (what fits now, at least one) and that maximum; but on an autoscaling
+cluster a pool's actors all start at once, each waiting for its node (_at_once: ray-project/ray#59144), and CPU
+pools size to the node types without GPUs, so that a build brings up no GPU node. The rules
 are pure functions of a `Cluster` (runtime/cluster.py reads one from Ray), tested without Ray; a pool carries one line
 that says what it uses and why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mieb_ray import flags
@@ -58,12 +60,22 @@ class Cluster:
     max_gpus: float
     nodes: int
     autoscaler: str | None  # where the maximum came from; None: no autoscaler we know of
+    # CPUs the cluster can grow to on node types without GPUs, where a config tells them apart (None: unknown):
+    # CPU pools size to these, so that a build never brings up GPU nodes for their CPUs
+    max_cpus_without_gpus: float | None = None
+
+    def cpu_pool_cpus(self) -> float:
+        """The most CPUs a CPU pool may use: those up, or more on the nodes without GPUs the autoscaler can add."""
+        if self.max_cpus_without_gpus is None:
+            return self.max_cpus
+        return max(self.cpus, self.max_cpus_without_gpus)
 
     def describe(self, resource: str) -> str:
-        now, most = (self.gpus, self.max_gpus) if resource == "GPU" else (self.cpus, self.max_cpus)
+        now, most = (self.gpus, self.max_gpus) if resource == "GPU" else (self.cpus, self.cpu_pool_cpus())
         text = f"{_n(now)} {resource}s up now"
         if self.autoscaler:
-            text += f", up to {_n(most)} as its autoscaler adds nodes ({self.autoscaler})"
+            where = " on nodes without GPUs" if resource == "CPU" and self.max_cpus_without_gpus is not None else ""
+            text += f", up to {_n(most)}{where} as its autoscaler adds nodes ({self.autoscaler})"
         return text
 
 
@@ -78,6 +90,7 @@ class Pool:
     num_cpus: float
     num_gpus: float
     why: str  # one line: what the pool uses and why
+    what: str = "actors"  # its actors, for the job's log ("encoders", "shard builders")
 
     def strategy(self):
         import ray
@@ -86,12 +99,16 @@ class Pool:
 
 
 def launcher_capacity(config: dict) -> dict[str, float]:
-    """CPUs and GPUs of every node type at its max_workers (the head once), per a cluster launcher config."""
-    total = {"CPU": 0.0, "GPU": 0.0}
+    """CPUs and GPUs of every node type at its max_workers (the head once), per a cluster launcher config; and
+    "CPU without GPU": the CPUs of the types that declare no GPU."""
+    total = {"CPU": 0.0, "GPU": 0.0, "CPU without GPU": 0.0}
     for name, node_type in config.get("available_node_types", {}).items():
         count = node_type.get("max_workers", 0) if name != config.get("head_node_type") else 1
-        for resource in total:
-            total[resource] += float(node_type.get("resources", {}).get(resource, 0)) * count
+        resources = node_type.get("resources", {})
+        for resource in ("CPU", "GPU"):
+            total[resource] += float(resources.get(resource, 0)) * count
+        if not resources.get("GPU"):
+            total["CPU without GPU"] += float(resources.get("CPU", 0)) * count
     return total
 
 
@@ -102,13 +119,29 @@ def _sized(now: int, most: int, workers: int | None, cap: int | None) -> tuple[i
     return max(1, min(now, most)), most
 
 
+AT_ONCE = ": all started at once, each waiting for the {}node its autoscaler adds"
+
+
+def _at_once(cluster: Cluster, workers: int | None, lo: int, hi: int, kind: str = "") -> tuple[int, str]:
+    """The pool's minimum on an autoscaling cluster: its maximum. Ray Data grows a pool only within the resources it
+    sees up, so the autoscaler would add the node the first actor waits for and no more (ray-project/ray#59144; a
+    CPU pool the same: a build from zero nodes stayed at 1 of 8 shard builders): every actor is asked for at once,
+    each waiting for its node, which is what the autoscaler adds nodes for (and no request outlives the job)."""
+    if cluster.autoscaler is not None and workers is None and hi > lo:
+        return hi, AT_ONCE.format(kind)
+    return lo, ""
+
+
 def cpu_pool(cluster: Cluster, cpus_per_worker: float, workers: int | None = None, cap: int | None = None,
              what: str = "actors") -> Pool:
     """A pool of CPU actors: as many as fit now, growing to what the cluster can add (`cap`: no more than
     there is work for)."""
-    lo, hi = _sized(int(cluster.cpus // cpus_per_worker), int(cluster.max_cpus // cpus_per_worker), workers, cap)
+    lo, hi = _sized(int(cluster.cpus // cpus_per_worker), int(cluster.cpu_pool_cpus() // cpus_per_worker), workers,
+                    cap)
+    lo, waiting = _at_once(cluster, workers, lo, hi)
     why = "--workers" if workers is not None else cluster.describe("CPU")
-    return Pool(lo, hi, cpus_per_worker, 0.0, f"{what}: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
+    return Pool(lo, hi, cpus_per_worker, 0.0,
+                f"{what}: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why}){waiting}", what)
 
 
 def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worker: float | None,
@@ -122,8 +155,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
             gpus_per_worker = 1.0
         elif cluster.nodes <= 1 and cluster.autoscaler is None:
             pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
-            return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0,
-                        pool.why + ": no GPU on this machine and no autoscaler to add one")
+            return dataclasses.replace(pool, why=pool.why + ": no GPU on this machine and no autoscaler to add one")
         elif cluster.autoscaler:  # a GPU node type capped at 0, or none: waiting would never end
             raise UserError(f"the Ray cluster has no GPU ({cluster.nodes} nodes) and its autoscaler can add none "
                             f"({cluster.autoscaler}); pass --gpus-per-worker 0 to encode on CPUs, or give the "
@@ -134,7 +166,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
                             "wait for GPU nodes")
     if gpus_per_worker == 0:
         pool = _cpu_encoders(cluster, cpus_per_worker or 1.0, workers, cap)
-        return Pool(pool.min_size, pool.max_size, pool.num_cpus, 0.0, pool.why + ": --gpus-per-worker 0")
+        return dataclasses.replace(pool, why=pool.why + ": --gpus-per-worker 0")
     if cluster.max_gpus == 0 and workers is None and cluster.autoscaler is not None:
         raise UserError(f"--gpus-per-worker {_n(gpus_per_worker)} asks for GPUs, but the Ray cluster has none and "
                         f"its autoscaler can add none ({cluster.autoscaler}); pass --gpus-per-worker 0 to encode "
@@ -142,12 +174,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
     # without a known autoscaler, a GPU the user asked for may come from a node not started yet: wait for one
     lo, hi = _sized(int(cluster.gpus // gpus_per_worker), int(cluster.max_gpus // gpus_per_worker), workers, cap)
     why = "--workers" if workers is not None else cluster.describe("GPU")
-    waiting = ""
-    if cluster.autoscaler is not None and workers is None and hi > lo:
-        # Ray Data grows a pool only within the resources it sees up, so the autoscaler would add the node the
-        # first actor waits for and no more (ray-project/ray#59144): every encoder is asked for at once, each
-        # waiting for its node, which is what the autoscaler adds nodes for (and no request outlives the job)
-        lo, waiting = hi, ": all started at once, each waiting for the GPU node its autoscaler adds"
+    lo, waiting = _at_once(cluster, workers, lo, hi, "GPU ")
     if cpus_per_worker is not None:
         cpus, because = cpus_per_worker, "--cpus-per-worker"
     elif device_decode:
@@ -157,16 +184,17 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
         cpus, because = 1.0, "it only drives the GPU: CPU tasks decode its images"
     return Pool(lo, hi, cpus, gpus_per_worker,
                 f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus)} CPU ({why}; {_n(cpus)} CPU: "
-                f"{because}){waiting}")
+                f"{because}){waiting}", "encoders")
 
 
 def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:
-    lo, hi = _sized(int(cluster.cpus // CPUS_PER_CPU_ENCODER), int(cluster.max_cpus // CPUS_PER_CPU_ENCODER),
-                    workers, cap)
+    lo, hi = _sized(int(cluster.cpus // CPUS_PER_CPU_ENCODER),
+                    int(cluster.cpu_pool_cpus() // CPUS_PER_CPU_ENCODER), workers, cap)
+    lo, waiting = _at_once(cluster, workers, lo, hi)
     why = ("--workers" if workers is not None
            else f"one per {CPUS_PER_CPU_ENCODER} CPUs, at least one; {cluster.describe('CPU')}")
     return Pool(lo, hi, cpus_per_worker, 0.0,
-                f"encoders on CPUs: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why})")
+                f"encoders on CPUs: {_sizes(lo, hi)} x {_n(cpus_per_worker)} CPU ({why}){waiting}", "encoders")
 
 
 def _sizes(lo: int, hi: int) -> str:

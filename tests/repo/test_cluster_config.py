@@ -43,8 +43,8 @@ def test_node_types_offer_what_the_jobs_ask_for(config):
 
 def test_default_pools_see_what_the_autoscaler_can_add(config):
     # on a cluster that starts with its head alone, the embed job still sizes its GPU pool to the GPUs
-    # the autoscaler can bring up, instead of running on CPUs
-    assert launcher_capacity(config) == {"CPU": 16 * 32 + 8 * 4, "GPU": 8}
+    # the autoscaler can bring up, instead of running on CPUs; the build's CPU pools size to the CPU nodes alone
+    assert launcher_capacity(config) == {"CPU": 16 * 32 + 8 * 4, "GPU": 8, "CPU without GPU": 16 * 32}
 
 
 def test_the_nodes_install_this_checkout(config):

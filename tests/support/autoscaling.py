@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 from ray.cluster_utils import AutoscalingCluster
@@ -124,6 +125,25 @@ class AutoscalingRay(RayCluster):
             time.sleep(0.5)
         return time.time() - t0
 
+    def submit(self, *args: str) -> subprocess.Popen:
+        """`ray job submit -- mieb-ray ARGS`, running: it follows the job's log (stdout, stderr merged) until the job
+        ends. Encoders given a declared GPU run on the CPU (support.fake_cuda). No --working-dir: the fake provider
+        starts every node with the head's temp dir, so a working dir would be unpacked by several nodes into one
+        folder at once (a worker then imports a half-written package); the nodes run this checkout's venv."""
+        hook = {"worker_process_setup_hook": "support.fake_cuda.gpus_on_cpu"}
+        return subprocess.Popen([str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url,
+                                 "--runtime-env-json", json.dumps(hook), "--", "mieb-ray", *args], env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_for_workers(self, count: int, timeout: float = 120) -> float:
+        """Until `count` worker nodes are alive; the seconds that took. TimeoutError after `timeout`."""
+        t0 = time.time()
+        while sum(n.alive for n in self.worker_nodes()) < count:
+            if time.time() - t0 > timeout:
+                raise TimeoutError(f"{count} worker nodes not up after {timeout:.0f} s: {self.worker_nodes()}")
+            time.sleep(0.5)
+        return time.time() - t0
+
     def actors(self, class_part: str, job_id: str) -> list[dict]:
         """The actors (Ray's state API records) whose class name contains `class_part` that job `job_id` started."""
         out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", self.dashboard_url, "--detail",
@@ -131,6 +151,24 @@ class AutoscalingRay(RayCluster):
                              timeout=120, check=True)
         return [a for a in json.loads(out.stdout)
                 if class_part in (a.get("class_name") or "") and a.get("job_id") == job_id]
+
+    def kill_node(self, node_id: str) -> int:
+        """SIGKILL a worker node the autoscaler started, as a reclaimed spot machine goes: its raylet (the object store
+        within it), its agents and every worker under it, at once. The autoscaler is not told. The processes killed."""
+        mine = [p for p in psutil.process_iter(["cmdline"])
+                if any(a in (f"--node_id={node_id}", f"--node-id={node_id}") for a in p.info["cmdline"] or [])]
+        tree = {p.pid: p for p in mine}
+        for p in mine:
+            try:
+                tree.update((c.pid, c) for c in p.children(recursive=True))
+            except psutil.Error:
+                pass
+        for p in tree.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        return len(tree)
 
     def log(self) -> str:
         """The autoscaler's own log (the monitor's), for a failing test's message."""
@@ -142,15 +180,17 @@ class AutoscalingRay(RayCluster):
 
 
 def start(tmp: str, extra_env: dict, *, cpu_nodes: int = 2, gpu_nodes: int = 2, gpus_per_node: int = 1,
-          idle_timeout_s: float = 6.0, v2: bool = False) -> AutoscalingRay:
+          idle_timeout_s: float = 6.0, v2: bool = False, all_up: bool = False) -> AutoscalingRay:
     """A head (no CPU, no GPU) and no worker node; the autoscaler adds up to `cpu_nodes` nodes of NODE_CPUS CPUs and
     `gpu_nodes` of NODE_CPUS CPUs and `gpus_per_node` GPUs (a type capped at 0 nodes when 0), and removes a node
-    idle for `idle_timeout_s`."""
-    node = {"node_config": {}, "min_workers": 0}
+    idle for `idle_timeout_s`. all_up: every node type's min_workers its max_workers, so the autoscaler brings every
+    node up at once and keeps it (wait_for_workers waits for them): the same cluster, never scaled."""
+    node = {"node_config": {}}
     store = {"object_store_memory": OBJECT_STORE}
-    types = {CPU_TYPE: {**node, "resources": {"CPU": NODE_CPUS, **store}, "max_workers": cpu_nodes},
+    types = {CPU_TYPE: {**node, "resources": {"CPU": NODE_CPUS, **store}, "max_workers": cpu_nodes,
+                        "min_workers": cpu_nodes if all_up else 0},
              GPU_TYPE: {**node, "resources": {"CPU": NODE_CPUS, "GPU": gpus_per_node, **store},
-                        "max_workers": gpu_nodes}}
+                        "max_workers": gpu_nodes, "min_workers": gpu_nodes if all_up else 0}}
     env = {**os.environ, **extra_env, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     cluster = AutoscalingRay(tmp, env, free_port(), free_port())

@@ -63,9 +63,22 @@ def test_a_cluster_encodes_on_cpus_only_when_asked():
 
 
 def test_cpu_pools_grow_from_what_is_up_to_what_can_be_added():
+    # on an autoscaling cluster, all at once (a pool from 1 stayed at 1 of 8 on Ray's autoscaler: ray#59144)
     pool = cpu_pool(FRESH, 1.0, what="shard builders")
-    assert (pool.min_size, pool.max_size) == (1, 544)
-    assert pool.why.startswith("shard builders: 1-544 actors x 1 CPU (0 CPUs up now, up to 544")
+    assert (pool.min_size, pool.max_size) == (544, 544)
+    assert pool.why == ("shard builders: 544 actors x 1 CPU (0 CPUs up now, up to 544 as its autoscaler adds nodes "
+                        "(Ray's cluster config)): all started at once, each waiting for the node its autoscaler adds")
+    assert (cpu_pool(FRESH, 1.0, cap=5).min_size, cpu_pool(FRESH, 1.0, workers=3).min_size) == (5, 3)
+    # where the config tells node types apart, only the CPUs of those without GPUs: a build brings up no GPU node
+    typed = Cluster(cpus=2, gpus=0, max_cpus=544, max_gpus=8, nodes=2, autoscaler="its autoscaler's config",
+                    max_cpus_without_gpus=512)
+    assert cpu_pool(typed, 2.0).max_size == 256
+    assert "(2 CPUs up now, up to 512 on nodes without GPUs as its autoscaler adds nodes" in cpu_pool(typed, 2.0).why
+    assert encoder_pool(typed, 0, 1.0).max_size == 512 // 4  # CPU encoders too
+    # CPUs up on GPU nodes (an embed job just brought them up) are CPUs to use
+    up = Cluster(cpus=600, gpus=8, max_cpus=600, max_gpus=8, nodes=30, autoscaler="x", max_cpus_without_gpus=512)
+    assert cpu_pool(up, 1.0).max_size == 600
+    # no autoscaler: from what fits now to what is up
     assert (cpu_pool(LAPTOP, 0.5, cap=5).min_size, cpu_pool(LAPTOP, 0.5, cap=5).max_size) == (5, 5)
     assert cpu_pool(LAPTOP, 1.0, workers=3).why == "actors: 3 actors x 1 CPU (--workers)"
 
