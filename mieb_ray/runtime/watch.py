@@ -64,6 +64,20 @@ def pool_counts(actors: list[dict], pools: dict[str, str]) -> dict[str, int]:
             for what, cls in pools.items()}
 
 
+def _actors(ray) -> list[dict]:
+    """This job's actors on this cluster, per Ray's state API (ended ones included)."""
+    from ray.util.state import list_actors
+
+    context = ray.get_runtime_context()
+    actors = list_actors(address=context.gcs_address, filters=[("job_id", "=", context.get_job_id())],
+                         limit=10_000, raise_on_missing_output=False)
+    # with no dashboard of its own, Ray's state API asks the default port's: another cluster's, whose job ids
+    # repeat ours; its actors ran on nodes that are not this cluster's
+    ours = {n["NodeID"] for n in ray.nodes()}
+    return [{"actor_id": a.actor_id, "pid": a.pid, "class_name": a.class_name} for a in actors
+            if a.node_id in ours or not a.pid]
+
+
 @contextmanager
 def watching(name: str, log, pools: dict[str, tuple[str, int]]):
     """While the block runs: a line per worker node added or removed; after it, the summary line.
@@ -71,7 +85,12 @@ def watching(name: str, log, pools: dict[str, tuple[str, int]]):
     import ray
 
     seen, stop = Seen(), threading.Event()
-    state = {"nodes": alive_nodes(ray.nodes())}
+    state = {"nodes": alive_nodes(ray.nodes()), "earlier": None}
+    if pools:
+        try:  # the actors of this driver's earlier runs (eval runs several jobs) are not this run's
+            state["earlier"] = {a["actor_id"] for a in _actors(ray)}
+        except Exception:  # no dashboard to ask (a local Ray without it): pools unreported, the job unharmed
+            pass
 
     def poll():
         nodes = alive_nodes(ray.nodes())
@@ -97,18 +116,9 @@ def watching(name: str, log, pools: dict[str, tuple[str, int]]):
         thread.join()
     try:
         poll()
-        if pools:
-            from ray.util.state import list_actors
-
-            context = ray.get_runtime_context()
-            actors = list_actors(address=context.gcs_address, filters=[("job_id", "=", context.get_job_id())],
-                                 limit=10_000, raise_on_missing_output=False)
-            # with no dashboard of its own, Ray's state API asks the default port's: another cluster's, whose job
-            # ids repeat ours; its actors ran on nodes that are not this cluster's
-            ours = {n["NodeID"] for n in ray.nodes()}
-            seen.started = pool_counts([{"actor_id": a.actor_id, "pid": a.pid, "class_name": a.class_name}
-                                        for a in actors if a.node_id in ours],
+        if state["earlier"] is not None:
+            seen.started = pool_counts([a for a in _actors(ray) if a["actor_id"] not in state["earlier"]],
                                        {what: cls for what, (cls, _) in pools.items()})
-    except Exception:  # no dashboard to ask (a local Ray without it): pools unreported, the job unharmed
+    except Exception:
         pass
     log(seen.summary(name, {what: most for what, (_, most) in pools.items()}))

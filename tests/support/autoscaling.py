@@ -35,6 +35,7 @@ from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE
 from ray.cluster_utils import AutoscalingCluster
 
 from mieb_ray.runtime.cluster import worker_soft_limit
+from support.paths import TESTS
 from support.raycluster import BIN, OBJECT_STORE, Node, RayCluster
 from support.s3server import free_port
 
@@ -192,6 +193,8 @@ def start(tmp: str, extra_env: dict, *, cpu_nodes: int = 2, gpu_nodes: int = 2, 
              GPU_TYPE: {**node, "resources": {"CPU": NODE_CPUS, "GPU": gpus_per_node, **store},
                         "max_workers": gpu_nodes, "min_workers": gpu_nodes if all_up else 0}}
     env = {**os.environ, **extra_env, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    # every node's workers import support/ (fake_cuda's setup hook), started from the tests or from bench/
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     env.pop("RAY_ADDRESS", None)
     cluster = AutoscalingRay(tmp, env, free_port(), free_port())
     cluster.v2 = v2

@@ -95,7 +95,7 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
             "--gpus-per-worker 0") in images.stdout
     emb = read_json(client, bucket, "e2e/emb-images/_manifest.json")
     assert emb["counts"] == {"total": manifest["counts"]["total"], "errors": 0}
-    assert len(emb["shards"]) == len(manifest["shards"])  # a shard per input file (test_multinode cuts files)
+    assert len(emb["shards"]) == len(manifest["shards"])  # a shard per input file
 
     # the eval embeds BioVITA's photos and its taxon texts on the cluster (the text path of the embed job)
     evaluation = submit(address, "jobs/eval_biovita.py", "--data", f"{s3uri}/biovita", "--model", model,
