@@ -39,12 +39,13 @@ PAGE = {
     "audit_pdq_task": "Audit: one pdq task of the full audit",
     "full_size": "Full size: every job at its real row counts on one machine",
     "chaos": "Chaos: worker nodes and drivers killed again and again",
+    "autoscaling": "Autoscaling: every job from zero worker nodes on Ray's autoscaler, v1 and v2",
     "test_suite": "The test suite under both OpenBLAS kernels",
     "audit_threshold": "Audit: calibrating the near-duplicate threshold",
     "audit_calibrate": "Audit: the pdq detector, calibrated on real pictures",
     "audit_pdq_candidates": "Audit: candidates of multi-index hashing by kind of hash",
 }
-GROUPS = ["Build", "Demo", "Embed", "Eval", "Audit", "Full size", "Chaos", "Tests"]
+GROUPS = ["Build", "Demo", "Embed", "Eval", "Audit", "Full size", "Chaos", "Autoscaling", "Tests"]
 SECTIONS = {"speed": "Speed benchmarks", "calibration": "Calibration studies"}
 
 INTRO = """\

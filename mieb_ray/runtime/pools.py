@@ -74,7 +74,8 @@ class Cluster:
         now, most = (self.gpus, self.max_gpus) if resource == "GPU" else (self.cpus, self.cpu_pool_cpus())
         text = f"{_n(now)} {resource}s up now"
         if self.autoscaler:
-            where = " on nodes without GPUs" if resource == "CPU" and self.max_cpus_without_gpus is not None else ""
+            where = " on nodes without GPUs" if resource == "CPU" and self.max_cpus_without_gpus is not None \
+                and self.max_cpus_without_gpus >= self.cpus else ""
             text += f", up to {_n(most)}{where} as its autoscaler adds nodes ({self.autoscaler})"
         return text
 
