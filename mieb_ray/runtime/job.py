@@ -122,7 +122,7 @@ class Job:
         return [results[i] for i in todo]
 
     def _watch(self, todo: list[int], stages: list[units.Stage], mode: str, ctx: RunContext | None):
-        """On Ray: the cluster's nodes added and removed, and the pools' largest size, in the job's log."""
+        """On Ray: the cluster's nodes added and removed, and the actors each pool started, in the job's log."""
         if mode != "ray" or not todo:
             return contextlib.nullcontext()
         ray_up(ctx)

@@ -65,8 +65,9 @@ class Cluster:
     max_cpus_without_gpus: float | None = None
 
     def cpu_pool_cpus(self) -> float:
-        """The most CPUs a CPU pool may use: those up, or more on the nodes without GPUs the autoscaler can add."""
-        if self.max_cpus_without_gpus is None:
+        """The most CPUs a CPU pool may use: those up, or more on the nodes without GPUs the autoscaler can add
+        (every CPU where no node type lacks a GPU)."""
+        if not self.max_cpus_without_gpus:
             return self.max_cpus
         return max(self.cpus, self.max_cpus_without_gpus)
 
@@ -74,7 +75,7 @@ class Cluster:
         now, most = (self.gpus, self.max_gpus) if resource == "GPU" else (self.cpus, self.cpu_pool_cpus())
         text = f"{_n(now)} {resource}s up now"
         if self.autoscaler:
-            where = " on nodes without GPUs" if resource == "CPU" and self.max_cpus_without_gpus is not None \
+            where = " on nodes without GPUs" if resource == "CPU" and self.max_cpus_without_gpus \
                 and self.max_cpus_without_gpus >= self.cpus else ""
             text += f", up to {_n(most)}{where} as its autoscaler adds nodes ({self.autoscaler})"
         return text

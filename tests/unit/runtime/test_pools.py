@@ -79,6 +79,9 @@ def test_cpu_pools_grow_from_what_is_up_to_what_can_be_added():
     up = Cluster(cpus=600, gpus=8, max_cpus=600, max_gpus=8, nodes=30, autoscaler="x", max_cpus_without_gpus=512)
     assert cpu_pool(up, 1.0).max_size == 600
     assert "(600 CPUs up now, up to 600 as its autoscaler adds nodes (x))" in cpu_pool(up, 1.0).why
+    # a cluster whose every node type has GPUs: their CPUs, or a build would stay at one builder
+    gpus_only = Cluster(cpus=0, gpus=0, max_cpus=32, max_gpus=8, nodes=1, autoscaler="x", max_cpus_without_gpus=0)
+    assert cpu_pool(gpus_only, 1.0).max_size == 32
     # no autoscaler: from what fits now to what is up
     assert (cpu_pool(LAPTOP, 0.5, cap=5).min_size, cpu_pool(LAPTOP, 0.5, cap=5).max_size) == (5, 5)
     assert cpu_pool(LAPTOP, 1.0, workers=3).why == "actors: 3 actors x 1 CPU (--workers)"
