@@ -121,16 +121,13 @@ def _sized(now: int, most: int, workers: int | None, cap: int | None) -> tuple[i
     return max(1, min(now, most)), most
 
 
-AT_ONCE = ": all started at once, each waiting for the {}node its autoscaler adds"
-
-
 def _at_once(cluster: Cluster, workers: int | None, lo: int, hi: int, kind: str = "") -> tuple[int, str]:
     """The pool's minimum on an autoscaling cluster: its maximum. Ray Data grows a pool only within the resources it
     sees up, so the autoscaler would add the node the first actor waits for and no more (ray-project/ray#59144; a
     CPU pool the same: a build from zero nodes stayed at 1 of 8 shard builders): every actor is asked for at once,
     each waiting for its node, which is what the autoscaler adds nodes for (and no request outlives the job)."""
     if cluster.autoscaler is not None and workers is None and hi > lo:
-        return hi, AT_ONCE.format(kind)
+        return hi, f": all started at once, each waiting for the {kind}node its autoscaler adds"
     return lo, ""
 
 

@@ -145,14 +145,6 @@ class AutoscalingRay(RayCluster):
             time.sleep(0.5)
         return time.time() - t0
 
-    def actors(self, class_part: str, job_id: str) -> list[dict]:
-        """The actors (Ray's state API records) whose class name contains `class_part` that job `job_id` started."""
-        out = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", self.dashboard_url, "--detail",
-                              "--format", "json", "--limit", "10000"], env=self.env, capture_output=True, text=True,
-                             timeout=120, check=True)
-        return [a for a in json.loads(out.stdout)
-                if class_part in (a.get("class_name") or "") and a.get("job_id") == job_id]
-
     def kill_node(self, node_id: str) -> int:
         """SIGKILL a worker node the autoscaler started, as a reclaimed spot machine goes: its raylet (the object store
         within it), its agents and every worker under it, at once. The autoscaler is not told. The processes killed."""

@@ -16,3 +16,9 @@ def tree(root) -> dict:
     """Every file under root and its sha256: what a refusal must leave byte for byte."""
     return {os.path.relpath(os.path.join(d, f), root): hashlib.sha256(open(os.path.join(d, f), "rb").read()).digest()
             for d, _, files in os.walk(root) for f in files}
+
+
+def committed(folder, suffix: str) -> int:
+    """How many files ending in `suffix` a job has committed under folder (its hidden temporary files not counted):
+    what the tests that kill a worker or a node mid-job wait for."""
+    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)

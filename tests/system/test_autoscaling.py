@@ -12,7 +12,6 @@ tests/system/test_e2e.py submits with --working-dir to separate nodes.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from support import autoscaling
 from support.mirror import kept_rows
+from support.paths import committed
 from support.pictures import photo_table
 
 from mieb_ray.io import embeddings
@@ -69,10 +69,6 @@ def submit(cluster, *args: str) -> subprocess.CompletedProcess:
     info = JobSubmissionClient(cluster.dashboard_url).get_job_info(found.group())
     done.status = str(info.status.value)
     return done
-
-
-def committed(folder, suffix: str) -> int:
-    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)
 
 
 @pytest.mark.timeout(300)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from support.paths import committed
 from support.pictures import encode, i16_png, palette_png, photo_table, picture, png_claiming, with_orientation
 
 from mieb_ray import formats, storage
@@ -60,10 +61,6 @@ def kill_worker_when(marker: str, ready, stop: threading.Event) -> threading.Thr
     thread.killed = killed
     thread.start()
     return thread
-
-
-def committed(folder, suffix: str) -> int:
-    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)
 
 
 def test_build_finishes_when_a_worker_is_killed(ray_local, mirror, tmp_path):

@@ -5,21 +5,17 @@ cluster.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
+from support.paths import committed
 
 from mieb_ray.io import embeddings
 from mieb_ray.pipelines.build import BuildConfig, build
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def committed(folder, suffix: str) -> int:
-    return sum(f.endswith(suffix) and not f.startswith(".") for _, _, fs in os.walk(folder) for f in fs)
 
 
 def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str, after: int) -> tuple[str, str]:
