@@ -6,12 +6,13 @@ OUT/embeddings/cache/<model>[-fast]/{images,texts}-<digest>/   embed outputs of 
                                                                mteb's CLIP wrapper gives); one counts once complete
 add    item tables (`key` and `image` or `text`; the mteb suite's) -> the items no complete output holds, each once,
        embedded by the embed job's pools into a new output
-serve  a hand-built suite's table, its rows keyed its own way (<slug>/<split>/<index>, a corpus id): a task per file
-       keys its rows by content (`row`, `key`: no image is decoded, the driver reads none), `add` embeds what the
-       cache lacks, and a task per file writes the rows' vectors, gathered from the cache, as an embed output of
-       their own keyed as the suite reads them (L2-normalised unless the suite scores raw vectors)
-So an image that the zero-shot, probe and clustering suites and an mteb task all read costs one forward pass, and a
-second run encodes nothing.
+keyed  a hand-built suite's table, its rows keyed its own way (<slug>/<split>/<index>, a corpus id): a task per file
+       keys its rows by content (`row`, `key`: no image is decoded, the driver reads none), for `add`
+view_of  then a task per file writes the rows' vectors, gathered from the cache, as an embed output of their own
+       keyed as the suite reads them (L2-normalised unless the suite scores raw vectors)
+An eval plans every suite's inputs first and adds them all at once (evals/protocol.py): one embed job per modality
+for the whole run, so the model loads once per encoder; an image that the zero-shot, probe and clustering suites
+and an mteb task all read costs one forward pass, and a second run encodes nothing.
 """
 
 from __future__ import annotations
@@ -100,10 +101,10 @@ class Cache:
         storage.delete_tree(todo)  # its items are in the cache now
         return self.outputs(kind)
 
-    def serve(self, table: str, key: str, target: str, kind: str, normalized: bool, log,
-              pool: PoolRequest = PoolRequest(), executor: str = "auto", ctx: RunContext | None = None) -> str:
-        """`table`'s images (or texts) as an embed output at `target` keyed by its `key` column, every vector
-        from the cache (what it lacks embedded first: add). Returns target."""
+    def keyed(self, table: str, key: str, target: str, kind: str, ctx: RunContext | None = None,
+              executor: str = "auto") -> list[tuple[str, str]]:
+        """A task per file of `table` keys its rows by content into `target`/_keyed (no image decoded, the driver
+        reads none): (data file, file of its rows' `row` and `key`) for `add` and `view_of`."""
         where = placement.choose(executor, None, ctx=ctx)
         fmt, files = reader.input_files(table)
         if fmt != "parquet":
@@ -114,14 +115,19 @@ class Cache:
         with tasks.using(where.mode, where.ctx):
             tasks.get([content_keys.remote(f.uri, key, MODALITY[kind], storage.join(keyed, f"{n:05d}.parquet"))
                        for n, f in enumerate(files)])
-        pairs = [(f.uri, storage.join(keyed, f"{n:05d}.parquet")) for n, f in enumerate(files)]
-        outputs = self.add(pairs, kind, log, pool, executor, ctx)
+        return [(f.uri, storage.join(keyed, f"{n:05d}.parquet")) for n, f in enumerate(files)]
+
+    def view_of(self, table: str, key: str, target: str, pairs: list[tuple[str, str]], outputs: list[str],
+                normalized: bool, ctx: RunContext | None = None, executor: str = "auto") -> str:
+        """`table`'s rows (keyed into `pairs`) as an embed output at `target` keyed by its `key` column, every
+        vector from the cache's `outputs` (L2-normalised or raw). Returns target."""
         if not outputs:
             raise UserError(f"{storage.display(table)}: no row has an image or text to embed")
+        where = placement.choose(executor, None, ctx=ctx)
         with tasks.using(where.mode, where.ctx):
             shards = tasks.get([view.remote(k, outputs, target, f"{n:05d}.arrow", normalized)
                                 for n, (_, k) in enumerate(pairs)])
-        storage.delete_tree(keyed)
+        storage.delete_tree(storage.join(target, "_keyed"))
         first = storage.read_manifest(outputs[0])
         storage.write_manifest(target, {
             **first, "config": {**first["config"], "input": storage.display(table), "key_column": key,

@@ -3,11 +3,12 @@ build, embed and the audit share.
 
 start     the output checked: a complete one refused without --overwrite, an unfinished one without --resume or
           --overwrite (the same rule and words as every job)
-units     one per suite, run in turn by the driver: with --model, its embeddings first, from the run's cache
-          (evals/embed_cache.py: each item encoded once per model across suites and runs; eval splits reused only
-          when of the same identity: runtime/identity.py); score it on the top-k engine (its tasks on Ray or in
-          this process, evals/protocol.py); write its `<Task>.json` files and its own files (and, of several
-          suites, its folder's manifest); then its progress record
+embed     with --model, first: every suite's inputs from the run's cache (evals/embed_cache.py: each item encoded
+          once per model across suites and runs, in one embed job per modality; eval splits reused only when of
+          the same identity: runtime/identity.py)
+units     one per suite, run in turn by the driver: score it on the top-k engine (its tasks on Ray or in this
+          process, evals/protocol.py); write its `<Task>.json` files and its own files (and, of several suites,
+          its folder's manifest); then its progress record
 manifest  last: a single suite's kind, or `mieb-eval` listing the suite folders beside OUT/report.html; files of
           this kind an earlier run left (a task no longer chosen) are removed first
 
@@ -107,17 +108,19 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     planned = {suite.name: {"tasks": names} for suite, names in selected}
     done = job.earlier(planned, _settings(options, config))
     t0, results, keep, scored_from, manifest, made = time.time(), {}, set(), None, {}, []
-    cache = embed_cache.Cache.of(out, config.model, config.revision, exact=not config.fast) if config.model else None
+    where = {suite.name: storage.join(out, suite.name) if several else out for suite, _ in selected}
+    inputs = _embedded(config, [(s.name, scorer) for (s, _), scorer in zip(selected, scorers) if s.name not in done],
+                       where, log, ctx)
     for (suite, names), scorer in zip(selected, scorers):
         folder = f"{suite.name}/" if several else ""
-        where = storage.join(out, suite.name) if several else out
         record = done.get(suite.name)
         if record is None:
-            record = _scored(config, scorer, where, several, log, cache, ctx)
+            record = _scored(config, scorer, where[suite.name], several, log, inputs[suite.name], ctx)
             job.progress.record(suite.name, planned[suite.name], record)
         else:
             log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
-        results |= {n: json.loads(storage.read_text(storage.join(where, formats.result_file(n)))) for n in names}
+        results |= {n: json.loads(storage.read_text(storage.join(where[suite.name], formats.result_file(n))))
+                    for n in names}
         keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
         scored_from, manifest = scored_from or record["images"], record["manifest"]
         made.append(manifest.get("embeddings"))
@@ -153,12 +156,23 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
         raise UserError(f"{needing[0]} needs --text-embeddings too")
 
 
+def _embedded(config: EvalConfig, todo: list[tuple[str, protocol.EvalSuite]], where: dict[str, str], log,
+              ctx: RunContext) -> dict[str, tuple[str | None, str | None]]:
+    """Each suite to score: (image embeddings, text embeddings) it scores from. With --model, from the run's cache
+    (evals/embed_cache.py): every suite's inputs planned first, then embedded at once (one embed job per
+    modality for the run: the model loads once per encoder, each item encoded once)."""
+    if not config.model:
+        return {name: (config.images, config.texts if scorer.needs_texts else None) for name, scorer in todo}
+    cache = embed_cache.Cache.of(config.out, config.model, config.revision, exact=not config.fast)
+    plans = {name: protocol.plan(scorer, where[name], cache, log, config.executor, ctx) for name, scorer in todo}
+    outputs = protocol.embed_all(list(plans.values()), cache, log, config.executor, config.pool, ctx) if plans else {}
+    return {name: made.inputs(outputs) for name, made in plans.items()}
+
+
 def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log,
-            cache: embed_cache.Cache | None, ctx: RunContext | None = None) -> dict:
-    """One unit: the suite embedded (with --model: from the run's cache) and scored into `where`; its progress
-    record's result."""
-    inputs = protocol.embed(scorer, where, cache, log, executor=config.executor, pool=config.pool, ctx=ctx) \
-        if cache else (config.images, config.texts if scorer.needs_texts else None)
+            inputs: tuple[str | None, str | None], ctx: RunContext | None = None) -> dict:
+    """One unit: the suite scored from `inputs` (image and text embeddings) into `where`; its progress record's
+    result."""
     scored = protocol.score(scorer, where, *inputs, log=log, allow_mixed_models=config.allow_mixed_models,
                             executor_name=config.executor, ctx=ctx)
     manifest = {**scorer.kind.stamp(), "version": __version__, "files": scored.files,

@@ -34,14 +34,13 @@ import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import benchmarks, embed_cache, mteb_clean
+from mieb_ray.evals import benchmarks, embed_cache, mteb_clean, protocol
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
 from mieb_ray.io import contamination, embeddings, parquet
 from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import RunContext
-from mieb_ray.runtime.pools import PoolRequest
 
 HF = "hf"
 IMAGES, TEXTS = embed_cache.IMAGES, embed_cache.TEXTS
@@ -400,10 +399,10 @@ class MtebSuite:
     def task_names(self) -> list[str]:
         return list(self.names)
 
-    def embed(self, out: str, cache: embed_cache.Cache, log, executor: str = "auto",
-              pool: PoolRequest = PoolRequest(), ctx: RunContext | None = None) -> tuple[str, str]:
-        """Collect every task's inputs, embed the ones the cache lacks (embed_cache.py); (image outputs, text
-        outputs) of the cache, comma-separated."""
+    def embed_plan(self, out: str, cache: embed_cache.Cache, log, executor: str = "auto",
+                   ctx: RunContext | None = None) -> protocol.Plan:
+        """Collect every task's inputs into item tables keyed by content (the cache adds them, embed_cache.py);
+        its inputs: the cache's outputs, comma-separated (mteb's tasks read their vectors from it by content)."""
         where = placement.choose(executor, None, ctx=ctx)
         t0, self.out = time.time(), out
         with tasks.using(where.mode, where.ctx):
@@ -411,14 +410,12 @@ class MtebSuite:
                 [collect_task.remote(n, self.sources, items_root(out, n), cache.dim) for n in self.names])))
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
-        made = {}
-        for kind in ITEM_SCHEMA:
-            tables = [storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names]
-            made[kind] = ",".join(cache.add([(t, t) for t in tables], kind, log, pool, executor, where.ctx))
-        return made[IMAGES], made[TEXTS]
+        tables = {kind: [(t, t) for t in (storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names)]
+                  for kind in ITEM_SCHEMA}
+        return protocol.Plan(tables, lambda outputs: (",".join(outputs[IMAGES]), ",".join(outputs[TEXTS])))
 
     def embed_inputs(self, out: str, log, ctx: RunContext | None = None):
-        raise NotImplementedError("the mteb suite embeds through its own cache (embed)")
+        raise NotImplementedError("the mteb suite embeds through its own cache (embed_plan)")
 
     def submit(self, images: str, texts: str, log):
         cache = [r for uri in (images, texts) if uri for r in embeddings.roots(uri)]

@@ -3,9 +3,10 @@
 An eval implements `EvalSuite`: the tasks it scores together from one set of embeddings (BioVITA's subsets,
 the zero-shot tasks chosen), what to embed with which keys, how to score blocks on the top-k engine (refs
 only: workers read the embeddings), how to gather and merge the blocks into mteb's TaskResult per task, and
-what else to write. `embed()` embeds what it needs (once per item and model: evals/embed_cache.py), `score()` scores it
-the same way for all: placement, submit, collect, `OUT/<task>.json` per task and the suite's own files. The eval
-job (evals/job.py) makes that an output: its lifecycle, the manifest last.
+what else to write. `plan()` keys what a suite needs by content, `embed_all()` embeds every suite's at once (once
+per item and model: evals/embed_cache.py), `score()` scores it the same way for all: placement, submit, collect,
+`OUT/<task>.json` per task and the suite's own files. The eval job (evals/job.py) makes that an output: its
+lifecycle, the manifest last.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import html
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -138,21 +139,51 @@ def placement_of(requested: str, images: str, texts: str | None,
     return placement.choose(requested, needs_ray, f"{size / 2 ** 20:.1f} MiB of embeddings", ctx)
 
 
-def embed(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, executor: str = "auto",
-          pool: PoolRequest = PoolRequest(), ctx: RunContext | None = None) -> tuple[str, str | None]:
-    """The suite's images and texts as embed outputs OUT/embeddings/{images[-N],texts} keyed as it reads them, every
-    vector from the eval's cache of this model (embed_cache.py: each item encoded once across suites and runs).
-    ctx: the command's Ray."""
-    if hasattr(suite, "embed"):  # a suite that reads the cache by content itself (evals/mteb_suite.py)
-        return suite.embed(out, cache, log, executor, pool, ctx=ctx)
+@dataclass
+class Plan:
+    """A suite's inputs keyed by content, for the eval's cache to add with every other suite's at once (one embed
+    job per modality for a whole run: the model loads once per encoder), and how to make the suite's embed outputs
+    from the cache after."""
+
+    tables: dict[str, list[tuple[str, str]]]  # {IMAGES/TEXTS: [(data file, file of its rows' content keys)]}
+    inputs: Callable[[dict[str, list[str]]], tuple[str, str | None]]  # the cache's outputs -> (images, texts)
+
+
+def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, executor: str = "auto",
+         ctx: RunContext | None = None) -> Plan:
+    """What the suite needs embedded, keyed by content; its `inputs` are embed outputs OUT/embeddings/{images[-N],
+    texts} keyed as it reads them, every vector from the eval's cache of this model (embed_cache.py: each item
+    encoded once across suites and runs). ctx: the command's Ray."""
+    if hasattr(suite, "embed_plan"):  # a suite that reads the cache by content itself (evals/mteb_suite.py)
+        return suite.embed_plan(out, cache, log, executor, ctx=ctx)
     inputs = suite.embed_inputs(out, log, ctx)
     root = storage.join(out, "embeddings")
-    images = [cache.serve(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")),
-                          embed_cache.IMAGES, not inputs.raw, log, pool, executor, ctx)
-              for n, table in enumerate(embeddings.roots(inputs.images))]
-    texts = cache.serve(inputs.texts, "key", storage.join(root, "texts"), embed_cache.TEXTS, True, log, pool,
-                        executor, ctx) if inputs.texts else None
-    return ",".join(images), texts
+    views = [(table, inputs.image_key, storage.join(root, "images" + (f"-{n}" if n else "")), embed_cache.IMAGES,
+              not inputs.raw) for n, table in enumerate(embeddings.roots(inputs.images))]
+    if inputs.texts:
+        views.append((inputs.texts, "key", storage.join(root, "texts"), embed_cache.TEXTS, True))
+    keyed = [cache.keyed(table, key, target, kind, ctx, executor) for table, key, target, kind, _ in views]
+
+    def made(outputs: dict[str, list[str]]) -> tuple[str, str | None]:
+        done = {embed_cache.IMAGES: [], embed_cache.TEXTS: []}
+        for (table, key, target, kind, normalized), pairs in zip(views, keyed):
+            done[kind].append(cache.view_of(table, key, target, pairs, outputs[kind], normalized, ctx, executor))
+        return ",".join(done[embed_cache.IMAGES]), ",".join(done[embed_cache.TEXTS]) or None
+
+    tables = {kind: [p for view, pairs in zip(views, keyed) if view[3] == kind for p in pairs]
+              for kind in (embed_cache.IMAGES, embed_cache.TEXTS)}
+    return Plan(tables, made)
+
+
+def embed_all(plans: list[Plan], cache: embed_cache.Cache, log=print, executor: str = "auto",
+              pool: PoolRequest = PoolRequest(), ctx: RunContext | None = None) -> dict[str, list[str]]:
+    """Every plan's items the cache lacks, embedded at once (one embed job per modality); the cache's complete
+    outputs of each modality."""
+    outputs = {}
+    for kind in (embed_cache.IMAGES, embed_cache.TEXTS):
+        tables = [t for p in plans for t in p.tables[kind]]
+        outputs[kind] = cache.add(tables, kind, log, pool, executor, ctx) if tables else cache.outputs(kind)
+    return outputs
 
 
 FAST_NOTE = ("These scores are not mteb's computation: the embeddings were made with eval --fast ({how}), not as "
