@@ -44,6 +44,14 @@ class Cleaned(NamedTuple):
     images: int  # the images its rows hold (0: nothing an audit could flag)
 
 
+def flagged_in(flags, name: str) -> frozenset[str]:
+    """The flagged eval keys (io/contamination.Flags) that task `name` may hold: every `sha256:` key, and the
+    `pixels:` keys of the pictures the audit read in that task. A `pixels:` key is made only where mteb's task
+    makes its pictures in memory (Compositionality's), and looking for one means decoding each of a task's images:
+    a task that holds none is not decoded for another task's."""
+    return frozenset(k for k in flags.eval if not k.startswith(PIXELS) or name in flags.eval_tasks.get(k, ()))
+
+
 def cleaned(task, flagged: frozenset[str]) -> Cleaned:
     """The task cleaned (an aggregate: each of its sub-tasks). Its name and metadata stay its own: its clean
     scores sit beside its scores."""

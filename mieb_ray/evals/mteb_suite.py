@@ -314,7 +314,7 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
         _load(name, loading, sources)
     where = {"audit": storage.display(exclude)}
     try:
-        clean = mteb_clean.cleaned(task, frozenset(flags.eval))
+        clean = mteb_clean.cleaned(task, mteb_clean.flagged_in(flags, name))
     except Exception as exc:  # a task whose rows mteb's cleaning cannot filter: said, not fatal
         return {**where, "error": f"mteb cannot clean {name}: {type(exc).__name__}: {_first_line(exc)}"}
     about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(clean.found))}, **where}

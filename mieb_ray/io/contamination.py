@@ -6,7 +6,7 @@ scores again without the flagged eval images (and, for the linear probe, without
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,20 +72,25 @@ def flagged_train_keys(audit: str, by: tuple[str, ...] = formats.DETECTORS) -> p
 
 @dataclass(frozen=True)
 class Flags:
-    """Which detectors flagged each eval image and each train row."""
+    """Which detectors flagged each eval image and each train row, and the eval tasks holding each flagged eval
+    image (its rows' eval_task: '/'-joined)."""
 
     eval: dict[str, frozenset[str]]
     train: dict[str, frozenset[str]]
+    eval_tasks: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @staticmethod
     def load(audit: str) -> Flags:
-        pairs = read(audit, ["train_key", "eval_key", "method"]).to_pydict()
-        found: dict[str, dict[str, set[str]]] = {"eval": {}, "train": {}}
-        for train, evaluated, method in zip(pairs["train_key"], pairs["eval_key"], pairs["method"]):
+        pairs = read(audit, ["train_key", "eval_task", "eval_key", "method"]).to_pydict()
+        found: dict[str, dict[str, set[str]]] = {"eval": {}, "train": {}, "tasks": {}}
+        for train, task, evaluated, method in zip(pairs["train_key"], pairs["eval_task"], pairs["eval_key"],
+                                                  pairs["method"]):
             for side, key in (("eval", evaluated), ("train", train)):  # a group's row names one side only
                 if key is not None:
                     found[side].setdefault(key, set()).add(method)
-        return Flags(*({k: frozenset(v) for k, v in found[side].items()} for side in ("eval", "train")))
+            if evaluated is not None and task:
+                found["tasks"].setdefault(evaluated, set()).update(task.split("/"))
+        return Flags(*({k: frozenset(v) for k, v in found[side].items()} for side in ("eval", "train", "tasks")))
 
     @staticmethod
     def left_out(flags: dict[str, frozenset[str]], keys: list[str]) -> dict[str, int]:

@@ -122,8 +122,12 @@ def test_clean_scores_are_mtebs_on_a_mirror_without_the_flagged_rows(mirror, tin
     repos = {name: repo(name) for name in TASKS}
     # rendered-sts17 holds every language's pairs: every 8th leaves its en-en subset enough pairs to correlate
     flagged = {name: _flag(repos[name], name in PIXELS, 8 if name == "VisualSTS17Eng" else 3) for name in TASKS}
-    audit = audit_output(tmp_path / "audit", [(f"train/{i}", key, "pdq") for i, key in
-                                              enumerate(sorted(k for keys in flagged.values() for k in keys))])
+    holders = {}  # each flagged image's eval_task, as the audit writes it: the tasks holding it
+    for name, keys in flagged.items():
+        for key in keys:
+            holders[key] = "/".join(sorted({*holders.get(key, "").split("/"), name} - {""}))
+    audit = audit_output(tmp_path / "audit", [(f"train/{i}", key, "pdq") for i, key in enumerate(sorted(holders))],
+                         tasks=holders)
     results = ours(TASKS, mirror, tiny_clip, str(tmp_path / "out"), exclude=audit)
     for name in TASKS:
         reduced = str(tmp_path / "reduced" / name)
@@ -168,3 +172,18 @@ def test_an_audit_that_never_read_a_task_gives_it_no_clean_score(mirror, tiny_cl
     assert clean["error"] == (f"the audit at {audit} read none of STS12VisualSTS's images (an audit against other "
                               "tables, or from before it covered this task): audit --against mieb again")
     assert "scores" not in clean and "main_score" not in clean
+
+
+def test_a_task_is_decoded_for_pixel_keys_only_where_the_audit_found_them():
+    """A `pixels:` key (a picture mteb's task makes in memory) is looked for only in the tasks the audit read it in:
+    looking means decoding each of a task's images. Every `sha256:` key is looked for everywhere."""
+    from mieb_ray.evals.mteb_clean import flagged_in
+    from mieb_ray.io.contamination import Flags
+
+    flags = Flags(eval={"sha256:a": frozenset({"exact"}), "pixels:b": frozenset({"pixels"}),
+                        "pixels:c": frozenset({"pdq"})}, train={},
+                  eval_tasks={"sha256:a": frozenset({"STS12VisualSTS"}), "pixels:b": frozenset({"Winoground"}),
+                              "pixels:c": frozenset({"Winoground", "ImageCoDeT2IMultiChoice"})})
+    assert flagged_in(flags, "Winoground") == {"sha256:a", "pixels:b", "pixels:c"}
+    assert flagged_in(flags, "ImageCoDeT2IMultiChoice") == {"sha256:a", "pixels:c"}
+    assert flagged_in(flags, "STS12VisualSTS") == flagged_in(flags, "CIRRIT2IRetrieval") == {"sha256:a"}
