@@ -59,8 +59,10 @@ class Seen:
 def pool_counts(actors: list[dict], pools: dict[str, str]) -> dict[str, int]:
     """{pool: actors started} from the state API's actor records of one job; `pools`: {pool's name: its actor
     class}. Ray Data names a pool's actors after the class it runs (`MapWorker(MapBatches(EncodeStage))`); an actor
-    that started has a process (pid), alive or ended since; one still waiting for its node has none."""
-    return {what: len({a["actor_id"] for a in actors if a.get("pid") and f"({cls})" in (a.get("class_name") or "")})
+    that started has a process (pid), alive or ended since, or has been restarted (its node lost: while it waits
+    for another its pid is 0); one still waiting for its first node has neither."""
+    return {what: len({a["actor_id"] for a in actors if (a.get("pid") or a.get("num_restarts"))
+                       and f"({cls})" in (a.get("class_name") or "")})
             for what, cls in pools.items()}
 
 
@@ -74,8 +76,8 @@ def _actors(ray) -> list[dict]:
     # with no dashboard of its own, Ray's state API asks the default port's: another cluster's, whose job ids
     # repeat ours; its actors ran on nodes that are not this cluster's
     ours = {n["NodeID"] for n in ray.nodes()}
-    return [{"actor_id": a.actor_id, "pid": a.pid, "class_name": a.class_name} for a in actors
-            if a.node_id in ours or not a.pid]
+    return [{"actor_id": a.actor_id, "pid": a.pid, "num_restarts": a.num_restarts, "class_name": a.class_name}
+            for a in actors if a.node_id in ours or not a.pid]
 
 
 @contextmanager

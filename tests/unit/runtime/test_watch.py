@@ -31,11 +31,12 @@ def test_a_pool_counts_the_actors_that_started_by_the_class_ray_data_names_them_
               {"actor_id": "b", "pid": 12, "class_name": encoder},  # ended since: it ran
               {"actor_id": "c", "pid": 0, "class_name": encoder},  # still waiting for its node: never ran
               {"actor_id": "a", "pid": 13, "class_name": encoder},  # a restarted on another node: one actor
+              {"actor_id": "g", "pid": 0, "num_restarts": 1, "class_name": encoder},  # its node lost, waiting
               {"actor_id": "d", "pid": 14, "class_name": "MapWorker(MapBatches(ShardBuilder))"},
               {"actor_id": "e", "pid": 15, "class_name": "MapWorker(MapBatches(EncodeStageX))"},  # another class
               {"actor_id": "f", "pid": 16, "class_name": None}]
     assert pool_counts(actors, {"encoders": "EncodeStage", "shard builders": "ShardBuilder", "hashers": "Hash"}) == \
-        {"encoders": 2, "shard builders": 1, "hashers": 0}
+        {"encoders": 3, "shard builders": 1, "hashers": 0}
 
 
 def test_the_summary_names_nodes_added_and_removed_and_each_pools_actors_against_its_maximum():
