@@ -162,7 +162,10 @@ def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, execut
               not inputs.raw) for n, table in enumerate(embeddings.roots(inputs.images))]
     if inputs.texts:
         views.append((inputs.texts, "key", storage.join(root, "texts"), embed_cache.TEXTS, True))
-    keyed = [cache.keyed(table, key, target, kind, ctx, executor) for table, key, target, kind, _ in views]
+    keyed, tables = [], {embed_cache.IMAGES: [], embed_cache.TEXTS: []}
+    for table, key, target, kind, _ in views:
+        keyed.append(cache.keyed(table, key, target, kind, ctx, executor))
+        tables[kind] += keyed[-1]
 
     def made(outputs: dict[str, list[str]]) -> tuple[str, str | None]:
         done = {embed_cache.IMAGES: [], embed_cache.TEXTS: []}
@@ -170,8 +173,6 @@ def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, execut
             done[kind].append(cache.view_of(table, key, target, pairs, outputs[kind], normalized, ctx, executor))
         return ",".join(done[embed_cache.IMAGES]), ",".join(done[embed_cache.TEXTS]) or None
 
-    tables = {kind: [p for view, pairs in zip(views, keyed) if view[3] == kind for p in pairs]
-              for kind in (embed_cache.IMAGES, embed_cache.TEXTS)}
     return Plan(tables, made)
 
 
