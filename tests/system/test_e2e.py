@@ -1,7 +1,7 @@
 """Users' path end to end: a real Ray cluster of three nodes (a head and two workers, support/raycluster.py), a real
-S3 server (SeaweedFS), and the three jobs through `ray job submit --working-dir .`, build -> embed ->
-eval (which embeds texts too), their work spread over both worker nodes; then the outputs on S3. And MIEB(lite) by
-name, its 51 tasks, through the eval job on the same cluster.
+S3 server (SeaweedFS), and the jobs through `ray job submit --working-dir .`: build -> embed, their work spread over
+both worker nodes, then the outputs on S3; and eval: MIEB(lite) by name, its 51 tasks, with BioVITA (which embeds
+texts too), outputs on S3.
 
 Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
 runtime env, so they appear in no job metadata and no log (checked).
@@ -59,15 +59,12 @@ def read_json(client, bucket: str, key: str) -> dict:
 def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     from support.mirror import kept_rows
 
-    from mieb_ray.demo_data.biovita import make_biovita_mirror
     from mieb_ray.demo_data.mirror import make_mirror
 
-    address, tmp = cluster.dashboard_url, cluster.tmp
+    address = cluster.dashboard_url
     client, bucket = s3.client(), s3.bucket
     written = make_mirror(tmp_path / "mirror", rows=6)
-    make_biovita_mirror(tmp_path / "biovita")
     upload(client, bucket, str(tmp_path / "mirror"), "e2e/mirror")
-    upload(client, bucket, str(tmp_path / "biovita"), "e2e/biovita")
     upload(client, bucket, tiny_clip, "e2e/models/tiny-clip")
     s3uri = f"s3://{bucket}/e2e"
 
@@ -97,64 +94,69 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     assert emb["counts"] == {"total": manifest["counts"]["total"], "errors": 0}
     assert len(emb["shards"]) == len(manifest["shards"])  # a shard per input file
 
-    # the eval embeds BioVITA's photos and its taxon texts on the cluster (the text path of the embed job)
-    evaluation = submit(address, "jobs/eval_biovita.py", "--data", f"{s3uri}/biovita", "--model", model,
-                        "--out", f"{s3uri}/eval", *cpus)
-    assert "[eval] task score" in evaluation.stdout
-    assert "[eval] on Ray (a cluster was asked for (RAY_ADDRESS)" in evaluation.stdout  # a job stays on its cluster
-    texts = read_json(client, bucket, "e2e/eval/embeddings/texts/_manifest.json")
-    assert texts["config"]["modality"] == "text" and texts["counts"]["errors"] == 0
-    results = read_json(client, bucket, "e2e/eval/BioVITAT2IReranking.json")
-    assert [e["hf_subset"] for e in results["scores"]["test"]] == ["unseen_species", "unseen_genus"]
-    assert client.head_object(Bucket=bucket, Key="e2e/eval/report.html")["ContentLength"] > 10_000
-
     # the work ran on both worker nodes (the head takes none)
     workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
     assert cluster.actor_nodes("ShardBuilder", build) == workers
-    assert cluster.actor_nodes("EncodeStage", images, evaluation) == workers
+    assert cluster.actor_nodes("EncodeStage", images) <= workers and cluster.actor_nodes("EncodeStage", images)
+    assert_no_secret(cluster, s3, [build, refused, images],
+                     ["e2e/train/_manifest.json", "e2e/emb-images/_manifest.json"])
 
-    # the secret key is in no log, no job's metadata and no output
+
+def assert_no_secret(cluster, s3, done: list, keys: list[str]) -> None:
+    """The secret key is in no job's output, no job's metadata or log, no node's log and no output object."""
     from ray.job_submission import JobSubmissionClient
 
-    jobs = JobSubmissionClient(address)
-    seen = [build.stdout + build.stderr, evaluation.stdout, refused.stdout + refused.stderr]
+    client, jobs = s3.client(), JobSubmissionClient(cluster.dashboard_url)
+    seen = [d.stdout + d.stderr for d in done]
     for job in jobs.list_jobs():  # drivers that joined without `ray job submit` (the tests' probes) have no logs
         seen += [json.dumps(job.dict(), default=str)] + ([jobs.get_job_logs(job.submission_id)]
                                                           if job.submission_id else [])
-    seen += [open(p, errors="replace").read() for p in glob.glob(f"{tmp}/*/session_latest/logs/*.out")]
-    for key in ("e2e/train/_manifest.json", "e2e/emb-images/_manifest.json", "e2e/eval/BioVITAT2IReranking.json"):
-        seen.append(client.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+    seen += [open(p, errors="replace").read() for p in glob.glob(f"{cluster.tmp}/*/session_latest/logs/*.out")]
+    seen += [client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode() for key in keys]
     assert not [text for text in seen if s3.secret_key in text]
 
 
 def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
-    """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster: the 23 sources' eval splits and
-    the other tasks' inputs (read by mteb's loaders from a mirror in their hub layouts) embedded on the worker
-    nodes, each unique input once, and every task's TaskResult written as mteb reads it back."""
+    """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster, with BioVITA beside them and the
+    outputs on S3: the 23 sources' eval splits and the other tasks' inputs (read by mteb's loaders from a mirror in
+    their hub layouts) embedded on the worker nodes, each unique input once, and every task's TaskResult written
+    as mteb reads it back."""
     import hashlib
 
     import mteb
     import pyarrow.parquet as pq
     from support.hub_tasks import compositionality, retrieval, sts, tasks_misc
 
+    from mieb_ray.demo_data.biovita import make_biovita_mirror
     from mieb_ray.demo_data.mirror import make_mirror
-    from mieb_ray.evals import benchmarks, registry
+    from mieb_ray.evals import benchmarks, biovita_data, registry
     from mieb_ray.io import embeddings, parquet
 
-    mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk
+    mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk; the outputs go to S3
     make_mirror(mirror, rows=8, eval_rows=4)
+    make_biovita_mirror(mirror)
     writers = {**tasks_misc.TASKS, **sts.TASKS, **compositionality.TASKS, **retrieval.TASKS}
     for write in dict.fromkeys(writers[t] for t in benchmarks.LITE if t in writers):
         write(str(mirror))
-    done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", "MIEB(lite)", "--sources", str(mirror),
-                  "--model", tiny_clip, "--out", str(out), "--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
-    assert f"[eval] {len(benchmarks.LITE)} tasks in " in done.stdout
+    client, bucket = s3.client(), s3.bucket
+    done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", "MIEB(lite),BioVITAT2IReranking", "--sources",
+                  str(mirror), "--model", tiny_clip, "--out", f"s3://{bucket}/lite", "--gpus-per-worker", "0",
+                  "--cpus-per-worker", "0.5")
+    assert f"[eval] {len(benchmarks.LITE) + 1} tasks in " in done.stdout
+    assert "[eval] on Ray (a cluster was asked for (RAY_ADDRESS)" in done.stdout  # a job stays on its cluster
     workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
     assert cluster.actor_nodes("EncodeStage", done) <= workers and cluster.actor_nodes("EncodeStage", done)
-    for suite, names in registry.select("MIEB(lite)"):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="lite/"):
+        for key in (obj["Key"] for obj in page.get("Contents", []) if not obj["Key"].endswith("/")):  # no folders
+            (out / key[len("lite/"):]).parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, key, str(out / key[len("lite/"):]))
+    for suite, names in registry.select("MIEB(lite),BioVITAT2IReranking"):
         for name in names:
             result = mteb.TaskResult.from_disk(out / suite.name / f"{name}.json")
             assert result.task_name == name and result.scores, name
+    biovita = json.loads((out / "biovita" / "BioVITAT2IReranking.json").read_text())
+    assert [e["hf_subset"] for e in biovita["scores"]["test"]] == ["unseen_species", "unseen_genus"]
+    assert (out / "biovita" / "report.html").stat().st_size > 10_000
     # each input of every suite embedded once: the cache's rows are the distinct items, by content, that mteb's
     # loaders gave (the item tables) and that the hand-built suites read (their tables' image bytes, their texts)
     for kind in ("images", "texts"):
@@ -162,9 +164,11 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
                 for k in pq.read_table(path)["key"].to_pylist()}
         if kind == "images":
             tables = [p for p in out.glob("*/*/**/*.parquet") if {"eval-data", "probe-train"} & set(p.parts)]
+            tables += biovita_data.corpus_files(str(mirror), biovita_data.SUBSETS[0])  # one corpus for both subsets
             keys |= {f"sha256:{hashlib.sha256(b).hexdigest()}" for path in tables
                      for b in parquet.image_bytes(pq.read_table(path)["image"]).to_pylist()}
         else:
             keys |= {k for path in out.glob("*/embeddings/texts") for k in embeddings.read_all(str(path))[0]}
         cached = [k for folder in out.glob(f"embeddings/cache/*/{kind}-*") for k in embeddings.read_all(str(folder))[0]]
         assert sorted(cached) == sorted(keys) and keys, kind
+    assert_no_secret(cluster, s3, [done], ["lite/biovita/BioVITAT2IReranking.json"])
