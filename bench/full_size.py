@@ -412,7 +412,8 @@ def audit_run_at(work: Path, scale: float) -> dict:
     corpus = prepared["eval_rows"] - sum(eval_rows(scale).values())  # BioVITA's photos: real size at any scale
     full_rows = FULL_ROWS + sum(eval_rows(1.0).values()) + corpus
     phases.bounds["join"].append(-(-full_rows // plan.PARTITION_ROWS))  # one task per join partition
-    # one task per batch of train rows: at most PDQ_BATCH_ROWS, at least two a CPU of the cluster (pdq.train_batches)
+    # one task per batch of train rows: at most PDQ_BATCH_ROWS, at least two a CPU of the cluster (pdq.batches; the
+    # other way as many again, of eval rows)
     phases.bounds["pdq search"].append(max(-(-FULL_ROWS // pdq.PDQ_BATCH_ROWS), 2 * CLUSTER_CORES))
     return {"rows": counts["train_rows"] + counts["eval_rows"], "scale": scale, "phases": phases.bounds,
             "full_rows": full_rows,

@@ -30,7 +30,8 @@ NAME_OR_PATH for a trained one).
 
 Prints, per set, the recall of each family of edits and threshold, precision and false pairs; the distances of the
 pairs that are not copies; whether matches.pdq_pairs (the audit's search) finds exactly the pairs within 31 bits;
-the recall of the crop families for other grids of windows (how the windows were chosen); the pdq search's CPU
+the recall of the crop families for other grids of windows (how the windows were chosen), and what windows would
+take for crops cut unevenly from several sides; the pdq search's CPU
 time before and after on hashes of a task's shape; and the hash stage's images per second on one core before and
 after, on mieb-train's mix (bench/preprocess.py's kinds, weighted by rows). Every draw is seeded (SEED).
 
@@ -365,12 +366,15 @@ def measure(label: str, photos: dict[str, Image.Image], people: list[Image.Image
     s = Sides(photos, people, rng)
     train, evals = s.tables()
     now = distances(train, evals, matches.PDQ_COMPARED)
-    # the copies on the train side: a train image made from an eval image (the eval side's windows: centred only)
+    # the copies on the train side: a train image made from an eval image (through the eval side's windows)
     reverse = distances(evals, train, matches.PDQ_COMPARED).T
     v1 = distances(v1_rows([t[0] for t in s.train], [t[1] for t in s.train]),
                    v1_rows([e[0] for e in s.evals], [e[1] for e in s.evals]), V1_COMPARED)
     found = searched(train, evals, THRESHOLD)
-    within = {(s.train[i][0], s.evals[j][0]): int(now[i, j]) for i, j in zip(*np.nonzero(now <= THRESHOLD))}
+    # the search's distance: the train side's search's where the pictures themselves are within the threshold
+    rule = np.where(distances(train, evals, (("pdq", "pdq"),)) <= THRESHOLD,
+                    distances(train, evals, matches.PDQ_FROM_TRAIN), now)
+    within = {(s.train[i][0], s.evals[j][0]): int(rule[i, j]) for i, j in zip(*np.nonzero(now <= THRESHOLD))}
     def same(column: str) -> np.ndarray:
         return np.array([[a is not None and a == b for b in evals[column].to_pylist()]
                          for a in train[column].to_pylist()])
@@ -479,6 +483,51 @@ def grids(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
     print(markdown_table(["windows", "hashes", *shapes, "false pairs"], rows))
 
 
+def uneven(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
+    """Crops cut unevenly from several sides (up to 10% of each axis split at random between its two ends): the
+    closest window of the original to each crop's hash, for the detector's windows, for grids of every side's cut
+    (each axis' (left, right) pairs every 2.5 to 1.67 points, all four sides at once) and for each crop's own window
+    (the best any window can do); false pairs as in `grids`."""
+    from harness import markdown_table
+
+    def hashes(image: Image.Image, windows: tuple) -> np.ndarray:
+        gray = fingerprints.luma(pdq_pixels(image))
+        coefs = fingerprints.coefficients(gray, (fingerprints.WHOLE, *windows))
+        return np.unpackbits(np.frombuffer(fingerprints.hash_bits(coefs), np.uint8)).reshape(len(coefs), 256)
+
+    def grid(step: float) -> tuple:
+        cuts = np.round(np.arange(0, 0.10 + 1e-9, step), 5)
+        pairs = [(a, b) for a in cuts for b in cuts if a + b <= 0.10 + step / 2]
+        return tuple((*x, *y) for x in pairs for y in pairs)[1:]  # not the whole picture (pairs[0] twice)
+
+    crops = []  # (original, the cut, the crop's hash)
+    for name, image in photos.items():
+        for _ in range(6):
+            across, down = float(rng.uniform(0, 0.10)), float(rng.uniform(0, 0.10))
+            left, top = across * rng.uniform(), down * rng.uniform()
+            sides = (left, across - left, top, down - top)
+            crops.append((name, sides, hashes(cut(image, *sides), ())[0]))
+    others = [hashes(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
+    options = {f"the detector's ({len(fingerprints.SIDES) + len(fingerprints.CENTRED)} windows)":
+               fingerprints.CENTRED + fingerprints.SIDES}
+    options.update({f"every side's cut every {step * 100:.3g} points": grid(step) for step in (0.025, 0.02, 0.01 / 0.6)})
+    rows = []
+    for label, windows in options.items():
+        originals = {name: hashes(image, windows) for name, image in photos.items()}
+        best = np.array([(originals[name] != h).sum(1).min() for name, _, h in crops])
+        apart = [int((mine != other).sum(1).min()) for mine in originals.values() for other in others]
+        apart = sorted(apart)[len(photos):]  # less each original against itself
+        rows.append([label, len(windows) + 1, *(f"{np.mean(best <= t):.3f}" for t in (31, 40, 48)),
+                     sum(d <= THRESHOLD for d in apart), min(apart)])
+    own = np.array([(hashes(photos[name], (sides,))[1] != h).sum() for name, sides, h in crops])
+    rows.append(["each crop's own window (the best a window can do)", "-",
+                 *(f"{np.mean(own <= t):.3f}" for t in (31, 40, 48)), "-", "-"])
+    print("\nCrops cut unevenly from several sides (set A, 6 a picture, drawn at random): the share within each "
+          "distance of its original's closest window, by windows; false pairs at 31 and the smallest distance of an "
+          "original's windows to another picture or piece:\n")
+    print(markdown_table(["windows", "hashes", "<=31", "<=40", "<=48", "false pairs", "closest distinct"], rows))
+
+
 def hash_rate() -> tuple[float, float, str]:
     """Images per second of the hash stage before (v1_fingerprint) and now (fingerprint) on mieb-train's mix, CPU
     time of one core: bench/preprocess.py's kinds (crops of the fixture pictures at each kind's size and format),
@@ -501,8 +550,10 @@ def hash_rate() -> tuple[float, float, str]:
 
 
 def search_cost(train: int = 2_000, evals: int = 200_000) -> str:
-    """CPU seconds of the pdq search (matches.pdq_pairs against the eval side made ready once) of `train` x `evals`
-    pictures of uniform random hashes, one core, before (V1_COMPARED) and now (matches.PDQ_COMPARED)."""
+    """CPU seconds of the train side's pdq search (matches.pdq_train_pairs against the eval side made ready once) of
+    `train` x `evals` pictures of uniform random hashes, one core, before (V1_COMPARED) and now
+    (matches.PDQ_FROM_TRAIN). The other way (matches.PDQ_FROM_EVAL) searches from eval batches in the whole train
+    side: its shape is bench/audit_pdq_task.py's."""
     rng = np.random.default_rng(SEED)
     v1 = {c: pa.binary(32) for c in ("pdq", "pdq_mirror", "pdq_c95", "pdq_c90")}
     now = {c: matches.HASH_SCHEMA.field(c).type for c in matches.PDQ_HASHES}
@@ -514,11 +565,12 @@ def search_cost(train: int = 2_000, evals: int = 200_000) -> str:
 
     cells = []
     for label, types, compared, per_pair in (("before", v1, V1_COMPARED, len(V1_COMPARED)),
-                                             ("now", now, matches.PDQ_COMPARED, matches.pdq_comparisons())):
+                                             ("now", now, matches.PDQ_FROM_TRAIN,
+                                              matches.pdq_comparisons(matches.PDQ_FROM_TRAIN))):
         side = matches.pdq_index(table(evals, types), compared)
         batch = table(train, types)
         t0 = time.process_time()
-        matches.pdq_pairs(batch, side, compared=compared)
+        matches.pdq_train_pairs(batch, side, compared=compared)
         cells.append(f"{label} {time.process_time() - t0:.2f} CPU-s ({per_pair} hash comparisons a pair)")
     return f"{train:,} train x {evals:,} eval pictures of uniform random hashes: " + ", ".join(cells)
 
@@ -542,9 +594,11 @@ def main() -> None:
                "B": measure("Set B (other photographs, and a window of each picture of set A)", set_b(a, rng),
                             people[FACES // 2:], rng, clip)}
     grids(a, rng)
+    uneven(a, rng)
     before, now, cells = hash_rate()
     centred, sides = len(fingerprints.CENTRED), len(fingerprints.SIDES)
-    print(f"\nThe pdq search (matches.pdq_pairs, one core): {search_cost()}.")
+    print(f"\nThe train side's pdq search (matches.pdq_train_pairs, one core; the other way's at its own shape: "
+          f"bench/audit_pdq_task.py): {search_cost()}.")
     print(f"\nHash stage (decode, sha256, pixel hash, PDQ hashes), one core, CPU time, mieb-train's mix (weighted by "
           f"rows): **{before:,.0f} images/s before** (4 pdqhash hashes), **{now:,.0f} now** ({2 + centred + sides} "
           f"hashes: the picture, its mirror, {centred} centred and {sides} side and corner windows); {cells}.\n")

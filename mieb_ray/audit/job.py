@@ -11,7 +11,9 @@ join     a CPU task per partition: its row group of every hash file, joined on e
          audit/matches.py)
 pdq      every train x eval pair within PDQ_THRESHOLD bits, exactly: the eval side's PDQ hashes read once into the
          object store and indexed once (matches.pdq_index: about 790 bytes a row), then a CPU task per batch of
-         train hash files, each file read once, searched by multi-index hashing (audit/pdq.py, audit/hamming.py)
+         train hash files, each file read once, searched by multi-index hashing; and the other way, the train
+         side's own hashes indexed once (about 170 bytes a row) and a task per batch of eval hash files searching
+         with their side windows (audit/pdq.py, audit/hamming.py)
 near     with embeddings: the top-k engine, the train embeddings as the corpus (every row its own group) and
          each eval embedding shard as a query block, reduced to each eval image's nearest train rows; pairs
          at cosine >= threshold (audit/near.py)

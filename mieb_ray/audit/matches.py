@@ -27,9 +27,14 @@ from mieb_ray.audit.fingerprints import CENTRED, SIDES, fingerprint
 PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_centred", "pdq_sides")  # columns of 32-byte PDQ hashes, one or more a row
 # (train column, eval column) compared, each hash of one with each of the other: the two pictures, one the other's
 # mirror; the eval picture a crop of the train one (of up to 10%: centred, off a side or a corner); the train
-# picture a centred crop of the eval one (the eval side's windows are held in the index: centred ones only)
+# picture a crop of the eval one (centred; off a side or a corner)
 PDQ_COMPARED = (("pdq", "pdq"), ("pdq", "pdq_mirror"), ("pdq_centred", "pdq"), ("pdq_sides", "pdq"),
-                ("pdq", "pdq_centred"))
+                ("pdq", "pdq_centred"), ("pdq", "pdq_sides"))
+# the pairs searched from the eval side: its 48 side windows a picture as queries in an index of the train side's
+# one hash a picture (4.4M rows: 0.75 GB), not held in the eval side's index, which serves every train batch and
+# would grow 8-fold (1M eval rows: 5 GB more)
+PDQ_FROM_EVAL = (("pdq", "pdq_sides"),)
+PDQ_FROM_TRAIN = tuple(pair for pair in PDQ_COMPARED if pair not in PDQ_FROM_EVAL)
 # a table against itself (--against self): every row is searched with and in, so its windows find crops both ways
 PDQ_SELF_COMPARED = PDQ_COMPARED[:4]
 PDQ_THRESHOLD = 31  # Hamming distance of 256 bits, ThreatExchange's PDQ match distance (bench/calibration/)
@@ -223,29 +228,70 @@ def pdq_side(table: pa.Table, searching: Sequence[str] = (), searched: Sequence[
                    {c: hamming.Index(words(c).reshape(-1, 4)) for c in searched})
 
 
-def pdq_index(table: pa.Table, compared: tuple = PDQ_COMPARED) -> PdqSide:
-    """`table`'s rows made ready to be searched in as the eval side of `compared`."""
-    return pdq_side(table, searched=pdq_columns(compared, 1))
+def pdq_index(table: pa.Table, compared: tuple = PDQ_FROM_TRAIN, side: int = 1) -> PdqSide:
+    """`table`'s rows made ready to be searched in as side `side` of `compared` (1: eval, 0: train)."""
+    return pdq_side(table, searched=pdq_columns(compared, side))
 
 
-def pdq_pairs(train: pa.Table | PdqSide, against: pa.Table | PdqSide, threshold: int = PDQ_THRESHOLD,
+def pdq_pairs(train: pa.Table, against: pa.Table, threshold: int = PDQ_THRESHOLD,
               compared: tuple = PDQ_COMPARED) -> tuple[pa.Table, list[dict]]:
-    """The pdq pairs of two sets of hash rows (or of pdq_side's): a train image within `threshold` bits of an eval
-    image by any two hashes `compared` pairs, both of PDQ quality MIN_QUALITY or more; one pair per (train, eval)
-    row, at its smallest distance: score = 1 - distance / 256. And the groups of more than GROUP_CAP pairs
-    (linked_rows)."""
+    """The pdq pairs of two sets of hash rows: a train image within `threshold` bits of an eval image by any two
+    hashes `compared` pairs, both of PDQ quality MIN_QUALITY or more; one pair per (train, eval) row, at its
+    smallest distance (of the train side's search where the pictures themselves are within `threshold`): score =
+    1 - distance / 256. And the groups of more than GROUP_CAP pairs (linked_rows). Both searches in one process:
+    audit/pdq.py runs them as tasks."""
+    ahead = tuple(pair for pair in compared if pair not in PDQ_FROM_EVAL)
+    found = [pdq_train_pairs(train, pdq_index(against, ahead), threshold, ahead)]
+    if len(ahead) < len(compared):
+        found.append(pdq_eval_pairs(against, pdq_index(train, PDQ_FROM_EVAL, side=0), threshold))
+    return closest(pa.concat_tables([f[0] for f in found])), [g for f in found for g in f[1]]
+
+
+def pdq_train_pairs(train: pa.Table | PdqSide, against: PdqSide, threshold: int = PDQ_THRESHOLD,
+                    compared: tuple = PDQ_FROM_TRAIN) -> tuple[pa.Table, list[dict]]:
+    """pdq_pairs of the train rows searching with their hashes in the eval side's index."""
     if not isinstance(train, PdqSide):
         train = pdq_side(train, searching=pdq_columns(compared, 0))
+    i, j, d = _closest([_within(train.words[a], against.indexes[b], len(against.values), threshold)
+                        for a, b in compared])
+    return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
+                       list(zip(i.tolist(), j.tolist(), (1 - d / 256).tolist())))
+
+
+def pdq_eval_pairs(against: pa.Table | PdqSide, train: PdqSide,
+                   threshold: int = PDQ_THRESHOLD) -> tuple[pa.Table, list[dict]]:
+    """pdq_pairs of PDQ_FROM_EVAL: the eval rows searching with their windows in the train side's index
+    (pdq_index(train rows, PDQ_FROM_EVAL, side=0): one hash a picture), less the pairs whose own pictures are within
+    `threshold` (the train side's search finds those, as the same group where a picture has thousands of copies)."""
     if not isinstance(against, PdqSide):
-        against = pdq_index(against, compared)
-    found = [_within(train.words[a], against.indexes[b], len(against.values), threshold) for a, b in compared]
+        against = pdq_side(against, searching=pdq_columns(PDQ_FROM_EVAL, 1))
+    j, i, d = _closest([_within(against.words[b], train.indexes[a], len(train.values), threshold)
+                        for a, b in PDQ_FROM_EVAL])
+    ours = train.indexes["pdq"].words[i]  # the train side's index holds its pdq hash alone: a row a picture
+    apart = np.bitwise_count(ours ^ against.words["pdq"][j, 0]).sum(1) > threshold
+    return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
+                       list(zip(i[apart].tolist(), j[apart].tolist(), (1 - d[apart] / 256).tolist())))
+
+
+def _closest(found: list[hamming.Result]) -> hamming.Result:
+    """The (a, b, distance) of searches, each (a, b) once at its smallest distance."""
     i, j, d = (np.concatenate(x) for x in zip(*found))
-    order = np.lexsort((d, j, i))  # each (train, eval) picture's smallest distance first
+    order = np.lexsort((d, j, i))
     i, j, d = i[order], j[order], d[order]
     first = np.ones(len(i), bool)
     first[1:] = (i[1:] != i[:-1]) | (j[1:] != j[:-1])
-    return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
-                       list(zip(i[first].tolist(), j[first].tolist(), (1 - d[first] / 256).tolist())))
+    return i[first], j[first], d[first]
+
+
+def closest(pairs: pa.Table) -> pa.Table:
+    """Pairs found by several searches, each (train, eval) row once at its highest score; groups' rows as they are."""
+    single = pairs.filter(pc.is_null(pairs["group"]))
+    if single.num_rows == 0:
+        return pairs
+    keys = ["train_key", "eval_task", "eval_key", "method"]
+    best = single.group_by(keys, use_threads=False).aggregate([("score", "max")]).rename_columns([*keys, "score"])
+    best = best.append_column("group", pa.nulls(best.num_rows, pa.int64())).select(PAIR_SCHEMA.names)
+    return pa.concat_tables([best.cast(PAIR_SCHEMA), pairs.filter(pc.is_valid(pairs["group"]))])
 
 
 def _within(words: np.ndarray, index: hamming.Index, pictures: int, threshold: int) -> hamming.Result:

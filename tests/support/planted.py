@@ -18,7 +18,7 @@ from mieb_ray.demo_data.mirror import photo_names, picture
 from support.pictures import encode, jpeg
 
 # how each planted copy differs from its train image, and the detectors that must find it (pdq: within 31 bits,
-# crops through the train image's windows)
+# crops through the train image's windows; the train image cropped from the eval one through the eval image's)
 PLANTS = {
     "same bytes": ("exact", "pixels", "pdq"),
     "JPEG -> PNG": ("pixels", "pdq"),
@@ -29,7 +29,9 @@ PLANTS = {
     "mirrored": ("pdq", "near"),
     "cropped 3% off a corner": ("pdq", "near"),
     "downscaled to 64 px": ("pdq", "near"),
+    "the train image cropped 6% off the eval one's bottom": ("pdq",),
 }
+FROM_EVAL = "the train image cropped 6% off the eval one's bottom"  # a plant whose copy is the train image
 TILE = 96
 TRAIN_TILES = 36  # tiles 0..35 go to train (tile 3, the PNG -> JPEG one, as a PNG); the rest are eval-only
 EVAL_TASKS = ("CIFAR100ZeroShot", "Food101ZeroShot")
@@ -58,7 +60,8 @@ def plant(kind: str, data: bytes) -> bytes:
             "cropped 7% off the left": lambda: jpeg(image.crop((round(w * 0.07), 0, w, h))),
             "mirrored": lambda: jpeg(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
             "cropped 3% off a corner": lambda: jpeg(image.crop((0, round(h * 0.03), w - round(w * 0.03), h))),
-            "downscaled to 64 px": lambda: jpeg(image.resize((64, 64), Image.Resampling.LANCZOS))}[kind]()
+            "downscaled to 64 px": lambda: jpeg(image.resize((64, 64), Image.Resampling.LANCZOS)),
+            FROM_EVAL: lambda: jpeg(image.crop((0, 0, w, h - round(h * 0.06))))}[kind]()
 
 
 def write_table(folder: str, keys: list[str], images: list[bytes]) -> str:
@@ -84,7 +87,8 @@ def make_planted(root: str) -> dict:
         keys, images = evals[task]
         key = f"cifar100/test/{len(keys)}"
         keys.append(key)
-        images.append(plant(kind, train[n]))
+        images.append(train[n] if kind == FROM_EVAL else plant(kind, train[n]))
+        train[n] = plant(kind, train[n]) if kind == FROM_EVAL else train[n]
         planted.append((train_keys[n], task, key, kind))
     for n, data in enumerate(distinct):  # unseen tiles, spread over both tasks
         keys, images = evals[EVAL_TASKS[n % 2]]

@@ -1,5 +1,6 @@
 """The audit's hash joins (mieb_ray/audit/matches.py): edited copies of real pictures (crops off any side or corner,
-downscales to 64 px among them) found at the default pdq threshold and distinct pictures not; pdq pairs equal a
+either side cropped from the other, downscales to 64 px among them) found at the default pdq threshold and distinct
+pictures not; pdq pairs equal a
 brute-force search of every pair; thousands of copies on both sides make one group, not a million pairs, and every
 member is flagged."""
 
@@ -77,10 +78,20 @@ def test_edited_copies_of_real_pictures_are_found_and_distinct_pictures_are_not(
         for key, tile in quadrants(name).items():
             eval_keys.append(key)
             eval_images.append(jpeg(tile))
+    # the other way: train images cropped from eval pictures off a side or a corner
+    cropped = {"crop 7% off the right": lambda im: jpeg(cut(im, right=0.07)),
+               "crop 4.5% off the bottom left corner": lambda im: encode(cut(im, left=0.045, bottom=0.045), "PNG")}
+    for name in ("coins.jpg", "flower.jpg"):
+        eval_keys.append(name)
+        eval_images.append(encode(picture(name), "PNG"))
+        for edit, make in cropped.items():
+            train_keys.append(f"{name} | {edit}")
+            train_images.append(make(picture(name)))
     train = matches.hash_rows(train_keys, train_images, 0, 0, 1, [None] * len(train_keys))
     against = matches.hash_rows(eval_keys, eval_images, 0, 0, 1, ["T"] * len(eval_keys))
     found = {(p["train_key"], p["eval_key"]) for p in matches.pdq_pairs(train, against)[0].to_pylist()}
     want = {(name, f"{name} | {edit}") for name in names for edit in edits}
+    want |= {(f"{name} | {edit}", name) for name in ("coins.jpg", "flower.jpg") for edit in cropped}
     assert found == want, (want - found, found - want)
     assert all(q >= matches.MIN_QUALITY for q in train["pdq_quality"].to_pylist())
 
@@ -88,7 +99,8 @@ def test_edited_copies_of_real_pictures_are_found_and_distinct_pictures_are_not(
 @pytest.mark.parametrize("compared", ["PDQ_COMPARED", "PDQ_SELF_COMPARED"])
 def test_pdq_pairs_equal_a_brute_force_search(compared):
     """Every (train, eval) row within the threshold by any two hashes compared (the pictures, one's mirror, a train
-    picture's windows, an eval picture's centred windows), and no other, once, at its smallest distance: against a
+    picture's windows, an eval picture's windows: two searches), and no other, once, at its smallest distance (of
+    the train side's search where the pictures themselves are within it): against a
     search of all pairs of all hashes on unpacked bits. Flat images (low quality) take no part; rows with one pdq
     hash but other windows are searched apart; rows alike in every hash are all reported."""
     import pyarrow as pa
@@ -112,6 +124,11 @@ def test_pdq_pairs_equal_a_brute_force_search(compared):
         train["pdq_sides"][t, 7 * k] = noisy(evals["pdq"][e, 0], 0.05)
     train["pdq_centred"][40:45, 2] = noisy(evals["pdq"][25:30, 0], 0.05)
     evals["pdq_centred"][35:40, 3] = noisy(train["pdq"][20:25, 0], 0.05)  # the train picture a crop of the eval one
+    for k, (t, e) in enumerate(zip(range(10, 14), range(30, 34))):  # ... off a side or a corner (the other search)
+        evals["pdq_sides"][e, 11 * k] = noisy(train["pdq"][t, 0], 0.05)
+    evals["pdq_sides"][2, 5] = noisy(train["pdq"][4, 0], 0.02)  # closer than the pictures (e2 is t4's): once
+    train["pdq_centred"][31, 1] = noisy(evals["pdq"][9, 0], 0.05)  # found both ways: once, at the closer
+    evals["pdq_sides"][9, 2] = noisy(train["pdq"][31, 0], 0.02)
     train["pdq"][50] = train["pdq"][30]  # the pdq hash of row 30, not its windows
     train["pdq_centred"][50] = train["pdq_centred"][30]
     for c in hashes:  # row 51 alike row 31 in every hash
@@ -129,18 +146,23 @@ def test_pdq_pairs_equal_a_brute_force_search(compared):
     got, groups = matches.pdq_pairs(table(train, "t", quality), table(evals, "e", [100] * 50), threshold=40,
                                     compared=compared)
     assert groups == [] and got["group"].null_count == got.num_rows
+    def distance(i, j, pairs):
+        return min(int((train[a][i][:, None] != evals[b][j][None, :]).sum(-1).min()) for a, b in pairs)
+
     want = {}
     for i in range(60):
         for j in range(50):
-            d = min(int((train[a][i][:, None] != evals[b][j][None, :]).sum(-1).min()) for a, b in compared)
+            # a pair whose pictures are within the threshold is the train side's search's, at its distance
+            d = distance(i, j, compared if distance(i, j, [("pdq", "pdq")]) > 40 else matches.PDQ_FROM_TRAIN)
             if d <= 40 and quality[i] >= matches.MIN_QUALITY:
                 want[f"t{i}", f"e{j}"] = 1 - d / 256
     pairs = list(zip(got["train_key"].to_pylist(), got["eval_key"].to_pylist()))
     assert dict(zip(pairs, got["score"].to_pylist())) == want and len(pairs) == len(want)
     assert len(want) > 35 and not any(k[0] == "t7" for k in want)
-    assert {("t0", "e0"), ("t55", "e45"), ("t30", "e40"), ("t51", "e41"), ("t40", "e25")} <= set(want)
+    assert {("t0", "e0"), ("t55", "e45"), ("t30", "e40"), ("t51", "e41"), ("t40", "e25"), ("t4", "e2"),
+            ("t31", "e9")} <= set(want)
     assert ("t50", "e40") not in want
-    assert (("t20", "e35") in want) == (compared == matches.PDQ_COMPARED)
+    assert (("t20", "e35") in want) == (("t11", "e31") in want) == (compared == matches.PDQ_COMPARED)
     none = table({c: train[c][:0] for c in train}, "t", [])  # no usable row on one side (all flat, or none)
     assert matches.pdq_pairs(none, table(evals, "e", [100] * 50), compared=compared)[0].num_rows == 0
 
