@@ -510,7 +510,8 @@ def uneven(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
     others = [hashes(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
     options = {f"the detector's ({len(fingerprints.SIDES) + len(fingerprints.CENTRED)} windows)":
                fingerprints.CENTRED + fingerprints.SIDES}
-    options.update({f"every side's cut every {step * 100:.3g} points": grid(step) for step in (0.025, 0.02, 0.01 / 0.6)})
+    steps = (0.025, 0.02, 0.01 / 0.6)
+    options.update({f"every side's cut every {step * 100:.3g} points": grid(step) for step in steps})
     rows = []
     for label, windows in options.items():
         originals = {name: hashes(image, windows) for name, image in photos.items()}
