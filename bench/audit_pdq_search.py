@@ -14,9 +14,9 @@ away (the pairs to find). Every contender finds every pair within 31 bits exactl
 The default shape is one pdq task of the full audit: a train batch (about 8,700 rows on 256 cores) against the
 eval side of the whole of MIEB (about 1M pictures).
 
-One comparison (hash against hash); the detector makes matches.pdq_comparisons() per pair of images (60: each hash
-of one column of matches.PDQ_COMPARED against each of the other), so its search costs that many of these. Prints
-pairs/s of each and the ratio, and projects the detector's full-size search.
+One comparison (hash against hash); the detector makes matches.pdq_comparisons() per pair of images (108: each hash
+of one column of matches.PDQ_COMPARED against each of the other, both ways), so its search costs that many of these.
+Prints pairs/s of each and the ratio, and projects the detector's full-size search.
 
 Prints the harness table (bench/harness.py; CPU seconds, pairs/s) and writes bench/records/audit_pdq_search.json.
 With --distributions, instead the calibration study bench/calibration/audit_pdq_candidates.py (how many candidates
