@@ -17,6 +17,7 @@ from PIL import Image
 from mieb_ray.demo_data.mirror import photo_names, picture
 from support.pictures import encode, jpeg
 
+FROM_EVAL = "the train image cropped 6% off the eval one's bottom"  # the plant whose copy is on the train side
 # how each planted copy differs from its train image, and the detectors that must find it (pdq: within 31 bits,
 # crops through the train image's windows; the train image cropped from the eval one through the eval image's)
 PLANTS = {
@@ -29,9 +30,8 @@ PLANTS = {
     "mirrored": ("pdq", "near"),
     "cropped 3% off a corner": ("pdq", "near"),
     "downscaled to 64 px": ("pdq", "near"),
-    "the train image cropped 6% off the eval one's bottom": ("pdq",),
+    FROM_EVAL: ("pdq",),
 }
-FROM_EVAL = "the train image cropped 6% off the eval one's bottom"  # a plant whose copy is the train image
 TILE = 96
 TRAIN_TILES = 36  # tiles 0..35 go to train (tile 3, the PNG -> JPEG one, as a PNG); the rest are eval-only
 EVAL_TASKS = ("CIFAR100ZeroShot", "Food101ZeroShot")
@@ -87,8 +87,11 @@ def make_planted(root: str) -> dict:
         keys, images = evals[task]
         key = f"cifar100/test/{len(keys)}"
         keys.append(key)
-        images.append(train[n] if kind == FROM_EVAL else plant(kind, train[n]))
-        train[n] = plant(kind, train[n]) if kind == FROM_EVAL else train[n]
+        if kind == FROM_EVAL:  # the eval image is the train tile; the train image, its crop
+            train[n], copy = plant(kind, train[n]), train[n]
+        else:
+            copy = plant(kind, train[n])
+        images.append(copy)
         planted.append((train_keys[n], task, key, kind))
     for n, data in enumerate(distinct):  # unseen tiles, spread over both tasks
         keys, images = evals[EVAL_TASKS[n % 2]]
