@@ -440,6 +440,13 @@ def measure(label: str, photos: dict[str, Image.Image], people: list[Image.Image
             "search exact": found == within}
 
 
+def window_bits(image: Image.Image, windows: tuple) -> np.ndarray:
+    """The unpacked PDQ hash bits of the picture and of each window (the shares cut off each side), one row each."""
+    gray = fingerprints.luma(pdq_pixels(image))
+    coefs = fingerprints.coefficients(gray, (fingerprints.WHOLE, *windows))
+    return np.unpackbits(np.frombuffer(fingerprints.hash_bits(coefs), np.uint8)).reshape(len(coefs), 256)
+
+
 def grids(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
     """How the windows were chosen: recall of crops drawn at random (the windows of the original against the
     copy's hash) and false pairs (every window of each original against every other picture and piece), for
@@ -454,24 +461,19 @@ def grids(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
     shapes = {"crop centred": [(0.5,) * 4], "crop one side": list(ONE_SIDE.values()),
               "crop corner": list(CORNERS.values())}
 
-    def hashes(image: Image.Image, windows: tuple) -> np.ndarray:
-        gray = fingerprints.luma(pdq_pixels(image))
-        coefs = fingerprints.coefficients(gray, (fingerprints.WHOLE, *windows))
-        return np.unpackbits(np.frombuffer(fingerprints.hash_bits(coefs), np.uint8)).reshape(len(coefs), 256)
-
     copies = []  # (original, family, the copy's hash)
     for name, image in photos.items():
         for family, kinds in shapes.items():
             for _ in range(8):
                 p = float(rng.uniform(0, 0.10))
                 copy = cut(image, *(p * x for x in kinds[rng.integers(len(kinds))]))
-                copies.append((name, family, hashes(copy, ())[0]))
-    others = [hashes(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
+                copies.append((name, family, window_bits(copy, ())[0]))
+    others = [window_bits(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
     rows = []
     for label, (cuts, corner_cuts) in options.items():
         windows = tuple(tuple(c * x for x in shape) for family, kinds in shapes.items() for shape in kinds
                         for c in (corner_cuts if family == "crop corner" else cuts))
-        originals = {name: hashes(image, windows) for name, image in photos.items()}
+        originals = {name: window_bits(image, windows) for name, image in photos.items()}
         found = {f: [] for f in shapes}
         for name, family, copy in copies:
             found[family].append((originals[name] != copy).sum(1).min() <= THRESHOLD)
@@ -490,11 +492,6 @@ def uneven(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
     (the best any window can do); false pairs as in `grids`."""
     from harness import markdown_table
 
-    def hashes(image: Image.Image, windows: tuple) -> np.ndarray:
-        gray = fingerprints.luma(pdq_pixels(image))
-        coefs = fingerprints.coefficients(gray, (fingerprints.WHOLE, *windows))
-        return np.unpackbits(np.frombuffer(fingerprints.hash_bits(coefs), np.uint8)).reshape(len(coefs), 256)
-
     def grid(step: float) -> tuple:
         cuts = np.round(np.arange(0, 0.10 + 1e-9, step), 5)
         pairs = [(a, b) for a in cuts for b in cuts if a + b <= 0.10 + step / 2]
@@ -506,21 +503,21 @@ def uneven(photos: dict[str, Image.Image], rng: np.random.Generator) -> None:
             across, down = float(rng.uniform(0, 0.10)), float(rng.uniform(0, 0.10))
             left, top = across * rng.uniform(), down * rng.uniform()
             sides = (left, across - left, top, down - top)
-            crops.append((name, sides, hashes(cut(image, *sides), ())[0]))
-    others = [hashes(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
+            crops.append((name, sides, window_bits(cut(image, *sides), ())[0]))
+    others = [window_bits(p, ())[0] for image in photos.values() for p in [image, *pieces(image)]]
     options = {f"the detector's ({len(fingerprints.SIDES) + len(fingerprints.CENTRED)} windows)":
                fingerprints.CENTRED + fingerprints.SIDES}
     steps = (0.025, 0.02, 0.01 / 0.6)
     options.update({f"every side's cut every {step * 100:.3g} points": grid(step) for step in steps})
     rows = []
     for label, windows in options.items():
-        originals = {name: hashes(image, windows) for name, image in photos.items()}
+        originals = {name: window_bits(image, windows) for name, image in photos.items()}
         best = np.array([(originals[name] != h).sum(1).min() for name, _, h in crops])
         apart = [int((mine != other).sum(1).min()) for mine in originals.values() for other in others]
         apart = sorted(apart)[len(photos):]  # less each original against itself
         rows.append([label, len(windows) + 1, *(f"{np.mean(best <= t):.3f}" for t in (31, 40, 48)),
                      sum(d <= THRESHOLD for d in apart), min(apart)])
-    own = np.array([(hashes(photos[name], (sides,))[1] != h).sum() for name, sides, h in crops])
+    own = np.array([(window_bits(photos[name], (sides,))[1] != h).sum() for name, sides, h in crops])
     rows.append(["each crop's own window (the best a window can do)", "-",
                  *(f"{np.mean(own <= t):.3f}" for t in (31, 40, 48)), "-", "-"])
     print("\nCrops cut unevenly from several sides (set A, 6 a picture, drawn at random): the share within each "
