@@ -252,7 +252,7 @@ def pdq_train_pairs(train: pa.Table | PdqSide, against: PdqSide, threshold: int 
     """pdq_pairs of the train rows searching with their hashes in the eval side's index."""
     if not isinstance(train, PdqSide):
         train = pdq_side(train, searching=pdq_columns(compared, 0))
-    i, j, d = _closest([_within(train.words[a], against.indexes[b], len(against.values), threshold)
+    i, j, d = _each_once([_within(train.words[a], against.indexes[b], len(against.values), threshold)
                         for a, b in compared])
     return linked_rows("pdq", train.table, against.table, train.rows, against.values, against.rows,
                        list(zip(i.tolist(), j.tolist(), (1 - d / 256).tolist())))
@@ -265,7 +265,7 @@ def pdq_eval_pairs(against: pa.Table | PdqSide, train: PdqSide,
     `threshold` (the train side's search finds those, as the same group where a picture has thousands of copies)."""
     if not isinstance(against, PdqSide):
         against = pdq_side(against, searching=pdq_columns(PDQ_FROM_EVAL, 1))
-    j, i, d = _closest([_within(against.words[b], train.indexes[a], len(train.values), threshold)
+    j, i, d = _each_once([_within(against.words[b], train.indexes[a], len(train.values), threshold)
                         for a, b in PDQ_FROM_EVAL])
     ours = train.indexes["pdq"].words[i]  # the train side's index holds its pdq hash alone: a row a picture
     apart = np.bitwise_count(ours ^ against.words["pdq"][j, 0]).sum(1) > threshold
@@ -273,7 +273,7 @@ def pdq_eval_pairs(against: pa.Table | PdqSide, train: PdqSide,
                        list(zip(i[apart].tolist(), j[apart].tolist(), (1 - d[apart] / 256).tolist())))
 
 
-def _closest(found: list[hamming.Result]) -> hamming.Result:
+def _each_once(found: list[hamming.Result]) -> hamming.Result:
     """The (a, b, distance) of searches, each (a, b) once at its smallest distance."""
     i, j, d = (np.concatenate(x) for x in zip(*found))
     order = np.lexsort((d, j, i))

@@ -169,6 +169,10 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
                      for b in parquet.image_bytes(pq.read_table(path)["image"]).to_pylist()}
         else:
             keys |= {k for path in out.glob("*/embeddings/texts") for k in embeddings.read_all(str(path))[0]}
-        cached = [k for folder in out.glob(f"embeddings/cache/*/{kind}-*") for k in embeddings.read_all(str(folder))[0]]
+        folders = list(out.glob(f"embeddings/cache/*/{kind}-*"))
+        cached = [k for folder in folders for k in embeddings.read_all(str(folder))[0]]
         assert sorted(cached) == sorted(keys) and keys, kind
+        for folder in folders:  # BioVITA's taxon texts among them: the text path of the embed job
+            made = json.loads((folder / "_manifest.json").read_text())
+            assert made["config"]["modality"] == kind[:-1] and made["counts"]["errors"] == 0, folder
     assert_no_secret(cluster, s3, [done], ["lite/biovita/BioVITAT2IReranking.json"])
