@@ -11,9 +11,9 @@ undersampling draws (the union of the experiments' samples, keyed `<slug>/<index
 
 Contenders, each a fresh process timed from spawn to exit, one after the other:
   1. mteb 2.26.24   bench/contenders/mteb_probe_call.py: import mteb; read the embeddings into lookup tables; per
-                    task, load its train and eval splits with `datasets` (a warm cache, as a user's hub cache: one
-                    untimed warm-up run first), `mteb.evaluate` with an encoder that looks the embeddings up, write
-                    the TaskResult JSON.
+                    task, load its train and eval splits with `datasets` (a warm cache, as a user's hub cache: an
+                    untimed warm-up loads every split first), `mteb.evaluate` with an encoder that looks the
+                    embeddings up, write the TaskResult JSON.
   2. mieb-ray       `python -m mieb_ray eval --tasks ... --sources MIRROR --image-embeddings TRAIN,EVAL --out ...`
                     (--executor auto: it decides whether to start Ray; the manifest says which it took).
 
@@ -166,11 +166,12 @@ def main() -> None:
           f"{time.perf_counter() - t1:.0f}s", flush=True)
     names, images = ",".join(t.name for t in tasks), f"{train_out},{eval_out}"
 
-    def mteb_call(out: str) -> list[str]:
+    def mteb_call(out: str, *extra: str) -> list[str]:
         return [sys.executable, str(h.CONTENDERS / "mteb_probe_call.py"), "--tasks", names, "--data", root,
-                "--image-embeddings", images, "--cache", str(work / "hf-cache"), "--out", str(work / out)]
+                "--image-embeddings", images, "--cache", str(work / "hf-cache"), "--out", str(work / out), *extra]
 
-    print(f"mteb warm-up (fills the datasets cache) {h.run_process(mteb_call('mteb-warm')):.1f}s", flush=True)
+    warm = h.run_process(mteb_call("mteb-warm", "--load-only"))
+    print(f"mteb warm-up (loads every split: fills the datasets cache) {warm:.1f}s", flush=True)
     size = "real sizes" if args.scale >= 1 else f"scaled to {args.scale:g} of the real rows"
     bench = h.Benchmark(
         "eval_probe", f"{'All 19' if len(tasks) == len(TASKS) else len(tasks)} linear-probe tasks at {size}: "
@@ -202,7 +203,7 @@ def main() -> None:
         "rows per task (train / eval)": "; ".join(f"{t.name} {rows[t.slug][0]:,} / {rows[t.slug][1]:,}"
                                                   for t in tasks)}, notes=[
         "Each a fresh process timed from spawn to exit, one after the other; mteb's splits from a warm `datasets` "
-        "cache (one untimed warm-up run filled it)."])
+        "cache (an untimed warm-up loaded every split first)."])
 
 
 if __name__ == "__main__":

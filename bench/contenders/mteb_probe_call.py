@@ -10,7 +10,9 @@ knows each image mteb hands it (the undersampled train rows come in mteb's own o
 train rows by `<slug>/<index>`, eval rows by `<slug>/<split>/<index>`, the keys of the embed outputs.
 
     .venv/bin/python bench/contenders/mteb_probe_call.py --tasks A,B --data ROOT --image-embeddings OUT1,OUT2 \
-        --cache DIR --out DIR
+        --cache DIR --out DIR [--load-only]
+
+--load-only loads each task's splits and stops there: the untimed warm-up that fills the `datasets` cache.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag in ("--tasks", "--data", "--image-embeddings", "--cache", "--out"):
         ap.add_argument(flag, required=True)
+    ap.add_argument("--load-only", action="store_true", help="only load each task's splits: fills the cache")
     args = ap.parse_args()
     import datasets
 
@@ -94,6 +97,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, quiet_env(tmp):
             # mteb's own call (load_dataset(path, revision=...)), the hub's path replaced by the mirror's folder
             every = datasets.load_dataset(repo, cache_dir=args.cache)
+            if args.load_only:
+                continue
             data = datasets.DatasetDict({s: every[s] for s in ("train", probe.split)})
             task = mteb.get_task(name)
             task.dataset = data
