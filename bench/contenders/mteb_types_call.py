@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from support.mteb_tasks import redirect  # noqa: E402
 
+from mieb_ray.evals import embed_cache  # noqa: E402
 from mieb_ray.evals.mteb_suite import server  # noqa: E402
 
 
@@ -35,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     table = pq.read_table(args.vectors)
     matrix = np.asarray(table["vector"].combine_chunks().flatten(), np.float32).reshape(table.num_rows, -1)
-    vectors = dict(zip(table["key"].to_pylist(), matrix))
+    vectors = embed_cache.Given(zip(table["key"].to_pylist(), matrix))
     tasks = [redirect(mteb.get_task(name), args.sources) for name in args.tasks.split(",")]
-    result = mteb.evaluate(server(matrix.shape[1], vectors, "mteb"), tasks, cache=None, show_progress_bar=False,
+    result = mteb.evaluate(server(vectors, matrix.shape[1], "mteb"), tasks, cache=None, show_progress_bar=False,
                            co2_tracker=False)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for task_result in result.task_results:

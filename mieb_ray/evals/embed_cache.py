@@ -140,22 +140,55 @@ class Cache:
 
 
 def _keys(root: str) -> list[str]:
-    return [k for uri in embeddings.shard_uris(root) for k in embeddings.open_shard(uri)["key"].to_pylist()]
+    return [k for uri in embeddings.shard_uris(root) for k in embeddings.shard_keys(uri)]
+
+
+class Lookup:
+    """key -> vector of embed outputs, read as asked: every shard's keys up front (only `keys` when given), a
+    shard's embeddings only when a call wants one of its rows, and only those rows kept. A task's score pass
+    holds its own vectors, not the cache's, which at MIEB's size is every task's (millions of items)."""
+
+    def __init__(self, roots: list[str], keys: set[str] | None = None):
+        self.uris = [uri for root in roots for uri in embeddings.shard_uris(root)]
+        self.where: dict[str, tuple[int, int]] = {}  # key -> (shard, row); a later output's copy wins
+        for s, uri in enumerate(self.uris):
+            self.where.update(((k, (s, i)) for i, k in enumerate(embeddings.shard_keys(uri))
+                               if keys is None or k in keys))
+        schema = embeddings.shard_schema(self.uris[0]) if self.uris else None
+        self.dim = (schema.field("embedding").type.list_size or 0) if schema is not None \
+            and pa.types.is_fixed_size_list(schema.field("embedding").type) else 0
+        self.got: dict[str, np.ndarray] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def take(self, keys: list[str]) -> np.ndarray:
+        """The vectors of `keys` (each in the outputs), row for row, float32."""
+        by_shard: dict[int, dict[str, int]] = {}
+        for k in keys:
+            if k not in self.got:
+                s, row = self.where[k]
+                by_shard.setdefault(s, {})[k] = row
+        for s, rows in by_shard.items():
+            table = embeddings.open_shard(self.uris[s])
+            self.dim = embeddings.dim(table) or self.dim
+            block = np.asarray(embeddings.matrix(table, self.dim)[list(rows.values())], np.float32)  # a copy
+            self.got.update(zip(rows, block))
+        return np.stack([self.got[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
 
 
 def vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
     """key -> vector of embed outputs (only `keys` when given), and their dim."""
-    found, dim = {}, 0
-    for root in roots:
-        for uri in embeddings.shard_uris(root):
-            table = embeddings.open_shard(uri)
-            dim = embeddings.dim(table) or dim
-            names = table["key"].to_pylist()
-            take = [i for i, k in enumerate(names) if keys is None or k in keys]
-            if take:
-                matrix = embeddings.matrix(table, dim)
-                found.update((names[i], np.asarray(matrix[i], np.float32)) for i in take)
-    return found, dim
+    lookup = Lookup(roots, keys)
+    names = list(lookup.where)
+    return dict(zip(names, lookup.take(names))), lookup.dim
+
+
+class Given(dict):
+    """Vectors a caller holds (key -> vector), served as a Lookup serves the cache's."""
+
+    def take(self, keys: list[str]) -> np.ndarray:
+        return np.stack([self[k] for k in keys])
 
 
 def _errors(roots: list[str], keys: set[str]) -> dict[str, str]:
@@ -220,7 +253,7 @@ def view(keyed: str, outputs: list[str], target: str, name: str, normalized: boo
         else np.zeros((0, dim), np.float32)
     if normalized:
         matrix = normalize(matrix)
-    schema = embeddings.open_shard(embeddings.shard_uris(outputs[0])[0]).schema  # the cache's: model, dim, dtype
+    schema = embeddings.shard_schema(embeddings.shard_uris(outputs[0])[0])  # the cache's: model, dim, dtype
     meta = {**embeddings.model_metadata(schema), "normalized": normalized}
     schema = pa.schema(list(schema)[:2], metadata={b"mieb_ray": json.dumps(meta).encode()})
     return embeddings.commit_shard(target, name, schema, {"key": np.array(rows, dtype=object), "embedding": matrix},

@@ -9,7 +9,8 @@ embed    the items no earlier run or suite embedded with this model, each once h
          by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
          CLIP wrapper returns those, and adds an image's and a text's for an input of both
 score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
-         input of both: the sum of its parts), and searches a retrieval corpus of ENGINE_DOCS or more on the top-k
+         input of both: the sum of its parts; the task reads the embeddings of the shards holding its inputs, not
+         the whole cache: embed_cache.Lookup), and searches a retrieval corpus of ENGINE_DOCS or more on the top-k
          engine -> the TaskResult mteb writes; with --exclude, mteb runs it once more on the task cleaned of the
          rows that hold a flagged image (mteb_clean.py)
 A second run with the same model embeds nothing; the driver reads no image. The audit reads every image of these
@@ -162,24 +163,31 @@ def recorder(dim: int, sink: ItemSink):
     return Recorder()
 
 
-def server(dim: int, vectors: dict[str, np.ndarray], task: str):
-    """An mteb encoder that answers each input with its cached vector (an image and a text: their sum, as mteb's
-    CLIP wrapper adds them), and mteb's search interface: a retrieval corpus of ENGINE_DOCS or more is searched on
-    the top-k engine (evals/retrieval.top_docs: mteb's own search, its query blocks over the cluster), a smaller
-    one, or a reranking of given candidates, by mteb's own SearchEncoderWrapper."""
+def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str):
+    """An mteb encoder that answers each input with its vector (an image and a text: their sum, as mteb's CLIP
+    wrapper adds them), read from the cache as mteb asks (embed_cache.Lookup), and mteb's search interface: a
+    retrieval corpus of ENGINE_DOCS or more is searched on the top-k engine (evals/retrieval.top_docs: mteb's own
+    search, its query blocks over the cluster), a smaller one, or a reranking of given candidates, by mteb's own
+    SearchEncoderWrapper."""
     class Server(_encoder_base(dim)):
         corpus = None
 
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
-            rows = []
+            rows = []  # per input, the keys of its parts
             for keys, _, texts in inputs(inputs_, payload=False):
                 for image, text in zip(keys, texts):
                     parts = [k for k in (text, image) if k is not None]
                     missing = [k for k in parts if k not in vectors]
                     if missing or not parts:
                         raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
-                    rows.append(vectors[parts[0]] + vectors[parts[1]] if len(parts) == 2 else vectors[parts[0]])
-            return np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+                    rows.append(parts)
+            if not rows:
+                return np.zeros((0, dim), np.float32)
+            first = vectors.take([r[0] for r in rows])
+            both = [i for i, r in enumerate(rows) if len(r) == 2]
+            if both:
+                first[both] += vectors.take([rows[i][1] for i in both])
+            return first.astype(np.float32)
 
         def index(self, corpus, **kwargs) -> None:
             self.corpus = corpus
@@ -295,11 +303,11 @@ def score_task(name: str, sources: str, items: str | None, cache: list[str], exc
         keys = set()
         for kind in ITEM_SCHEMA:
             keys.update(parquet.read_table(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
-    vectors, dim = embed_cache.vectors(cache, keys)
-    result = _quiet_evaluate(server(dim, vectors, name), load_task(name, sources))
+    vectors = embed_cache.Lookup(cache, keys)
+    result = _quiet_evaluate(server(vectors, vectors.dim, name), load_task(name, sources))
     if exclude:
         result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
-                                                                            server(dim, vectors, name))}
+                                                                            server(vectors, vectors.dim, name))}
     return result
 
 
@@ -421,7 +429,7 @@ class MtebSuite:
         cache = [r for uri in (images, texts) if uri for r in embeddings.roots(uri)]
         for root in cache:  # mteb's CLIP wrapper scores raw vectors: normalised ones change every non-cosine metric
             shards = embeddings.shard_uris(root)
-            meta = json.loads((embeddings.open_shard(shards[0]).schema.metadata or {}).get(b"mieb_ray", b"{}")) \
+            meta = json.loads((embeddings.shard_schema(shards[0]).metadata or {}).get(b"mieb_ray", b"{}")) \
                 if shards else {}
             if meta.get("normalized", True):
                 raise UserError(f"{storage.display(root)} holds L2-normalised embeddings; mteb's tasks score the "

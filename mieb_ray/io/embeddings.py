@@ -80,6 +80,38 @@ def open_shard(path: str) -> pa.Table:
     return normalise(table, where)
 
 
+def shard_keys(path: str) -> list[str]:
+    """A shard's keys, reading none of its embeddings: of an s3:// shard only the key column's bytes are fetched
+    (Arrow's field projection), so a reader that wants a few keys of a large cache opens the rest for nothing."""
+    key = _footer_read(path, "key")
+    if key is not None and (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)) \
+            and not key.null_count:
+        return key.to_pylist()
+    return open_shard(path)["key"].to_pylist()
+
+
+def shard_schema(path: str) -> pa.Schema:
+    """A shard's schema (its metadata names the model), from the file's footer: no column is read."""
+    schema = _footer_read(path)
+    return schema if schema is not None else open_shard(path).schema
+
+
+def _footer_read(path: str, column: str | None = None):
+    """An IPC file's schema, or its one `column`; None where it cannot be read so (an IPC stream, a breach of
+    the contract): the caller reads the shard whole with open_shard, whose one-line error a bad one gets."""
+    try:
+        with (storage.open_input(path) if storage.is_s3(path) else pa.memory_map(path)) as source:
+            schema = pa.ipc.open_file(source).schema
+            if column is None:
+                return schema
+            if schema.names.count(column) != 1:
+                return None
+            only = pa.ipc.IpcReadOptions(included_fields=[schema.names.index(column)])
+            return pa.ipc.open_file(source, options=only).read_all()[column]
+    except (pa.ArrowInvalid, OSError, storage.StorageError):
+        return None
+
+
 def normalise(table: pa.Table, where: str) -> pa.Table:
     """`key` as string and `embedding` as fixed_size_list<float16|float32>[dim], whatever another tool wrote:
     string, large_string, string_view or dictionary keys; list, large_list or fixed_size_list embeddings of

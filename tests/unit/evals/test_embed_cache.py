@@ -1,0 +1,64 @@
+"""The content-keyed cache as an mteb task's score pass reads it: the vectors of the task's keys, from the shards
+holding them, and no other shard's embeddings (at MIEB's size the cache is every task's: millions of items)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.embedding_fixtures import write_embeddings
+
+from mieb_ray import storage
+from mieb_ray.evals import embed_cache
+from mieb_ray.io import embeddings
+
+DIM = 8
+
+
+@pytest.fixture(params=["local", "s3"])
+def cache(request, tmp_path):
+    """An embed output of 30 keys in 3 shards whose last shard's embeddings are broken (a null row: opening it
+    whole is a one-line error) while its keys read fine; (root, keys, vectors)."""
+    if request.param == "s3":
+        s3 = request.getfixturevalue("s3")
+        storage.reset_clients()
+        root = f"s3://{s3.bucket}/embed-cache-test/{tmp_path.name}"
+    else:
+        root = str(tmp_path / "cache")
+    keys = [f"sha256:{i:02d}" for i in range(30)]
+    vectors = np.random.default_rng(0).standard_normal((30, DIM)).astype(np.float32)
+    write_embeddings(root, keys, vectors, "image", "float32", 3, {}, normalized=False)
+    last = embeddings.open_shard(storage.join(root, "part-00002.arrow"))
+    broken = pa.array([None, *([[0.0] * DIM] * (last.num_rows - 1))], last.schema.field("embedding").type)
+    table = last.set_column(1, "embedding", broken)
+    storage.commit_file(storage.join(root, "part-00002.arrow"), lambda local: embeddings.write_ipc(local, table))
+    return root, keys, vectors
+
+
+def test_only_the_wanted_keys_and_only_from_the_shards_holding_them(cache):
+    root, keys, vectors = cache
+    found, dim = embed_cache.vectors([root], {keys[3], keys[15]})
+    assert dim == DIM and sorted(found) == [keys[3], keys[15]]
+    assert np.array_equal(found[keys[3]], vectors[3]) and np.array_equal(found[keys[15]], vectors[15])
+    # the broken shard is opened only when a wanted key is in it: then it is the one-line error it should be
+    with pytest.raises(storage.StorageError, match="part-00002.arrow: null embeddings"):
+        embed_cache.vectors([root], {keys[3], keys[25]})
+    with pytest.raises(storage.StorageError, match="null embeddings"):
+        embed_cache.vectors([root])
+
+
+def test_a_lookup_of_every_key_reads_a_shards_embeddings_when_one_of_its_keys_is_taken(cache):
+    root, keys, vectors = cache
+    lookup = embed_cache.Lookup([root])  # the eval was given the cache: the task's keys are known as mteb asks
+    assert all(k in lookup for k in keys) and "sha256:30" not in lookup and lookup.dim == DIM
+    assert np.array_equal(lookup.take([keys[15], keys[3], keys[15]]), vectors[[15, 3, 15]])
+    with pytest.raises(storage.StorageError, match="null embeddings"):
+        lookup.take([keys[25]])
+
+
+def test_a_shards_keys_and_schema_without_its_embeddings(cache):
+    root, keys, _ = cache
+    uris = embeddings.shard_uris(root)
+    assert [k for uri in uris for k in embeddings.shard_keys(uri)] == keys
+    assert embeddings.shard_schema(uris[2]).metadata == embeddings.open_shard(uris[0]).schema.metadata
+    assert embeddings.model_metadata(embeddings.shard_schema(uris[2]))["normalized"] is False
