@@ -154,9 +154,9 @@ class Lookup:
         for s, uri in enumerate(self.uris):
             self.where.update(((k, (s, i)) for i, k in enumerate(embeddings.shard_keys(uri))
                                if keys is None or k in keys))
-        schema = embeddings.shard_schema(self.uris[0]) if self.uris else None
-        self.dim = (schema.field("embedding").type.list_size or 0) if schema is not None \
-            and pa.types.is_fixed_size_list(schema.field("embedding").type) else 0
+        first = embeddings.shard_schema(self.uris[0]) if self.uris else pa.schema([])
+        kind = first.field("embedding").type if "embedding" in first.names else None
+        self.dim = getattr(kind, "list_size", 0)  # another tool's list type says none: the first take does
         self.got: dict[str, np.ndarray] = {}
 
     def __contains__(self, key: str) -> bool:

@@ -187,7 +187,7 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
             both = [i for i, r in enumerate(rows) if len(r) == 2]
             if both:
                 first[both] += vectors.take([rows[i][1] for i in both])
-            return first.astype(np.float32)
+            return first.astype(np.float32, copy=False)
 
         def index(self, corpus, **kwargs) -> None:
             self.corpus = corpus
