@@ -151,11 +151,11 @@ def zeroshot_rows(scale: float) -> dict[str, int]:
 def _zeroshot_make(folder: Path, scale: float) -> dict:
     import eval_probe
 
-    from mieb_ray.demo_data.mirror import hub_names, label_order, make_mirror
+    from mieb_ray.demo_data.mirror import hub_names, make_mirror
     from mieb_ray.evals.zeroshot_tasks import TASKS
 
     rows = zeroshot_rows(scale)
-    make_mirror(folder / "data", rows=1, datasets=list(rows), files=1, tar_rows=10_000, eval_rows=rows,
+    make_mirror(folder / "data", rows=1, datasets=list(rows), files=1, tar_rows=eval_probe.TAR_ROWS, eval_rows=rows,
                 image_bytes=eval_probe.index_png)
     rng, texts, centres = np.random.default_rng(0), {}, {}
     for task in TASKS:  # a prompt's vector is its text's: shared texts (ImageNet's two "missile") are one vector
@@ -167,13 +167,15 @@ def _zeroshot_make(folder: Path, scale: float) -> dict:
                 texts.setdefault(text, _unit(centres[task.slug][label] + TEXT_NOISE * noise))
 
     def images() -> Iterator[tuple[list[str], np.ndarray]]:
-        for task in TASKS:
-            order, prefix = np.asarray(label_order(task.slug)), task.key_prefix()
-            for lo in range(0, rows[task.slug], SHARD_ROWS):
-                index = np.arange(lo, min(lo + SHARD_ROWS, rows[task.slug]))
+        for task in TASKS:  # keyed by position in the split as read (tars in name order), labelled as written
+            n, prefix = rows[task.slug], task.key_prefix()
+            labels = eval_probe.labels_of(task.slug, eval_probe.read_order(
+                str(folder / "data"), task.slug, task.source.repo, task.source.eval_split, n))
+            for lo in range(0, n, SHARD_ROWS):
+                index = np.arange(lo, min(lo + SHARD_ROWS, n))
                 noise = rng.standard_normal((len(index), DIM), dtype=np.float32) / np.float32(np.sqrt(DIM))
                 yield ([f"{prefix}{i}" for i in index.tolist()],
-                       _unit(centres[task.slug][order[index % len(order)]] + np.float32(IMAGE_NOISE) * noise))
+                       _unit(centres[task.slug][labels[index]] + np.float32(IMAGE_NOISE) * noise))
 
     config = {"fixture": "bench/full_size_evals.py", "text_noise": TEXT_NOISE, "image_noise": IMAGE_NOISE}
     n = write_stream(folder / "img", images(), "image", config)
@@ -207,8 +209,9 @@ def _probe_make(folder: Path, scale: float) -> dict:
 
     rows = {t.slug: sizes(t, scale) for t in TASKS}
     make_mirror(folder / "data", rows={s: r[0] for s, r in rows.items()}, datasets=list(rows), files=1,
-                tar_rows=10_000, eval_rows={s: r[1] for s, r in rows.items()}, image_bytes=index_png)
-    drawn, evaluated = make_embeddings(TASKS, rows, str(folder / "img-train"), str(folder / "img-eval"))
+                tar_rows=eval_probe.TAR_ROWS, eval_rows={s: r[1] for s, r in rows.items()}, image_bytes=index_png)
+    drawn, evaluated = make_embeddings(TASKS, rows, str(folder / "data"), str(folder / "img-train"),
+                                       str(folder / "img-eval"))
     return {"train_rows": sum(r[0] for r in rows.values()), "eval_rows": sum(r[1] for r in rows.values()),
             "drawn_rows": drawn, "embedded_eval_rows": evaluated, "shard_rows": eval_probe.SHARD_ROWS,
             "embeddings": ["img-train", "img-eval"]}

@@ -5,20 +5,26 @@ the mirror with `datasets` (through a persistent cache, as a user's warm hub cac
 `dataset_transform`, `mteb.evaluate` with an encoder that looks the embeddings up, write the TaskResult JSON mteb
 writes (`TaskResult.to_disk`, as tests/support/mteb_reference.py).
 
-The mirror's images spell their row index in their one pixel (bench/eval_probe.py writes them), so the encoder
-knows each image mteb hands it (the undersampled train rows come in mteb's own order) and returns its vector:
-train rows by `<slug>/<index>`, eval rows by `<slug>/<split>/<index>`, the keys of the embed outputs.
+The mirror's images spell their writing index in their one pixel (bench/eval_probe.py writes them), so the
+encoder knows each image mteb hands it (the undersampled train rows come in mteb's own order) and returns its
+vector: train rows by `<slug>/<position>`, eval rows by `<slug>/<split>/<position>`, the keys of the embed outputs,
+a row's position in its split as `datasets` reads it. A WebDataset split's tars are read in name order (`10.tar`
+before `2.tar`), so there the position is not the writing index: its `__key__` column (`s%07d` of the writing
+index) maps one to the other.
 
     .venv/bin/python bench/contenders/mteb_probe_call.py --tasks A,B --data ROOT --image-embeddings OUT1,OUT2 \
         --cache DIR --out DIR [--load-only]
 
 --load-only loads each task's splits and stops there: the untimed warm-up that fills the `datasets` cache.
+--tasks "A,B;C,D" runs one such process per group (here `;`-separated), all at once, and waits for them: mteb
+given the machine's cores as a user would use them, tasks spread over processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,7 +57,18 @@ def lookup_tables(outputs: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return tables
 
 
-def encoder(tables: dict[str, tuple[np.ndarray, np.ndarray]], dim: int):
+def positions(split) -> np.ndarray | None:
+    """Each writing index's position in a split as loaded (None where they are the same: no `__key__`)."""
+    if "__key__" not in split.column_names:
+        return None
+    written = np.asarray([int(k[1:]) for k in split["__key__"]], np.int64)
+    where = np.empty(len(written), np.int64)
+    where[written] = np.arange(len(written))
+    return where
+
+
+def encoder(tables: dict[str, tuple[np.ndarray, np.ndarray]], dim: int,
+            moved: dict[tuple[str, str], np.ndarray | None]):
     from mteb.models.abs_encoder import AbsEncoder
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
@@ -72,7 +89,10 @@ def encoder(tables: dict[str, tuple[np.ndarray, np.ndarray]], dim: int):
                 for image in batch["image"]:
                     r, g, b = image.getpixel((0, 0))[:3]
                     index.append((r << 16) | (g << 8) | b)
-            rows = where[np.asarray(index, np.int64)]
+            index = np.asarray(index, np.int64)
+            if moved.get((task.name, hf_split)) is not None:
+                index = moved[task.name, hf_split][index]
+            rows = where[index]
             if (rows < 0).any():
                 raise KeyError(f"{task.name} {hf_split}: no embedding for some rows")
             return vectors[rows].astype(np.float32)
@@ -86,10 +106,16 @@ def main() -> None:
         ap.add_argument(flag, required=True)
     ap.add_argument("--load-only", action="store_true", help="only load each task's splits: fills the cache")
     args = ap.parse_args()
+    if ";" in args.tasks:
+        at = sys.argv.index("--tasks") + 1
+        children = [subprocess.Popen([sys.executable, sys.argv[0], *sys.argv[1:at], group, *sys.argv[at + 1:]])
+                    for group in args.tasks.split(";")]
+        sys.exit(max(child.wait() for child in children))
     import datasets
 
     tables = lookup_tables(args.image_embeddings)
-    model = encoder(tables, next(iter(tables.values()))[1].shape[1])
+    moved = {}
+    model = encoder(tables, next(iter(tables.values()))[1].shape[1], moved)
     os.makedirs(args.out, exist_ok=True)
     for name in args.tasks.split(","):
         probe = BY_NAME[name]
@@ -100,6 +126,7 @@ def main() -> None:
             if args.load_only:
                 continue
             data = datasets.DatasetDict({s: every[s] for s in ("train", probe.split)})
+            moved.update({(name, s): positions(data[s]) for s in data})
             task = mteb.get_task(name)
             task.dataset = data
             task.data_loaded = True
