@@ -17,6 +17,7 @@ and an mteb task all read costs one forward pass, and a second run encodes nothi
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -78,16 +79,17 @@ class Cache:
         from mieb_ray.pipelines.embed import embed_table
 
         outputs, where = self.outputs(kind), placement.choose(executor, None, ctx=ctx)
-        cached = {k for root in outputs for k in _keys(root)}
+        cached = Lookup(outputs).digests  # what the cache holds, and then what earlier tables add
         picks = {}
         for data, keys in tables:  # keys only: the driver reads no image
-            rows = []
-            for i, key in enumerate(parquet.read_table(keys, ["key"])["key"].to_pylist()):
-                if key is not None and key not in cached:  # nor taken from an earlier table
-                    cached.add(key)
-                    rows.append(i)
-            if rows:
-                picks[(data, keys)] = rows
+            column = parquet.read_table(keys, ["key"])["key"].to_pylist()
+            present = [i for i, key in enumerate(column) if key is not None]
+            digests = _digests([column[i] for i in present])
+            first = np.sort(np.unique(digests, return_index=True)[1])  # an item's first row in this table
+            new = first[_find(cached, digests[first]) < 0]
+            if len(new):
+                picks[(data, keys)] = [present[i] for i in new.tolist()]
+                cached = np.union1d(cached, digests[new])
         if not picks:
             log(f"[eval] every {MODALITY[kind]} is in the cache ({storage.display(self.folder)})")
             return outputs
@@ -139,53 +141,97 @@ class Cache:
         return target
 
 
-def _keys(root: str) -> list[str]:
-    return [k for uri in embeddings.shard_uris(root) for k in embeddings.shard_keys(uri)]
-
-
 class Lookup:
     """key -> vector of embed outputs, read as asked: every shard's keys up front (only `keys` when given), a
     shard's embeddings only when a call wants one of its rows, and only those rows kept. A task's score pass
-    holds its own vectors, not the cache's, which at MIEB's size is every task's (millions of items)."""
+    holds its own vectors, not the cache's, which at MIEB's size is every task's (millions of items).
+
+    The keys are held as sorted 16-byte digests beside their (shard, row): 24 bytes a key, where a dict of the
+    keys themselves (sha256 hex digests, or whole texts) costs ten times that; a take checks each digest's row
+    holds its key."""
 
     def __init__(self, roots: list[str], keys: set[str] | None = None):
         self.uris = [uri for root in roots for uri in embeddings.shard_uris(root)]
-        self.where: dict[str, tuple[int, int]] = {}  # key -> (shard, row); a later output's copy wins
+        digests, places = [np.zeros(0, DIGEST)], [np.zeros((0, 2), np.int32)]
         for s, uri in enumerate(self.uris):
-            self.where.update(((k, (s, i)) for i, k in enumerate(embeddings.shard_keys(uri))
-                               if keys is None or k in keys))
+            names = embeddings.shard_keys(uri)
+            rows = [i for i, k in enumerate(names) if keys is None or k in keys]
+            digests.append(_digests([names[i] for i in rows]))
+            places.append(np.column_stack([np.full(len(rows), s, np.int32), np.asarray(rows, np.int32)]))
+        digests, places = np.concatenate(digests), np.concatenate(places)
+        order = np.argsort(digests, kind="stable")  # a key's copies in output order: a later output's wins
+        digests, places = digests[order], places[order]
+        last = np.ones(len(digests), bool)
+        last[:-1] = digests[1:] != digests[:-1]
+        self.digests, self.places = digests[last], places[last]
         first = embeddings.shard_schema(self.uris[0]) if self.uris else pa.schema([])
         kind = first.field("embedding").type if "embedding" in first.names else None
         self.dim = getattr(kind, "list_size", 0)  # another tool's list type says none: the first take does
         self.got: dict[str, np.ndarray] = {}
 
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def _at(self, keys: list[str]) -> np.ndarray:
+        """Each key's index into `places`, -1 where the outputs lack it."""
+        return _find(self.digests, _digests(keys))
+
+    def missing(self, keys: list[str]) -> list[str]:
+        """The keys the outputs lack."""
+        return [k for k, at in zip(keys, self._at(keys).tolist()) if at < 0]
+
     def __contains__(self, key: str) -> bool:
-        return key in self.where
+        return not self.missing([key])
 
     def take(self, keys: list[str]) -> np.ndarray:
-        """The vectors of `keys` (each in the outputs), row for row, float32."""
+        """The vectors of `keys` (each in the outputs: a KeyError where not), row for row, float32."""
+        new = list(dict.fromkeys(k for k in keys if k not in self.got))
+        at = self._at(new)
+        if (at < 0).any():
+            raise KeyError(new[int(np.flatnonzero(at < 0)[0])])
         by_shard: dict[int, dict[str, int]] = {}
-        for k in keys:
-            if k not in self.got:
-                s, row = self.where[k]
-                by_shard.setdefault(s, {})[k] = row
+        for k, (s, row) in zip(new, self.places[at].tolist()):
+            by_shard.setdefault(s, {})[k] = row
         for s, rows in by_shard.items():
             table = embeddings.open_shard(self.uris[s])
+            if table["key"].take(list(rows.values())).to_pylist() != list(rows):
+                raise RuntimeError(f"{self.uris[s]}: two keys share a 16-byte digest")  # about 2^-100 at 10M
             self.dim = embeddings.dim(table) or self.dim
             block = np.asarray(embeddings.matrix(table, self.dim)[list(rows.values())], np.float32)  # a copy
             self.got.update(zip(rows, block))
         return np.stack([self.got[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
 
 
+DIGEST = "S16"
+
+
+def _digests(keys: list[str]) -> np.ndarray:
+    """Each key's 16-byte blake2b digest, as one sortable array."""
+    return np.frombuffer(b"".join(hashlib.blake2b(k.encode(), digest_size=16).digest() for k in keys), DIGEST)
+
+
+def _find(digests: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The index of each wanted digest in the sorted `digests`, -1 where it is not there."""
+    if not len(digests):
+        return np.full(len(wanted), -1)
+    at = np.minimum(np.searchsorted(digests, wanted), len(digests) - 1)
+    return np.where(digests[at] == wanted, at, -1)
+
+
 def vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
     """key -> vector of embed outputs (only `keys` when given), and their dim."""
     lookup = Lookup(roots, keys)
-    names = list(lookup.where)
+    names = list(keys) if keys is not None else [k for uri in lookup.uris for k in embeddings.shard_keys(uri)]
+    lacking = set(lookup.missing(names))
+    names = list(dict.fromkeys(k for k in names if k not in lacking))
     return dict(zip(names, lookup.take(names))), lookup.dim
 
 
 class Given(dict):
     """Vectors a caller holds (key -> vector), served as a Lookup serves the cache's."""
+
+    def missing(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if k not in self]
 
     def take(self, keys: list[str]) -> np.ndarray:
         return np.stack([self[k] for k in keys])

@@ -173,14 +173,11 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
         corpus = None
 
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
-            rows = []  # per input, the keys of its parts
-            for keys, _, texts in inputs(inputs_, payload=False):
-                for image, text in zip(keys, texts):
-                    parts = [k for k in (text, image) if k is not None]
-                    missing = [k for k in parts if k not in vectors]
-                    if missing or not parts:
-                        raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
-                    rows.append(parts)
+            rows = [[k for k in (text, image) if k is not None]  # per input, the keys of its parts
+                    for keys, _, texts in inputs(inputs_, payload=False) for image, text in zip(keys, texts)]
+            missing = vectors.missing([k for r in rows for k in r])
+            if missing or not all(rows):
+                raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
             if not rows:
                 return np.zeros((0, dim), np.float32)
             first = vectors.take([r[0] for r in rows])

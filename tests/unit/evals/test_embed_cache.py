@@ -62,3 +62,28 @@ def test_a_shards_keys_and_schema_without_its_embeddings(cache):
     assert [k for uri in uris for k in embeddings.shard_keys(uri)] == keys
     assert embeddings.shard_schema(uris[2]).metadata == embeddings.open_shard(uris[0]).schema.metadata
     assert embeddings.model_metadata(embeddings.shard_schema(uris[2]))["normalized"] is False
+
+
+def test_text_keys_and_a_key_in_two_outputs_the_later_ones_copy(tmp_path):
+    # the mteb suite's texts are keyed by themselves: long, any characters; a key two outputs hold is served from
+    # the later one (a re-embedded item), as every cache reader takes it
+    texts = ["a photo of a cat", "ein Foto von einem Hund " * 40, "猫の写真", ""]
+    first = np.arange(4 * DIM, dtype=np.float32).reshape(4, DIM)
+    second = -first[:2]
+    write_embeddings(str(tmp_path / "a"), texts, first, "text", "float32", 2, {}, normalized=False)
+    write_embeddings(str(tmp_path / "b"), texts[:2], second, "text", "float32", 1, {}, normalized=False)
+    lookup = embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert len(lookup) == 4 and lookup.missing(["猫の写真", "a dog", "", "a photo"]) == ["a dog", "a photo"]
+    assert np.array_equal(lookup.take(texts), np.concatenate([second, first[2:]]))
+    only = embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")], keys={texts[1], texts[3]})
+    assert len(only) == 2 and only.missing(texts) == [texts[0], texts[2]]
+    with pytest.raises(KeyError):
+        only.take([texts[0]])
+    found, dim = embed_cache.vectors([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert dim == DIM and list(found) == texts and np.array_equal(found[texts[1]], second[1])
+
+
+def test_a_lookup_of_no_outputs_or_no_wanted_keys_holds_nothing(cache):
+    root, keys, _ = cache
+    for lookup in (embed_cache.Lookup([]), embed_cache.Lookup([root], keys=set())):
+        assert len(lookup) == 0 and lookup.missing(keys[:2]) == keys[:2] and lookup.take([]).shape[0] == 0
