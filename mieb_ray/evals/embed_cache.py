@@ -230,9 +230,6 @@ def vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, n
 class Given(dict):
     """Vectors a caller holds (key -> vector), served as a Lookup serves the cache's."""
 
-    def missing(self, keys: list[str]) -> list[str]:
-        return [k for k in keys if k not in self]
-
     def take(self, keys: list[str]) -> np.ndarray:
         return np.stack([self[k] for k in keys])
 

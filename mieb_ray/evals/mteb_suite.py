@@ -175,15 +175,17 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             rows = [[k for k in (text, image) if k is not None]  # per input, the keys of its parts
                     for keys, _, texts in inputs(inputs_, payload=False) for image, text in zip(keys, texts)]
-            missing = vectors.missing([k for r in rows for k in r])
-            if missing or not all(rows):
-                raise UserError(f"{task}: an input has no embedding ({(missing or ['nothing'])[0][:80]!r})")
+            if not all(rows):
+                raise UserError(f"{task}: an input has no embedding ('nothing')")
             if not rows:
                 return np.zeros((0, dim), np.float32)
-            first = vectors.take([r[0] for r in rows])
-            both = [i for i, r in enumerate(rows) if len(r) == 2]
-            if both:
-                first[both] += vectors.take([rows[i][1] for i in both])
+            try:
+                first = vectors.take([r[0] for r in rows])
+                both = [i for i, r in enumerate(rows) if len(r) == 2]
+                if both:
+                    first[both] += vectors.take([rows[i][1] for i in both])
+            except KeyError as missing:
+                raise UserError(f"{task}: an input has no embedding ({missing.args[0][:80]!r})") from None
             return first.astype(np.float32, copy=False)
 
         def index(self, corpus, **kwargs) -> None:
