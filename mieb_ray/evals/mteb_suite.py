@@ -4,7 +4,8 @@ the embed job's pools make: equal to `mteb.evaluate` by construction, wherever o
 collect  a task each (Ray, or this process): mteb loads the task with its own code (from the hub, or from a mirror:
          root/<its hub path>) and runs it with a Recorder, which keys every input mteb would encode by its content
          (an image: sha256 of its stored bytes, never decoded; a text: itself) and writes the task's item tables
-         (OUT/embeddings/mteb/_items/<task>/); the evaluator runs on zero vectors and its result is dropped
+         (OUT/embeddings/mteb/_items/<task>/); the evaluator runs on zero vectors (a retrieval split is read, not
+         searched) and its result is dropped
 embed    the items no earlier run or suite embedded with this model, each once however many tasks hold it, embedded
          by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
          CLIP wrapper returns those, and adds an image's and a text's for an input of both
@@ -148,17 +149,44 @@ def _encoder_base(dim: int):
     return Base
 
 
+def _encode_all(model, data, prompt_type, where: dict, encode_kwargs: dict, num_proc) -> np.ndarray:
+    """`model`'s vectors of a retrieval split's queries or corpus, through the dataloader mteb's search makes."""
+    from mteb._create_dataloaders import create_dataloader
+
+    loader = create_dataloader(data, task_metadata=where["task_metadata"], prompt_type=prompt_type,
+                               num_proc=num_proc, **encode_kwargs)
+    return model.encode(loader, **where, prompt_type=prompt_type, **encode_kwargs)
+
+
 def recorder(dim: int, sink: ItemSink):
     """An mteb encoder that records what it is asked to encode and answers with zero vectors: the evaluator's work on
     them is thrown away, and on zeros its fits are cheapest (a logistic regression of 5,000 random rows took 10x
-    the time of the rest of the run)."""
+    the time of the rest of the run). It answers mteb's search interface too, so that a retrieval split costs a
+    read of its queries and corpus (what mteb's search encodes, a reranking included), not a search of the corpus
+    and pytrec_eval's scoring of 1,000 documents a query."""
     class Recorder(_encoder_base(dim)):
+        corpus = None
+
         def encode(self, inputs_, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
             n = 0
             for keys, data, texts in inputs(inputs_):
                 sink.add(keys, data, texts)
                 n += len(keys)
             return np.zeros((n, dim), np.float32)
+
+        def index(self, corpus, **kwargs) -> None:
+            self.corpus = corpus
+
+        def search(self, queries, *, task_metadata, hf_split, hf_subset, top_k, encode_kwargs, top_ranked=None,
+                   num_proc=None, **kwargs) -> dict[str, dict[str, float]]:
+            from mteb.types import PromptType
+
+            where = {"task_metadata": task_metadata, "hf_split": hf_split, "hf_subset": hf_subset}
+            _encode_all(self, queries, PromptType.query, where, encode_kwargs, num_proc)
+            _encode_all(self, self.corpus, PromptType.document, where, encode_kwargs, num_proc)
+            first = {self.corpus["id"][0]: 0.0} if len(self.corpus) else {}  # a result mteb scores, then dropped
+            self.corpus = None
+            return {qid: dict(first) for qid in queries["id"]}
 
     return Recorder()
 
@@ -193,7 +221,6 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
 
         def search(self, queries, *, task_metadata, hf_split, hf_subset, top_k, encode_kwargs, top_ranked=None,
                    num_proc=None, **kwargs) -> dict[str, dict[str, float]]:
-            from mteb._create_dataloaders import create_dataloader
             from mteb.models.search_wrappers import SearchEncoderWrapper
             from mteb.types import PromptType
 
@@ -203,14 +230,9 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
                 mteb_search.index(self.corpus, **where, encode_kwargs=encode_kwargs, num_proc=num_proc)
                 return mteb_search.search(queries, **where, top_k=top_k, encode_kwargs=encode_kwargs,
                                           top_ranked=top_ranked, num_proc=num_proc, **kwargs)
-
-            def vectors_of(data, prompt_type) -> np.ndarray:
-                loader = create_dataloader(data, task_metadata=task_metadata, prompt_type=prompt_type,
-                                           num_proc=num_proc, **encode_kwargs)
-                return self.encode(loader, **where, prompt_type=prompt_type, **encode_kwargs)
-
             ids = list(self.corpus["id"])
-            scores, rows = top_docs(vectors_of(queries, PromptType.query), vectors_of(self.corpus, PromptType.document),
+            scores, rows = top_docs(_encode_all(self, queries, PromptType.query, where, encode_kwargs, num_proc),
+                                    _encode_all(self, self.corpus, PromptType.document, where, encode_kwargs, num_proc),
                                     ids, top_k)
             self.corpus = None
             return {qid: {ids[j]: float(v) for v, j in zip(scores[i], rows[i])} for i, qid in enumerate(queries["id"])}

@@ -153,3 +153,42 @@ def test_the_comparison_with_mteb_sees_every_difference():
     with pytest.raises(AssertionError):
         assert_same_scores({**ref, "dataset_revision": "other"}, ref)
     assert_same_scores(other, ref, skip=lambda key: key == "extra")  # a metric said to be float noise: not compared
+
+
+@pytest.mark.parametrize("name", ["CIRRIT2IRetrieval", "ROxfordHardI2IRetrieval", "BLINKIT2IMultiChoice"])
+def test_the_collect_pass_records_what_mtebs_own_search_encodes(name, tmp_path, monkeypatch):
+    """The collect pass answers mteb's search interface itself and searches nothing (a retrieval split costs a read
+    of its queries and corpus, not a search and pytrec_eval's scoring of 1,000 documents a query), yet records
+    every input mteb's own SearchEncoderWrapper hands an encoder, and nothing more: fused image+text queries, a
+    split of ROxford's, a reranking of each query's given candidates."""
+    import numpy as np
+    from mteb.models.search_wrappers import SearchEncoderWrapper
+    from support.hub_tasks import retrieval, tasks_misc
+
+    from mieb_ray.evals import mteb_suite
+
+    root = str(tmp_path)
+    {**retrieval.TASKS, **tasks_misc.TASKS}[name](root)
+
+    class Items:
+        def __init__(self):
+            self.images, self.texts = set(), set()
+
+        def add(self, keys, data, texts):
+            self.images |= {k for k in keys if k is not None}
+            self.texts |= {t for t in texts if t is not None}
+
+    class Plain(mteb_suite._encoder_base(8)):  # an encoder alone: mteb searches with its SearchEncoderWrapper
+        def encode(self, inputs_, **kwargs):
+            batches = list(mteb_suite.inputs(inputs_, payload=False))
+            for keys, _, texts in batches:
+                handed.add(keys, None, texts)
+            n = sum(len(keys) for keys, _, _ in batches)
+            return np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+
+    handed, recorded = Items(), Items()
+    mteb_suite._quiet_evaluate(Plain(), mteb_suite.load_task(name, root))
+    monkeypatch.setattr(SearchEncoderWrapper, "search", lambda *a, **k: pytest.fail("the recorder searched"))
+    mteb_suite._quiet_evaluate(mteb_suite.recorder(8, recorded), mteb_suite.load_task(name, root))
+    assert handed.images  # every one of these tasks has images, on one side or both
+    assert (recorded.images, recorded.texts) == (handed.images, handed.texts)
