@@ -148,7 +148,8 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
     if config.fast and not config.model:
         raise UserError("--fast is how --model embeds: precomputed embeddings say themselves how they were made")
-    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts for n in names]
+    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts
+               for n in getattr(scorer, "text_tasks", names)]  # the mteb suite knows which of its tasks
     if not config.model and not config.images:
         raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
                                                           if needing else ""))

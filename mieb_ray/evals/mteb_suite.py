@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-from mieb_ray.evals import benchmarks, embed_cache, mteb_clean, protocol
+from mieb_ray.evals import embed_cache, mteb_clean, protocol
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
 from mieb_ray.io import contamination, embeddings, parquet
@@ -364,6 +364,14 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [""])[0]
 
 
+def _has_texts(name: str) -> bool:
+    """Whether mteb gives the task's encoder texts (its metadata's modalities): the rendered-text VisualSTS tasks and
+    their aggregates do not, though MIEB(Img) leaves the aggregates out."""
+    import mteb
+
+    return "text" in mteb.get_task(name).metadata.modalities
+
+
 def missing_data(names: list[str], sources: str) -> list[str]:
     """The tasks whose data a mirror lacks (a folder of their hub path, or of a sub-task's); none on the hub."""
     if sources == HF:
@@ -421,7 +429,8 @@ class MtebSuite:
 
     def __init__(self, names: list[str], sources: str, exclude: str | None = None):
         self.names, self.sources, self.exclude = list(names), sources, exclude
-        self.needs_texts = any(n not in benchmarks.IMG for n in names)  # MIEB(Img): the image-only tasks
+        self.text_tasks = [n for n in names if _has_texts(n)]
+        self.needs_texts = bool(self.text_tasks)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
 

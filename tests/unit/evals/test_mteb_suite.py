@@ -94,6 +94,28 @@ def test_precomputed_raw_embeddings_score_the_same(two_tasks, tmp_path):
     assert given["STS13VisualSTS"]["scores"] == made["STS13VisualSTS"]["scores"]
 
 
+def test_tasks_mteb_gives_only_images_need_no_text_embeddings(two_tasks, tmp_path):
+    """A task whose encoder mteb hands only images (the rendered-text VisualSTS tasks, and their aggregates, which
+    MIEB(Img) leaves out) is scored from --image-embeddings alone; beside a task with texts, that task is named."""
+    from support.hub_tasks import sts
+
+    from mieb_ray.evals import job
+
+    _, model, _ = two_tasks
+    root, names = str(tmp_path / "mirror"), ["STS13VisualSTS", "VisualSTS17Eng"]
+    for name in names:
+        sts.TASKS[name](root)
+    made = ours(names, root, model, str(tmp_path / "made"))
+    folder = _model_dir(tmp_path / "made")
+    (images,) = [os.path.join(folder, d) for d in os.listdir(folder)]
+    given = job.evaluate(registry.select(",".join(names)), registry.Options(root), str(tmp_path / "given"),
+                         log=lambda *a: None, images=images, executor="local")
+    assert {n: given[n]["scores"] for n in names} == {n: made[n]["scores"] for n in names}
+    with pytest.raises(UserError, match=r"^CIRRIT2IRetrieval needs --text-embeddings too$"):
+        job.evaluate(registry.select("VisualSTS17Eng,CIRRIT2IRetrieval"), registry.Options(root),
+                     str(tmp_path / "mixed"), log=lambda *a: None, images=images, executor="local")
+
+
 def test_normalised_embeddings_are_refused_in_one_line(two_tasks, tmp_path):
     from mieb_ray.evals import job
     from mieb_ray.pipelines.embed import embed_table
