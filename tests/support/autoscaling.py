@@ -116,6 +116,13 @@ class AutoscalingRay(RayCluster):
                                     end / 1000 if end else None))
         return found
 
+    def started_actor_nodes(self, class_part: str) -> list[str]:
+        """The nodes (ids) of the ALIVE actors (their constructors done) whose class name contains `class_part`, per
+        the head's state API."""
+        with urllib.request.urlopen(f"{self.dashboard_url}/api/v0/actors?limit=1000&detail=true", timeout=10) as a:
+            actors = json.load(a)["data"]["result"]["result"]
+        return [a["node_id"] for a in actors if class_part in (a.get("class_name") or "") and a["state"] == "ALIVE"]
+
     def wait_until_no_workers(self, timeout: float) -> float:
         """Until the autoscaler has removed every worker node; the seconds that took. TimeoutError after
         `timeout`."""

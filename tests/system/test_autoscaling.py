@@ -105,9 +105,11 @@ def test_build_and_embed_from_zero_workers_lose_nothing_when_a_node_goes(start_c
     try:
         deadline = time.time() + 180
         while victim is None and job.poll() is None and time.time() < deadline:
-            if committed(out, ".arrow") >= 1:
+            # once a shard is committed and both encoders have started (a node killed while its encoder still
+            # loads leaves the pool at '1 of 2 actors started', rightly): a GPU node holding one
+            if committed(out, ".arrow") >= 1 and len(hosts := cluster.started_actor_nodes("EncodeStage")) == 2:
                 gpu = [n.node_id for n in cluster.worker_nodes() if n.kind == autoscaling.GPU_TYPE and n.alive]
-                victim = gpu[0] if gpu else None
+                victim = next((n for n in gpu if n in hosts), None)
             time.sleep(0.05)
         assert victim and committed(out, ".arrow") < len(shards), "the job was not mid-way at the kill"
         assert cluster.kill_node(victim) > 0
