@@ -79,7 +79,8 @@ class Cache:
         from mieb_ray.pipelines.embed import embed_table
 
         outputs, where = self.outputs(kind), placement.choose(executor, None, ctx=ctx)
-        cached = Lookup(outputs).digests  # what the cache holds, and then what earlier tables add
+        held = [_digests(embeddings.shard_keys(uri)) for root in outputs for uri in embeddings.shard_uris(root)]
+        cached = np.unique(np.concatenate([np.zeros(0, DIGEST), *held]))  # the cache's keys, then earlier tables'
         picks = {}
         for data, keys in tables:  # keys only: the driver reads no image
             column = parquet.read_table(keys, ["key"])["key"].to_pylist()

@@ -28,6 +28,7 @@ from mieb_ray.encode.model import identity as model_identity
 from mieb_ray.encode.model import load_info, resolve
 from mieb_ray.errors import UserError
 from mieb_ray.evals import embed_cache, protocol, registry, results_repo, run_report
+from mieb_ray.evals.mteb_suite import has_texts
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import identity
 from mieb_ray.runtime.cluster import RunContext
@@ -148,13 +149,17 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
     if config.fast and not config.model:
         raise UserError("--fast is how --model embeds: precomputed embeddings say themselves how they were made")
-    needing = [n for (_, names), scorer in zip(selected, scorers) if scorer.needs_texts
-               for n in getattr(scorer, "text_tasks", names)]  # the mteb suite knows which of its tasks
+    needing = any(scorer.needs_texts for scorer in scorers)
     if not config.model and not config.images:
-        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {needing[0]} needs both)"
-                                                          if needing else ""))
+        raise UserError("--image-embeddings is needed" + (f" (and --text-embeddings: {_text_task(selected)} needs "
+                                                          "both)" if needing else ""))
     if not config.model and needing and not config.texts:
-        raise UserError(f"{needing[0]} needs --text-embeddings too")
+        raise UserError(f"{_text_task(selected)} needs --text-embeddings too")
+
+
+def _text_task(selected) -> str:
+    """The first chosen task that mteb gives texts (a suite that needs texts may hold image-only tasks too)."""
+    return next(n for _, names in selected for n in names if has_texts(n))
 
 
 def _embedded(config: EvalConfig, todo: list[tuple[str, protocol.EvalSuite]], where: dict[str, str], log,

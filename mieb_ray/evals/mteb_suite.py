@@ -39,6 +39,7 @@ from mieb_ray.errors import UserError
 from mieb_ray.evals import embed_cache, mteb_clean, protocol
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
+from mieb_ray.evals.summary import mteb_task
 from mieb_ray.io import contamination, embeddings, parquet
 from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import placement, tasks
@@ -364,12 +365,10 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [""])[0]
 
 
-def _has_texts(name: str) -> bool:
+def has_texts(name: str) -> bool:
     """Whether mteb gives the task's encoder texts (its metadata's modalities): the rendered-text VisualSTS tasks and
     their aggregates do not, though MIEB(Img) leaves the aggregates out."""
-    import mteb
-
-    return "text" in mteb.get_task(name).metadata.modalities
+    return "text" in mteb_task(name).metadata.modalities
 
 
 def missing_data(names: list[str], sources: str) -> list[str]:
@@ -429,8 +428,7 @@ class MtebSuite:
 
     def __init__(self, names: list[str], sources: str, exclude: str | None = None):
         self.names, self.sources, self.exclude = list(names), sources, exclude
-        self.text_tasks = [n for n in names if _has_texts(n)]
-        self.needs_texts = bool(self.text_tasks)
+        self.needs_texts = any(has_texts(n) for n in names)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
 

@@ -38,9 +38,7 @@ def summarize(results: dict[str, dict]) -> dict:
     """{tasks: {task: type, main_score, clean_score, left_out, clean_error}, types: {type: tasks, main_score,
     clean_score}, benchmarks: {name: tasks, run, missing, scores, clean_scores}} of the run's TaskResults ({task:
     its JSON})."""
-    import mteb
-
-    theirs = {name: _task(mteb, name) for name in results}
+    theirs = {name: mteb_task(name) for name in results}
     main = {name: _task_result(result) for name, result in results.items()}
     clean = {name: _clean_result(main[name], clean_of(r)) for name, r in results.items()
              if "main_score" in (clean_of(r) or {})}
@@ -62,9 +60,11 @@ def summarize(results: dict[str, dict]) -> dict:
                            if set(members) & set(results)}}
 
 
-def _task(mteb, name: str):
+def mteb_task(name: str):
     """mteb's task object, quietly: a beta task (BioVITA) warns on every instance, in a log line and a warning,
-    which belong to whoever runs it, not to a summary of its scores."""
+    which belong to whoever runs it, not to a summary of its scores or a check of a run's inputs."""
+    import mteb
+
     log = logging.getLogger("mteb")
     level = log.level
     log.setLevel(logging.ERROR)
