@@ -66,8 +66,11 @@ MAX_PIXELS = 178_956_970
 # are slower than a full decode here). mieb-train's images (500x375 and less) are never drafted at 224.
 DRAFT_FACTOR = 1
 
-# load_images resizes the images of one size together once this many are decoded, or this many bytes.
-_GROUP_IMAGES, _GROUP_BYTES = 64, 64 << 20
+# load_images resizes the images of one size together, at most this many images or bytes at once. A group's
+# room grows with its size's images met so far: room taken ahead, for sizes most photos never share, cost fresh
+# memory per photo (up to 64 MB each under the old bound: page faults on numpy's huge pages, 295 MB for 40
+# photos, 1.5x the time of a read task on Ray: bench/preprocess.py's photos set and docs/embed.md).
+_GROUP_IMAGES, _GROUP_BYTES = 64, 4 << 20
 
 
 class ImageError(ValueError):
@@ -176,23 +179,29 @@ def load_image(data: bytes, spec: ImageSpec, max_pixels: int = MAX_PIXELS) -> np
 
 
 def load_images(
-    items: list[bytes | None], spec: ImageSpec, max_pixels: int = MAX_PIXELS
+    items: list[bytes | None], spec: ImageSpec, max_pixels: int = MAX_PIXELS, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, list[str | None]]:
     """A batch of load_image: uint8 (n, height, width, 3) with zeros where an item failed, and per item
-    the failure reason or None. Images that decode to the same size are resized in one call."""
-    pixels = np.zeros((len(items), spec.height, spec.width, 3), dtype=np.uint8)
+    the failure reason or None. Images that decode to the same size are resized in one call.
+
+    out: the array to fill, of zeros where items may fail (a read task's whole unit: an array of the chunk's
+    own and a copy into the unit's cost a fresh 150 MB and its page faults per 1,000 images of 224 px)."""
+    pixels = np.zeros((len(items), spec.height, spec.width, 3), dtype=np.uint8) if out is None else out
     errors: list[str | None] = [None] * len(items)
     groups: dict[tuple, _Group] = {}
+    met: dict[tuple, int] = {}  # images of each size met so far: a group's room grows with them
     pending = 0
 
     def slot(key: tuple) -> np.ndarray:
-        """Where the image of item i (of group `key`) decodes to: its group's next row. A new group has
-        room for the items left (at most _GROUP_IMAGES, _GROUP_BYTES) and is resized once full."""
+        """Where the image of item i (of group `key`) decodes to: its group's next row. A new group has room
+        for as many images as its size has had so far (1 for a size not met before: photos mostly come each in
+        a size of its own), at most the items left, _GROUP_IMAGES and _GROUP_BYTES; it is resized once full."""
         group = groups.get(key)
         if group is None:
             nbytes = int(np.prod(key[0]))
-            room = max(1, min(_GROUP_IMAGES, len(items) - i, _GROUP_BYTES // max(nbytes, 1)))
+            room = max(1, min(met.get(key, 0), _GROUP_IMAGES, len(items) - i, _GROUP_BYTES // max(nbytes, 1)))
             group = groups[key] = _Group(np.empty((room, *key[0]), dtype=np.uint8), [])
+        met[key] = met.get(key, 0) + 1
         return group.batch[len(group.members)]
 
     for i, data in enumerate(items):
@@ -209,7 +218,11 @@ def load_images(
         group = groups[decoded.key]
         group.members.append((i, decoded))
         pending += decoded.array.nbytes
-        if len(group.members) == len(group.batch) or pending >= _GROUP_BYTES:
+        if len(group.members) == len(group.batch):  # full: resized now, its room let go
+            _resize_crop(group, spec, pixels)
+            del groups[decoded.key]
+            pending -= sum(d.array.nbytes for _, d in group.members)
+        elif pending >= _GROUP_BYTES:
             for g in groups.values():
                 if g.members:
                     _resize_crop(g, spec, pixels)

@@ -74,7 +74,7 @@ class _Pixels:
         self.spec, self.pixels = spec, np.zeros((n, spec.height, spec.width, 3), np.uint8)
 
     def add(self, at: int, images: list) -> list[str]:
-        self.pixels[at:at + len(images)], bad = load_images(images, self.spec)
+        _, bad = load_images(images, self.spec, out=self.pixels[at:at + len(images)])
         return [e or "" for e in bad]
 
     def columns(self, data_column: str) -> dict:
