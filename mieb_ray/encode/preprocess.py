@@ -66,11 +66,11 @@ MAX_PIXELS = 178_956_970
 # are slower than a full decode here). mieb-train's images (500x375 and less) are never drafted at 224.
 DRAFT_FACTOR = 1
 
-# load_images resizes the images of one size together, at most this many images or bytes at once. A group's
-# room grows with its size's images met so far: room taken ahead, for sizes most photos never share, cost fresh
-# memory per photo (up to 64 MB each under the old bound: page faults on numpy's huge pages, 295 MB for 40
-# photos, 1.5x the time of a read task on Ray: bench/preprocess.py's photos set and docs/embed.md).
-_GROUP_IMAGES, _GROUP_BYTES = 64, 4 << 20
+# load_images resizes the images of one size together, at most this many images or bytes at once. Room is taken
+# ahead only for a size met before: taken for every new size, as most photos' are, it cost fresh memory per photo
+# (up to 64 MB each under the old 64 MB bound, the kernel zeroing its pages at first touch: 295 MB held for 40
+# photos, a read task on Ray 1.6x slower: bench/embed_feed.py).
+_GROUP_IMAGES, _GROUP_BYTES = 64, 16 << 20
 
 
 class ImageError(ValueError):
@@ -189,19 +189,19 @@ def load_images(
     pixels = np.zeros((len(items), spec.height, spec.width, 3), dtype=np.uint8) if out is None else out
     errors: list[str | None] = [None] * len(items)
     groups: dict[tuple, _Group] = {}
-    met: dict[tuple, int] = {}  # images of each size met so far: a group's room grows with them
+    met: set[tuple] = set()  # the sizes met so far
     pending = 0
 
     def slot(key: tuple) -> np.ndarray:
         """Where the image of item i (of group `key`) decodes to: its group's next row. A new group has room
-        for as many images as its size has had so far (1 for a size not met before: photos mostly come each in
-        a size of its own), at most the items left, _GROUP_IMAGES and _GROUP_BYTES; it is resized once full."""
+        for itself alone when its size is met for the first time (photos mostly come each in a size of its own),
+        else for the items left, at most _GROUP_IMAGES and _GROUP_BYTES; it is resized once full."""
         group = groups.get(key)
         if group is None:
             nbytes = int(np.prod(key[0]))
-            room = max(1, min(met.get(key, 0), _GROUP_IMAGES, len(items) - i, _GROUP_BYTES // max(nbytes, 1)))
-            group = groups[key] = _Group(np.empty((room, *key[0]), dtype=np.uint8), [])
-        met[key] = met.get(key, 0) + 1
+            room = 1 if key not in met else min(_GROUP_IMAGES, len(items) - i, _GROUP_BYTES // max(nbytes, 1))
+            group = groups[key] = _Group(np.empty((max(1, room), *key[0]), dtype=np.uint8), [])
+            met.add(key)
         return group.batch[len(group.members)]
 
     for i, data in enumerate(items):
