@@ -2,7 +2,8 @@
 
 Every contender goes from the same encoded bytes to the final normalised float32 pixel_values (n, 3, 224, 224),
 CLIP ViT-B/32 settings (shortest edge 224, center crop 224, bicubic), torch and Pillow on one thread, in
-batches of --batch images of one kind (as the embed job's blocks are: rows of one input file, one source):
+batches of --batch images of one kind (as the embed job's read tasks hand them over: rows of one input file, one
+source, in chunks of up to reader.CHUNK_ROWS, the default):
   processor (PIL)          `CLIPImageProcessorPil()` on `[Image.open(bytes)]` (decode, convert_rgb, PIL
                            resize, crop, rescale, normalise in numpy): the baseline the target is against.
   processor (torchvision)  transformers' `CLIPImageProcessor()` with its torchvision backend on the same
@@ -37,6 +38,10 @@ Sets:
             (mieb_ray/demo_data/images): half "smooth" (a 4:3 crop upscaled ~4x: little detail, small files) and
             half "sharp" (a 4x5 mosaic of crops at the pictures' own resolution: detail everywhere, large
             files, slow to decode).
+  photos    --photos JPEGs each of its own size, 160 to 800 px a side, landscape and portrait (crops of the
+            fixture pictures, quality 90): what most sources' photos are (Food101, SUN397, DTD, Caltech101 ...),
+            unlike the mix's kinds, which are of one size each. A chunk of them makes load_images a size group per
+            image.
   mix       mieb-train's real mix: --per-kind images of each of the kinds below (crops of the fixture pictures,
             resized to the kind's size with Lanczos: real content, not flat colour), timed per kind; the mix
             figure weights each kind's time per image by its rows in mieb-train (mieb_ray/sources/catalog.py,
@@ -66,6 +71,8 @@ from pathlib import Path
 
 import harness as h
 import numpy as np
+
+from mieb_ray.io.reader import CHUNK_ROWS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "mieb_ray" / "demo_data" / "images"
 W, H = 1600, 1200
@@ -161,6 +168,23 @@ def make_jpegs(n: int, seed: int = 0) -> dict[str, list[bytes]]:
                     im.paste(pic.crop((x, y, x + 400, y + 240)), (tx * 400, ty * 240))
             kind = "sharp"
         out[kind].append(_encode(im, "JPEG", quality=90))
+    return out
+
+
+def make_photos(n: int, seed: int = 0) -> list[bytes]:
+    """n JPEGs, each of its own size (160 to 800 px a side): random crops of random fixture pictures."""
+    from PIL import Image
+
+    pictures = _pictures()
+    rng = np.random.default_rng(seed)
+    out = []
+    for width, height in rng.integers(160, 801, size=(n, 2)):
+        pic = pictures[rng.integers(len(pictures))]
+        scale = min(pic.width / width, pic.height / height) * rng.uniform(0.5, 1)
+        cw, ch = max(1, int(width * scale)), max(1, int(height * scale))
+        x, y = rng.integers(0, pic.width - cw + 1), rng.integers(0, pic.height - ch + 1)
+        crop = pic.crop((x, y, x + cw, y + ch))
+        out.append(_encode(crop.resize((int(width), int(height)), Image.Resampling.BICUBIC), "JPEG", quality=90))
     return out
 
 
@@ -393,9 +417,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="1600x1200 JPEGs, half smooth, half sharp")
     ap.add_argument("--per-kind", type=int, default=64, help="images of each kind of the mix")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--photos", type=int, default=500, help="JPEGs of the photos set, each its own size")
+    ap.add_argument("--batch", type=int, default=CHUNK_ROWS, help="images per load_images call (default: the job's "
+                                                                   "chunk, reader.CHUNK_ROWS)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--sets", default="jpeg1600,mix", help="comma-separated: jpeg1600, mix")
+    ap.add_argument("--sets", default="jpeg1600,photos,mix", help="comma-separated: jpeg1600, photos, mix")
     ap.add_argument("--torchvision-python", help="an interpreter whose transformers has torchvision")
     ap.add_argument("--draft-factor", type=int, help="mieb-ray's preprocess.DRAFT_FACTOR for this run")
     ap.add_argument("--vips", action="store_true", help="also pyvips (pip install pyvips pyvips-binary)")
@@ -424,6 +450,8 @@ def main() -> None:
     groups: dict[str, dict[str, list[bytes]]] = {}  # set -> {group name: bytes}
     if "jpeg1600" in wanted:
         groups["jpeg1600"] = make_jpegs(args.n)
+    if "photos" in wanted:
+        groups["photos"] = {"mixed sizes": make_photos(args.photos)}
     weights = mix_weights()
     if "mix" in wanted:
         groups["mix"] = {k: make_kind(k, args.per_kind, seed=i) for i, k in enumerate(KINDS)}

@@ -1,0 +1,157 @@
+"""The embed job's CPU feed: its read tasks on Ray against the CPU decode ceiling, on photos of mixed sizes (issue
+40: on an H200 the ViT-B/32 job ran at 68% of the ceiling with the GPU 17% busy, so the CPUs' feed bounded it).
+
+  decode ceiling       bench/gpu_encode.decode_rate: `load_image` one photo at a time in --cpus processes, the same
+                       photos: the bound bench/gpu_embed.py names
+  read tasks           the embed job's read stage (encode/stages.read_stage) as the job runs it on Ray: a Ray Data
+                       task per unit of 1,000 rows (1 CPU each) on a Ray of --cpus CPUs, reading its rows from
+                       Parquet, decoding and resizing them into the unit's block; this process takes each block from
+                       the object store and drops it (no encoder: what the CPUs alone can feed)
+  read tasks, REF      with --baseline REF: the same on a git worktree of REF (its Ray workers import it)
+
+Each run is a fresh process with its own Ray; its rate counts the rows after its first unit arrived, over the time
+since (Ray's start and the workers' imports left out). Per image inside the read tasks: wall, user and system CPU
+milliseconds (getrusage around read_stage). --rows photos of 160 to 800 px a side, --distinct of them different,
+in Parquet files of 2,000 rows (bench/gpu_embed.write_photos, as the device run's).
+
+Run from the repository root (a quiet machine):
+    .venv/bin/python bench/embed_feed.py --baseline HEAD~1
+    .venv/bin/python bench/embed_feed.py --rows 4000 --repeat 1 --records /tmp/records   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
+
+UNIT_ROWS = 1000
+
+
+def child(repo: str, photos: str, cpus: int) -> None:
+    """One run of the read tasks on a Ray of its own; prints its figures as JSON."""
+    sys.path.insert(0, repo)
+    import numpy as np
+    import ray
+
+    import mieb_ray
+    from mieb_ray.encode.preprocess import ImageSpec
+    from mieb_ray.encode.stages import read_stage
+    from mieb_ray.io import reader
+    from mieb_ray.pipelines.embed import table_units
+
+    spec = ImageSpec.from_processor_config(CLIP_B32).to_dict()
+    _, files = reader.input_files(photos)
+    units = table_units(files, UNIT_ROWS)
+    columns = reader.TableColumns("key", "image", ())
+
+    def timed_read(batch, **kw):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        out = read_stage(batch, **kw)
+        r1, n = resource.getrusage(resource.RUSAGE_SELF), len(out["key"])
+        out["__ms"] = np.tile([(time.perf_counter() - t0) * 1e3 / n, (r1.ru_utime - r0.ru_utime) * 1e3 / n,
+                               (r1.ru_stime - r0.ru_stime) * 1e3 / n], (n, 1))
+        out["__code"] = np.full(n, os.path.dirname(mieb_ray.__file__))
+        return out
+
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": repo}})
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    ds = ray.data.from_items([{"unit": i} for i in range(len(units))], override_num_blocks=len(units))
+    ds = ds.map_batches(timed_read, batch_size=1, num_cpus=1,
+                        fn_kwargs=dict(units=units, columns=columns, modality="image", spec=spec))
+    rows, first, per_image, code = 0, None, [], set()
+    for block in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        rows += len(block["key"])
+        per_image.append(block["__ms"][0])
+        code.add(str(block["__code"][0]))
+        if first is None:
+            first = (time.perf_counter(), rows)
+    seconds = time.perf_counter() - first[0]
+    assert code == {os.path.join(repo, "mieb_ray")}, f"the read tasks ran {code}, not {repo}'s code"
+    wall, user, system = np.mean(per_image[1:], axis=0)
+    print(json.dumps({"rows_s": (rows - first[1]) / seconds, "rows": rows, "task_ms": [wall, user, system]}))
+
+
+CLIP_B32 = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
+            "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"shortest_edge": 224}}  # openai/clip-vit-base-patch32's preprocessor_config.json
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--distinct", type=int, default=4096)
+    ap.add_argument("--cpus", type=int, default=os.cpu_count())
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", help="a git commit whose read tasks run beside this checkout's")
+    ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work" / "embed_feed")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    h.add_records_option(ap)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child[0], args.child[1], int(args.child[2]))
+
+    sys.path.insert(0, str(h.ROOT))
+    from bench.gpu_embed import write_photos
+    from bench.gpu_encode import decode_rate
+    from mieb_ray.encode.preprocess import ImageSpec
+
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    photos = write_photos(str(work / "photos"), args.rows, args.distinct)
+    spec = ImageSpec.from_processor_config(CLIP_B32)
+    repos = {"read tasks": str(h.ROOT)}
+    if args.baseline:
+        tree = work / "baseline"
+        subprocess.run(["git", "-C", str(h.ROOT), "worktree", "add", "--detach", "-f", str(tree), args.baseline],
+                       check=True, capture_output=True)
+        repos[f"read tasks, {args.baseline}"] = str(tree)
+
+    def reads(repo: str):
+        def call(i):
+            got = subprocess.run([sys.executable, __file__, "--child", repo, str(work / "photos"), str(args.cpus)],
+                                 capture_output=True, text=True, cwd=repo, env=h.fresh_process_env())
+            if got.returncode:
+                sys.exit(f"read tasks on {repo} failed:\n{got.stderr[-3000:]}")
+            out = json.loads(got.stdout.strip().splitlines()[-1])
+            return {"seconds": 10_000 / out["rows_s"], **out}
+        return call
+
+    contenders = [h.Contender("decode ceiling", f"load_image one photo at a time in {args.cpus} processes",
+                              call=lambda i: 10_000 / decode_rate(photos[:256], spec, args.cpus, 5))]
+    contenders += [h.Contender(name, f"read_stage of {'this checkout' if repo == str(h.ROOT) else args.baseline} as "
+                                     f"Ray Data tasks of {UNIT_ROWS:,} rows on {args.cpus} CPUs, blocks dropped",
+                               call=reads(repo), baseline="decode ceiling") for name, repo in repos.items()]
+    try:
+        record = h.run(h.Benchmark(
+            "embed_feed", f"The embed job's read tasks on Ray against the CPU decode ceiling: {args.rows:,} photos of "
+            f"160-800 px ({args.distinct:,} distinct), ViT-B/32's 224 px, {args.cpus} CPUs", contenders, group="Embed",
+            ratio=("read tasks", "decode ceiling"), repeat=args.repeat, unit="s per 10,000 images",
+            columns=[("images/s (median)", lambda r: f"{10_000 / r.median:,.0f}"),
+                     ("in a read task, ms per image: wall / user / system", lambda r: " / ".join(
+                         f"{v:.2f}" for v in (sum(x[k] for x in r.extra("task_ms")) / len(r.extra("task_ms"))
+                                              for k in range(3))) if r.extra("task_ms") else "")]))
+        record.finish(notes=[
+            "Rates count the rows after each run's first unit, over the time since (Ray's start, the workers' "
+            "imports and the first unit left out); every run a fresh process with its own Ray.",
+            "The read tasks share the CPUs with this process (it takes each block out of the object store) and "
+            "Ray's own processes, as the job's share them with its encoder and commit tasks."])
+    finally:
+        if args.baseline:
+            subprocess.run(["git", "-C", str(h.ROOT), "worktree", "remove", "--force", str(work / "baseline")],
+                           capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
