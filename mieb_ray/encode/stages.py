@@ -4,8 +4,8 @@ file) from the read to the commit, so the worker that commits it has all of its 
 read_stage    a CPU task per unit: its rows read, images decoded and resized to uint8 at the model's size
               (raw image bytes never enter the object store); with --decode gpu, the bytes of the JPEGs the device
               takes as they are, and the others decoded here (gpu_decode.route)
-EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's pixels moved to its device once,
-              its embeddings model call by call, copied back once; with --decode gpu it decodes the unit's JPEGs
+EncodeStage   an actor holding one model (a GPU each on a cluster): the unit's pixels moved to its device a model
+              call at a time, its embeddings copied back once; with --decode gpu it decodes the unit's JPEGs
               first, on its device (encode/gpu_decode.py)
 commit_stage  a CPU task: the unit's shard and error rows committed, then its progress record; what comes back
               to the driver is that record's result (path, rows, bytes, sha256, errors), never an embedding
@@ -142,8 +142,9 @@ class EncodeStage:
     """Holds one model; encodes a unit's good rows in model calls of `batch_size`. Error rows get zeros.
 
     device: the pool's decision (cuda for an encoder given a GPU, cpu for one given none); None in this process:
-    cuda when torch sees one. A unit's pixels go to the device once (pinned, without waiting) and are sliced
-    there; its embeddings stay there until the unit is done and come back in one copy."""
+    cuda when torch sees one. A unit's pixels go to the device a model call's rows at a time (pinned, without
+    waiting), so the host copies the next call's rows while the device computes this one's; its embeddings stay
+    there until the unit is done and come back in one copy."""
 
     def __init__(self, model: str, revision: str | None, modality: str, data_column: str, spec: dict | None,
                  batch_size: int, device: str | None, threads: int, decode: str = "cpu", strict: bool = True,
@@ -175,12 +176,14 @@ class EncodeStage:
         import torch
 
         device = self.encoder.device
-        pixels = self._pixels(batch)
-        good = torch.from_numpy(np.flatnonzero(batch[ERROR] == "")).to(device)
+        pixels = self._pixels(batch)  # on the host, or (decoded there) on the device
+        good = np.flatnonzero(batch[ERROR] == "")
+        on_device = torch.from_numpy(good).to(device)  # once: a copy to the device per call would wait for it
         out = torch.zeros((len(pixels), self.encoder.info.dim), dtype=torch.float32, device=device)
         for lo in range(0, len(good), self.batch_size):
-            rows = good[lo:lo + self.batch_size]
-            out[rows] = self.encoder.image_features(self.normalize(pixels[rows], self.encoder.dtype))
+            rows, where = good[lo:lo + self.batch_size], on_device[lo:lo + self.batch_size]
+            x = self._to_device(_rows(pixels, rows, where))
+            out[where] = self.encoder.image_features(self.normalize(x, self.encoder.dtype))
             self._done(len(rows))
         return {**batch, "embedding": out.cpu().numpy()}
 
@@ -194,7 +197,7 @@ class EncodeStage:
         import torch
 
         if self.decoder is None:
-            return self._to_device(_tensor(batch.pop("pixels")))
+            return _tensor(batch.pop("pixels"))
         images, decoded = batch.pop("images"), batch.pop(DECODED)
         errors = batch[ERROR] = np.array(batch[ERROR], dtype=object)  # ours to change
         spec, device = self.spec, self.encoder.device
@@ -214,10 +217,20 @@ class EncodeStage:
         batch[ON_DEVICE] = on_device
         return pixels
 
-    def _to_device(self, host):
-        if self.encoder.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.encoder.device, non_blocking=True)  # the host copies on while we queue
+    def _to_device(self, pixels):
+        if self.encoder.device.type != "cuda" or pixels.is_cuda:
+            return pixels
+        return pixels.pin_memory().to(self.encoder.device, non_blocking=True)  # the host copies on while we queue
+
+
+def _rows(pixels, rows: np.ndarray, where):
+    """pixels' `rows` (ascending): a view where they run on (a unit without error rows), else gathered, by `where`
+    (the same rows on the device) for pixels there."""
+    import torch
+
+    if rows[-1] - rows[0] == len(rows) - 1:
+        return pixels[rows[0]:rows[-1] + 1]
+    return pixels[where if pixels.is_cuda else torch.from_numpy(rows)]
 
 
 def _tensor(array: np.ndarray):

@@ -93,11 +93,15 @@ class Pool:
     num_gpus: float
     why: str  # one line: what the pool uses and why
     what: str = "actors"  # its actors, for the job's log ("encoders", "shard builders")
+    # calls in flight in an actor: at 2 Ray Data fetches and batches a block while the actor's own work (one call
+    # at a time, as by default) runs on the last, so a GPU need not wait for the host between units
+    calls: int = 1
 
     def strategy(self):
         import ray
 
-        return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size)
+        return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size,
+                                          max_concurrent_calls_per_actor=self.calls if self.calls > 1 else None)
 
 
 def launcher_capacity(config: dict) -> dict[str, float]:
@@ -183,7 +187,7 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
         cpus, because = 1.0, "it only drives the GPU: CPU tasks decode its images"
     return Pool(lo, hi, cpus, gpus_per_worker,
                 f"encoders: {_sizes(lo, hi)} x {_n(gpus_per_worker)} GPU + {_n(cpus)} CPU ({why}; {_n(cpus)} CPU: "
-                f"{because}){waiting}", "encoders")
+                f"{because}){waiting}", "encoders", calls=2)
 
 
 def _cpu_encoders(cluster: Cluster, cpus_per_worker: float, workers: int | None, cap: int | None) -> Pool:

@@ -479,10 +479,11 @@ def test_units_whose_images_travel_undecoded_are_bounded_by_bytes(tmp_path):
         assert len(got) == 20 and len(set(got)) == 20, name
 
 
-def test_a_unit_goes_to_the_device_once_and_comes_back_once(tiny_clip, monkeypatch):
-    """EncodeStage: the unit's pixels copied to the device in one call, sliced there per model call, the
-    normaliser's constants built once per actor, the embeddings copied back in one call; the same vectors as one
-    call per batch of the model."""
+def test_a_unit_goes_to_the_device_a_model_call_at_a_time_and_comes_back_once(tiny_clip, monkeypatch):
+    """EncodeStage: a unit's pixels copied to the device a model call's good rows at a time (so the host copies
+    the next while the device computes: a view where the rows run on, gathered past an error row), the
+    normaliser's constants built once per actor, the embeddings copied back in one call; the vectors of one call
+    per batch of the model, zeros for the error row."""
     from mieb_ray.encode import stages
     from mieb_ray.encode.model import Encoder
 
@@ -493,7 +494,7 @@ def test_a_unit_goes_to_the_device_once_and_comes_back_once(tiny_clip, monkeypat
     monkeypatch.setattr(stages.EncodeStage, "_to_device", lambda self, x: moved.append(len(x)) or real_move(self, x))
     stage = stages.EncodeStage(tiny_clip, None, "image", "image", spec.to_dict(), batch_size=2, device="cpu",
                                threads=1)
-    pixels, _ = load_images(list(photos().values())[:5], spec)
+    pixels, _ = load_images(list(photos().values())[:6], spec)
     real_features = Encoder.image_features
 
     def features(self, x):
@@ -502,11 +503,12 @@ def test_a_unit_goes_to_the_device_once_and_comes_back_once(tiny_clip, monkeypat
         return out
 
     monkeypatch.setattr(Encoder, "image_features", features)
-    out = stage({"pixels": pixels, stages.ERROR: np.array([""] * 5, dtype=object)})
-    assert built == [1] and moved == [5] and [len(b) for b in back] == [2, 2, 1]
-    want = np.concatenate([stage.encoder.encode_pixel_values(normalize(torch.from_numpy(pixels[i:i + 2]), spec))
-                           for i in range(0, 5, 2)])
-    np.testing.assert_allclose(out["embedding"], want, atol=1e-6)
+    out = stage({"pixels": pixels, stages.ERROR: np.array(["", "bad", "", "", "", ""], dtype=object)})
+    assert built == [1] and moved == [2, 2, 1] and [len(b) for b in back] == [2, 2, 1]
+    want = np.concatenate([stage.encoder.encode_pixel_values(normalize(torch.from_numpy(pixels[rows]), spec))
+                           for rows in ([0, 2], [3, 4], [5])])
+    np.testing.assert_allclose(out["embedding"][[0, 2, 3, 4, 5]], want, atol=1e-6)
+    assert not out["embedding"][1].any()
 
 
 def models_info(path: str):

@@ -44,6 +44,14 @@ def test_a_gpu_encoder_gets_the_cpus_its_work_needs_and_says_why():
     assert encoder_pool(LAPTOP, None, None, device_decode=True).num_cpus == 1.0  # no GPU: a CPU encoder
 
 
+def test_a_gpu_encoder_has_the_next_unit_fetched_while_it_encodes():
+    """Ray Data's actor strategy for GPU encoders: 2 calls in flight (the next block fetched and batched while the
+    UDF, still one call at a time, encodes); a CPU encoder, busy computing, keeps Ray's default."""
+    assert encoder_pool(GPU_BOX, None, None).strategy().max_concurrent_calls_per_actor == 2
+    assert not encoder_pool(GPU_BOX, None, None).strategy().enable_true_multi_threading
+    assert encoder_pool(LAPTOP, None, None).strategy().max_concurrent_calls_per_actor is None
+
+
 def test_a_laptop_encodes_on_cpus_and_says_so():
     pool = encoder_pool(LAPTOP, None, 1.0)
     assert (pool.min_size, pool.max_size, pool.num_gpus, pool.num_cpus) == (2, 2, 0.0, 1.0)
