@@ -9,8 +9,9 @@
                        the object store and drops it (no encoder: what the CPUs alone can feed)
   read tasks, REF      with --baseline REF: the same on a git worktree of REF (its Ray workers import it)
 
-Each run is a fresh process with its own Ray; its rate counts the rows after its first unit arrived, over the time
-since (Ray's start and the workers' imports left out). Per image inside the read tasks: wall, user and system CPU
+Each run is a fresh process with its own Ray; its rate counts the rows that arrive after its first wave of units
+(one per CPU, started together), over the time since (Ray's start, the workers' imports and the first wave left
+out). Per image inside the read tasks: wall, user and system CPU
 milliseconds (getrusage around read_stage). --rows photos of 160 to 800 px a side, --distinct of them different,
 in Parquet files of 2,000 rows (bench/gpu_embed.write_photos, as the device run's).
 
@@ -34,6 +35,10 @@ from pathlib import Path
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 
 UNIT_ROWS = 1000
+CLIP_B32 = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
+            "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"shortest_edge": 224}}  # openai/clip-vit-base-patch32's preprocessor_config.json
 
 
 def child(repo: str, photos: str, cpus: int) -> None:
@@ -68,23 +73,19 @@ def child(repo: str, photos: str, cpus: int) -> None:
     ds = ray.data.from_items([{"unit": i} for i in range(len(units))], override_num_blocks=len(units))
     ds = ds.map_batches(timed_read, batch_size=1, num_cpus=1,
                         fn_kwargs=dict(units=units, columns=columns, modality="image", spec=spec))
-    rows, first, per_image, code = 0, None, [], set()
+    arrived, per_image, code = [], [], set()  # (time, rows) of each block as it comes
     for block in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        rows += len(block["key"])
+        arrived.append((time.perf_counter(), len(block["key"])))
         per_image.append(block["__ms"][0])
         code.add(str(block["__code"][0]))
-        if first is None:
-            first = (time.perf_counter(), rows)
-    seconds = time.perf_counter() - first[0]
     assert code == {os.path.join(repo, "mieb_ray")}, f"the read tasks ran {code}, not {repo}'s code"
-    wall, user, system = np.mean(per_image[1:], axis=0)
-    print(json.dumps({"rows_s": (rows - first[1]) / seconds, "rows": rows, "task_ms": [wall, user, system]}))
-
-
-CLIP_B32 = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
-            "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-            "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "rescale_factor": 0.00392156862745098,
-            "size": {"shortest_edge": 224}}  # openai/clip-vit-base-patch32's preprocessor_config.json
+    if len(arrived) <= cpus:
+        sys.exit(f"{len(arrived)} units on {cpus} CPUs: too few for a rate after the first wave (more --rows)")
+    # from the end of the first wave (one unit per CPU, started together) to the last unit: the rows since
+    (start, _), (end, _) = arrived[cpus - 1], arrived[-1]
+    wall, user, system = np.mean(per_image[cpus:], axis=0)
+    print(json.dumps({"rows_s": sum(n for _, n in arrived[cpus:]) / (end - start), "rows": sum(n for _, n in arrived),
+                      "task_ms": [wall, user, system]}))
 
 
 def main() -> None:
@@ -143,8 +144,8 @@ def main() -> None:
                          f"{v:.2f}" for v in (sum(x[k] for x in r.extra("task_ms")) / len(r.extra("task_ms"))
                                               for k in range(3))) if r.extra("task_ms") else "")]))
         record.finish(notes=[
-            "Rates count the rows after each run's first unit, over the time since (Ray's start, the workers' "
-            "imports and the first unit left out); every run a fresh process with its own Ray.",
+            "Rates count the rows after each run's first wave of units (one per CPU), over the time since (Ray's "
+            "start, the workers' imports and the first wave left out); every run a fresh process with its own Ray.",
             "The read tasks share the CPUs with this process (it takes each block out of the object store) and "
             "Ray's own processes, as the job's share them with its encoder and commit tasks."])
     finally:
