@@ -38,10 +38,10 @@ Sets:
             (mieb_ray/demo_data/images): half "smooth" (a 4:3 crop upscaled ~4x: little detail, small files) and
             half "sharp" (a 4x5 mosaic of crops at the pictures' own resolution: detail everywhere, large
             files, slow to decode).
-  photos    --photos JPEGs each of its own size, 160 to 800 px a side, landscape and portrait (crops of the
-            fixture pictures, quality 90): what most sources' photos are (Food101, SUN397, DTD, Caltech101 ...),
-            unlike the mix's kinds, which are of one size each. A chunk of them makes load_images a size group per
-            image.
+  photos    --photos JPEGs each of its own size, 160 to 800 px a side, landscape and portrait (the fixture
+            pictures resized, quality 90, as bench/gpu_embed.py's): what most sources' photos are (Food101,
+            SUN397, DTD, Caltech101 ...), unlike the mix's kinds, which are of one size each. A chunk of them
+            makes load_images a size group per image.
   mix       mieb-train's real mix: --per-kind images of each of the kinds below (crops of the fixture pictures,
             resized to the kind's size with Lanczos: real content, not flat colour), timed per kind; the mix
             figure weights each kind's time per image by its rows in mieb-train (mieb_ray/sources/catalog.py,
@@ -172,20 +172,13 @@ def make_jpegs(n: int, seed: int = 0) -> dict[str, list[bytes]]:
 
 
 def make_photos(n: int, seed: int = 0) -> list[bytes]:
-    """n JPEGs, each of its own size (160 to 800 px a side): random crops of random fixture pictures."""
-    from PIL import Image
+    """n JPEGs, each of its own size (160 to 800 px a side): the fixture pictures resized as bench/gpu_embed.py's
+    photos are."""
+    sys.path.insert(0, str(h.ROOT))
+    from bench.gpu_embed import photo
 
-    pictures = _pictures()
-    rng = np.random.default_rng(seed)
-    out = []
-    for width, height in rng.integers(160, 801, size=(n, 2)):
-        pic = pictures[rng.integers(len(pictures))]
-        scale = min(pic.width / width, pic.height / height) * rng.uniform(0.5, 1)
-        cw, ch = max(1, int(width * scale)), max(1, int(height * scale))
-        x, y = rng.integers(0, pic.width - cw + 1), rng.integers(0, pic.height - ch + 1)
-        crop = pic.crop((x, y, x + cw, y + ch))
-        out.append(_encode(crop.resize((int(width), int(height)), Image.Resampling.BICUBIC), "JPEG", quality=90))
-    return out
+    sizes = np.random.default_rng(seed).integers(160, 801, size=(n, 2))
+    return [photo((i, int(width), int(height))) for i, (width, height) in enumerate(sizes)]
 
 
 def make_kind(kind: str, n: int, seed: int = 0) -> list[bytes]:
