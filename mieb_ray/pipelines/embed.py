@@ -316,7 +316,7 @@ def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log,
     return [Stage(read_stage, read, num_cpus=1, memory=DECODE_MEMORY),
             Stage(EncodeStage, encode, num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, pool=pool,
                   batch_rows=max(plan.units[i].hi - plan.units[i].lo for i in todo)),
-            Stage(commit_stage, commit, num_cpus=0.25)], None
+            Stage.commit(commit_stage, commit, pool)], None
 
 
 def _local_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log):

@@ -45,6 +45,15 @@ class Stage:
     # stage: give the job's largest unit. Ray Data then hands a task whole blocks (units) until it has that many
     # rows, the calls may cross units, and the task's output is still one block of whole units.
     batch_rows: int | None = None
+    concurrency: int | None = None  # a function stage on Ray: at most this many tasks at once (None: Ray Data's)
+
+    @classmethod
+    def commit(cls, fn, kwargs: dict, pool: Pool) -> Stage:
+        """A job's last stage after its actor pool (its output written, its progress recorded): on Ray it takes no
+        CPU and at most 2 tasks per actor at once. Ray Data gives a stage whose tasks take CPUs and have no cap every
+        CPU its budget leaves over, so the commit tasks held CPUs the reads needed: on 3 CPUs (an encoder's and 2)
+        the embed job ran 1 read task at a time (tests/unit/runtime/test_units.py; bench/embed_feed.py)."""
+        return cls(fn, kwargs, num_cpus=0, concurrency=2 * pool.max_size)
 
     def build(self):
         """Inline: the callable that takes a batch."""
@@ -99,6 +108,8 @@ def _on_ray(todo: list[int], stages: list[Stage], ctx: RunContext | None = None)
                 options["num_gpus"] = stage.num_gpus
             if stage.memory:
                 options["memory"] = stage.memory
+            if stage.concurrency:
+                options["concurrency"] = stage.concurrency
             if isinstance(stage.fn, type):
                 ds = ds.map_batches(_raising_at_first_call(stage.fn), fn_constructor_kwargs=stage.kwargs,
                                     compute=stage.pool.strategy(), **options)

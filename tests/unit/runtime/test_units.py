@@ -1,11 +1,14 @@
 """A job's units through its stages (mieb_ray/runtime/units.py): on Ray Data and inline with the same results, a
 class stage's rows reported as it goes, a stage's UserError as the job's one line, Ray Data's settings restored
-after a job."""
+after a job, the read tasks on every CPU an actor pool leaves."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from mieb_ray.runtime import units
 from mieb_ray.runtime.pools import Pool
 
 pytestmark = pytest.mark.timeout(300)
+ROOT = Path(__file__).resolve().parents[3]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import a test module
 
 
@@ -76,3 +80,42 @@ def test_units_run_the_same_on_ray_data_and_inline(ray_local, tmp_path):
 def test_a_stage_s_user_error_is_the_job_s_one_line(ray_local, tmp_path, where):
     with pytest.raises(UserError, match="^bad is not a table$"):
         list(units.run([0, 1], _stages(["good", "bad"], str(tmp_path)), where))
+
+
+
+READS_AT_ONCE = """
+import json, sys, time
+import numpy as np, ray
+from mieb_ray.runtime import units
+from mieb_ray.runtime.pools import Pool
+
+def read(batch):
+    t0 = time.time()
+    time.sleep(3)
+    return {"unit": batch["unit"], "span": np.array([[t0, time.time()]])}
+
+class Passing:
+    def __call__(self, batch):
+        return batch
+
+def spans(batch):
+    return {"unit": batch["unit"], "result": np.array([json.dumps(list(s)) for s in batch["span"]], dtype=object)}
+
+ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+pool = Pool(1, 1, 1.0, 0.0, "test")
+stages = [units.Stage(read, num_cpus=1, memory=1 << 20),  # a memory hint: not fused into the pool, as the job's
+          units.Stage(Passing, num_cpus=1, pool=pool), units.Stage.commit(spans, {}, pool)]
+print(json.dumps([span for _, span in units.run(list(range(6)), stages, "ray")]))
+"""
+
+
+def test_the_reads_run_on_every_cpu_the_actor_pool_leaves(tmp_path):
+    """On a Ray of 4 CPUs, one actor of 1 CPU leaves 3 to the read tasks, all used at once. With the commit stage as
+    it was (0.25 CPU a task, no cap), Ray Data kept CPUs back for it and ran 1 read at a time. A Ray of its own: Ray
+    Data shares a Ray's CPUs among the datasets that ran last (another test's, for minutes)."""
+    got = subprocess.run([sys.executable, "-c", READS_AT_ONCE], capture_output=True, text=True, timeout=240,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"})
+    assert got.returncode == 0, got.stderr[-3000:]
+    spans = json.loads(got.stdout.strip().splitlines()[-1])
+    at_once = max(sum(1 for t0, t1 in spans if t0 <= t < t1) for t, _ in spans)  # reads running as each starts
+    assert len(spans) == 6 and at_once == 3, sorted(spans)
