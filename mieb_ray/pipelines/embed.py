@@ -229,9 +229,8 @@ def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
     fmt, files = reader.input_files(config.input)
     carry_schema = reader.check_columns(fmt, files[0], config.columns.read_as(config.modality))
     spec = made_of["preprocessing"]
-    rows, raw_bytes = config.rows_per_shard, None
-    if spec is not None:  # a unit's pixels are one block: bound its bytes
-        rows = max(1, min(rows, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
+    rows, raw_bytes = unit_rows(config.rows_per_shard, spec), None
+    if spec is not None:
         if config.decoding == "gpu":
             gpu_decode.resolve("gpu", 1, ImageSpec(**spec))  # a filter the device lacks: one line, now
         if config.decoding != "cpu" and mode == "ray":  # the JPEGs may travel undecoded: bound their bytes too
@@ -245,6 +244,14 @@ def _plan(config: EmbedConfig, mode: str, info, made_of: dict) -> Plan:
                 "unit_bytes": raw_bytes, "columns": [config.key_column, config.columns.data, *config.columns.carry]}
     return Plan(fmt, table_units(files, rows, raw_bytes), info, spec,
                 formats.embedding_schema(info.dim, config.dtype, carry_schema, meta), settings)
+
+
+def unit_rows(rows_per_shard: int, spec: dict | None) -> int:
+    """Rows per unit: --rows-per-shard, and for images no more than UNIT_BYTES of decoded pixels (a unit's pixels
+    are one block in the object store)."""
+    if spec is None:
+        return rows_per_shard
+    return max(1, min(rows_per_shard, UNIT_BYTES // (spec["height"] * spec["width"] * 3)))
 
 
 def _image_spec(info, exact: bool = False) -> dict:
@@ -316,7 +323,7 @@ def _ray_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log,
     return [Stage(read_stage, read, num_cpus=1, memory=DECODE_MEMORY),
             Stage(EncodeStage, encode, num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, pool=pool,
                   batch_rows=max(plan.units[i].hi - plan.units[i].lo for i in todo)),
-            Stage.commit(commit_stage, commit, pool)], None
+            Stage.commit(commit_stage, commit, pool, len(todo))], None
 
 
 def _local_stages(config: EmbedConfig, plan: Plan, job: Job, todo: list[int], log):

@@ -48,12 +48,13 @@ class Stage:
     concurrency: int | None = None  # a function stage on Ray: at most this many tasks at once (None: Ray Data's)
 
     @classmethod
-    def commit(cls, fn, kwargs: dict, pool: Pool) -> Stage:
+    def commit(cls, fn, kwargs: dict, pool: Pool, units: int) -> Stage:
         """A job's last stage after its actor pool (its output written, its progress recorded): on Ray it takes no
-        CPU and at most 2 tasks per actor at once. Ray Data gives a stage whose tasks take CPUs and have no cap every
-        CPU its budget leaves over, so the commit tasks held CPUs the reads needed: on 3 CPUs (an encoder's and 2)
-        the embed job ran 1 read task at a time (tests/unit/runtime/test_units.py; bench/embed_feed.py)."""
-        return cls(fn, kwargs, num_cpus=0, concurrency=2 * pool.max_size)
+        CPU and at most 2 tasks per actor at once (no more than the job's `units`: Ray Data warns of a cap above
+        them). Ray Data gives a stage whose tasks take CPUs and have no cap every CPU its budget leaves over, so the
+        commit tasks held CPUs the reads needed: on 3 CPUs (an encoder's and 2) the embed job ran 1 read task at a
+        time (tests/unit/runtime/test_units.py; bench/embed_feed.py)."""
+        return cls(fn, kwargs, num_cpus=0, concurrency=max(1, min(2 * pool.max_size, units)))
 
     def build(self):
         """Inline: the callable that takes a batch."""

@@ -104,7 +104,7 @@ def spans(batch):
 ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
 pool = Pool(1, 1, 1.0, 0.0, "test")
 stages = [units.Stage(read, num_cpus=1, memory=1 << 20),  # a memory hint: not fused into the pool, as the job's
-          units.Stage(Passing, num_cpus=1, pool=pool), units.Stage.commit(spans, {}, pool)]
+          units.Stage(Passing, num_cpus=1, pool=pool), units.Stage.commit(spans, {}, pool, 6)]
 print(json.dumps([span for _, span in units.run(list(range(6)), stages, "ray")]))
 """
 
