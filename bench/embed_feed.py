@@ -1,19 +1,23 @@
-"""The embed job's CPU feed: its read tasks on Ray against the CPU decode ceiling, on photos of mixed sizes (issue
-40: on an H200 the ViT-B/32 job ran at 68% of the ceiling with the GPU 17% busy, so the CPUs' feed bounded it).
+"""The embed job's CPU feed on Ray against the CPU decode ceiling, on photos of mixed sizes (issue 40: on an H200 the
+ViT-B/32 job ran at 68% of the ceiling with the GPU 17% busy, so the CPUs' feed bounded it).
 
   decode ceiling       bench/gpu_encode.decode_rate: `load_image` one photo at a time in --cpus processes, the same
                        photos: the bound bench/gpu_embed.py names
   read tasks           the embed job's read stage (encode/stages.read_stage) as the job runs it on Ray: a Ray Data
-                       task per unit of 1,000 rows (1 CPU each) on a Ray of --cpus CPUs, reading its rows from
-                       Parquet, decoding and resizing them into the unit's block; this process takes each block from
-                       the object store and drops it (no encoder: what the CPUs alone can feed)
-  read tasks, REF      with --baseline REF: the same on a git worktree of REF (its Ray workers import it)
+                       task per unit (1 CPU each; the job's units: pipelines/embed.unit_rows) on a Ray of --cpus
+                       CPUs, reading its rows from Parquet, decoding and resizing them into the unit's block; this
+                       process takes each block from the object store and drops it (what the CPUs alone can feed)
+  embed job            `embed()` of this checkout on Ray, its encoder instant (bench/instant: a fixed vector per
+                       image, no normalising; the model loaded, never run), on a Ray of --cpus + 1 CPUs: its encoder
+                       actor's own and --cpus for the rest, as a GPU node's encoder holds one of its CPUs
+  embed job, REF       with --baseline REF: the same on a git worktree of REF (its Ray workers checked to import it)
 
 Each run is a fresh process with its own Ray; its rate counts the rows that arrive after its first wave of units
-(one per CPU, started together), over the time since (Ray's start, the workers' imports and the first wave left
-out). Per image inside the read tasks: wall, user and system CPU
-milliseconds (getrusage around read_stage). --rows photos of 160 to 800 px a side, --distinct of them different,
-in Parquet files of 2,000 rows (bench/gpu_embed.write_photos, as the device run's).
+(one per read CPU, started together), over the time since (Ray's start, the model's load, the workers' imports and
+the first wave left out): blocks as the driver takes them, or the job's committed units as their progress records
+appear. Per image inside the read tasks: wall, user and system CPU milliseconds (getrusage around read_stage).
+--rows photos of 160 to 800 px a side, --distinct of them different, in Parquet files of 2,000 rows
+(bench/gpu_embed.write_photos, as the device run's).
 
 Run from the repository root (a quiet machine):
     .venv/bin/python bench/embed_feed.py --baseline HEAD~1
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import harness as h  # first: sets RAY_AUTH_MODE before Ray is imported
 
-UNIT_ROWS = 1000
+INSTANT = h.BENCH / "instant"  # the instant encoder's sitecustomize
 CLIP_B32 = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
             "do_rescale": True, "do_resize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "rescale_factor": 0.00392156862745098,
@@ -51,11 +55,11 @@ def child(repo: str, photos: str, cpus: int) -> None:
     from mieb_ray.encode.preprocess import ImageSpec
     from mieb_ray.encode.stages import read_stage
     from mieb_ray.io import reader
-    from mieb_ray.pipelines.embed import table_units
+    from mieb_ray.pipelines.embed import table_units, unit_rows
 
     spec = ImageSpec.from_processor_config(CLIP_B32).to_dict()
     _, files = reader.input_files(photos)
-    units = table_units(files, UNIT_ROWS)
+    units = table_units(files, unit_rows(10_000, spec))  # --rows-per-shard's default
     columns = reader.TableColumns("key", "image", ())
 
     def timed_read(batch, **kw):
@@ -88,6 +92,51 @@ def child(repo: str, photos: str, cpus: int) -> None:
                       "task_ms": [wall, user, system]}))
 
 
+def job_child(repo: str, photos: str, cpus: int, model: str, out: str) -> None:
+    """One run of the embed job (its encoder instant: INSTANT on PYTHONPATH) on a Ray of its own; prints its
+    figures as JSON."""
+    import glob
+    import threading
+
+    import ray
+
+    import mieb_ray
+    from mieb_ray.pipelines.embed import EmbedConfig, embed
+
+    ray.init(num_cpus=cpus + 1, include_dashboard=False, logging_level="ERROR")  # + the encoder actor's CPU
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    where = ray.get(ray.remote(lambda: os.path.dirname(__import__("mieb_ray").__file__)).remote())
+    assert where == os.path.dirname(mieb_ray.__file__) == os.path.join(repo, "mieb_ray"), (where, repo)
+    committed, seen, done = [], set(), threading.Event()  # (time, rows) of each unit as its record appears
+
+    def watch():
+        while not done.is_set():
+            for path in glob.glob(os.path.join(out, "_progress", "*.json")):
+                if path not in seen:
+                    try:
+                        with open(path) as f:
+                            rows = json.load(f)["result"]["rows"]
+                    except (OSError, ValueError):
+                        continue  # being written: next round
+                    seen.add(path)
+                    committed.append((time.perf_counter(), rows))
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        manifest = embed(EmbedConfig(photos, out, model, executor="ray", overwrite=True), log=lambda _: None)
+    finally:
+        done.set()
+        watcher.join()
+    assert manifest["counts"]["total"] == sum(n for _, n in committed), "a unit's record was missed"
+    if len(committed) <= cpus:
+        sys.exit(f"{len(committed)} units on {cpus} CPUs: too few for a rate after the first wave (more --rows)")
+    committed.sort()
+    (start, _), (end, _) = committed[cpus - 1], committed[-1]
+    print(json.dumps({"rows_s": sum(n for _, n in committed[cpus:]) / (end - start),
+                      "rows": manifest["counts"]["total"]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000)
@@ -97,12 +146,18 @@ def main() -> None:
     ap.add_argument("--baseline", help="a git commit whose read tasks run beside this checkout's")
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work" / "embed_feed")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--job-child", nargs=5, help=argparse.SUPPRESS)
     h.add_records_option(ap)
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], int(args.child[2]))
+    if args.job_child:
+        repo, photos, cpus, model, out = args.job_child
+        return job_child(repo, photos, int(cpus), model, out)
 
-    sys.path.insert(0, str(h.ROOT))
+    sys.path[:0] = [str(h.ROOT), str(h.ROOT / "tests")]  # the tests' support: a ViT-B/32-sized CLIP
+    from support.models import make_clip_b32
+
     from bench.gpu_embed import write_photos
     from bench.gpu_encode import decode_rate
     from mieb_ray.encode.preprocess import ImageSpec
@@ -111,48 +166,56 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     photos = write_photos(str(work / "photos"), args.rows, args.distinct)
+    model = make_clip_b32(str(work / "model"))  # its preprocessing is CLIP_B32's
     spec = ImageSpec.from_processor_config(CLIP_B32)
-    repos = {"read tasks": str(h.ROOT)}
+    jobs = {"embed job": str(h.ROOT)}
     if args.baseline:
         tree = work / "baseline"
         subprocess.run(["git", "-C", str(h.ROOT), "worktree", "add", "--detach", "-f", str(tree), args.baseline],
                        check=True, capture_output=True)
-        repos[f"read tasks, {args.baseline}"] = str(tree)
+        jobs[f"embed job, {args.baseline}"] = str(tree)
 
-    def reads(repo: str):
-        def call(i):
-            got = subprocess.run([sys.executable, __file__, "--child", repo, str(work / "photos"), str(args.cpus)],
-                                 capture_output=True, text=True, cwd=repo, env=h.fresh_process_env())
-            if got.returncode:
-                sys.exit(f"read tasks on {repo} failed:\n{got.stderr[-3000:]}")
-            out = json.loads(got.stdout.strip().splitlines()[-1])
-            return {"seconds": 10_000 / out["rows_s"], **out}
-        return call
+    def fresh(argv: list[str], repo: str, env: dict) -> dict:
+        got = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, cwd=repo, env=env)
+        if got.returncode:
+            sys.exit(f"{argv[0]} on {repo} failed:\n{got.stderr[-3000:]}")
+        out = json.loads(got.stdout.strip().splitlines()[-1])
+        return {"seconds": 10_000 / out["rows_s"], **out}
+
+    def reads(i):
+        return fresh(["--child", str(h.ROOT), str(work / "photos"), str(args.cpus)], str(h.ROOT), h.fresh_process_env())
+
+    def job(repo: str):
+        env = {**h.fresh_process_env(), "PYTHONPATH": os.pathsep.join([str(INSTANT), repo])}
+        return lambda i: fresh(["--job-child", repo, str(work / "photos"), str(args.cpus), model, str(work / "out")],
+                               repo, env)
 
     contenders = [h.Contender("decode ceiling", f"load_image one photo at a time in {args.cpus} processes",
-                              call=lambda i: 10_000 / decode_rate(photos[:256], spec, args.cpus, 5))]
-    contenders += [h.Contender(name, f"read_stage of {'this checkout' if repo == str(h.ROOT) else args.baseline} as "
-                                     f"Ray Data tasks of {UNIT_ROWS:,} rows on {args.cpus} CPUs, blocks dropped",
-                               call=reads(repo), baseline="decode ceiling") for name, repo in repos.items()]
+                              call=lambda i: 10_000 / decode_rate(photos[:256], spec, args.cpus, 5)),
+                  h.Contender("read tasks", f"read_stage as Ray Data tasks of the job's units on {args.cpus} CPUs, "
+                                            "blocks dropped", call=reads, baseline="decode ceiling")]
+    contenders += [h.Contender(name, f"embed() of {'this checkout' if repo == str(h.ROOT) else args.baseline} on "
+                                     f"Ray, instant encoder, {args.cpus} CPUs + the encoder's, committed units",
+                               call=job(repo), baseline="decode ceiling") for name, repo in jobs.items()]
     try:
         record = h.run(h.Benchmark(
-            "embed_feed", f"The embed job's read tasks on Ray against the CPU decode ceiling: {args.rows:,} photos of "
+            "embed_feed", f"The embed job's CPU feed on Ray against the CPU decode ceiling: {args.rows:,} photos of "
             f"160-800 px ({args.distinct:,} distinct), ViT-B/32's 224 px, {args.cpus} CPUs", contenders, group="Embed",
-            ratio=("read tasks", "decode ceiling"), repeat=args.repeat, unit="s per 10,000 images",
+            ratio=("embed job", "decode ceiling"), repeat=args.repeat, unit="s per 10,000 images",
             columns=[("images/s (median)", lambda r: f"{10_000 / r.median:,.0f}"),
                      ("in a read task, ms per image: wall / user / system", lambda r: " / ".join(
                          f"{v:.2f}" for v in (sum(x[k] for x in r.extra("task_ms")) / len(r.extra("task_ms"))
                                               for k in range(3))) if r.extra("task_ms") else "")]))
         record.finish(notes=[
-            "Rates count the rows after each run's first wave of units (one per CPU), over the time since (Ray's "
-            "start, the workers' imports and the first wave left out); every run a fresh process with its own Ray.",
-            "The read tasks share the CPUs with this process (it takes each block out of the object store) and "
-            "Ray's own processes, as the job's share them with its encoder and commit tasks."])
+            "Rates count the rows after each run's first wave of units (one per read CPU), over the time since "
+            "(Ray's start, the model's load, the workers' imports and the first wave left out); every run a fresh "
+            "process with its own Ray.",
+            "Everything shares the machine's cores with this process and Ray's own: the read tasks with the process "
+            "that takes their blocks, the job's with its driver, its encoder actor and its commit tasks."])
     finally:
         if args.baseline:
             subprocess.run(["git", "-C", str(h.ROOT), "worktree", "remove", "--force", str(work / "baseline")],
                            capture_output=True)
-
 
 if __name__ == "__main__":
     main()
