@@ -82,9 +82,8 @@ def test_a_stage_s_user_error_is_the_job_s_one_line(ray_local, tmp_path, where):
         list(units.run([0, 1], _stages(["good", "bad"], str(tmp_path)), where))
 
 
-
 READS_AT_ONCE = """
-import json, sys, time
+import json, time
 import numpy as np, ray
 from mieb_ray.runtime import units
 from mieb_ray.runtime.pools import Pool
