@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--distinct", type=int, default=4096)
     ap.add_argument("--cpus", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--baseline", help="a git commit whose read tasks run beside this checkout's")
+    ap.add_argument("--baseline", help="a git commit whose embed job runs beside this checkout's")
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "_work" / "embed_feed")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--job-child", nargs=5, help=argparse.SUPPRESS)
