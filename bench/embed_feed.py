@@ -27,6 +27,7 @@ Run from the repository root (a quiet machine):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -55,11 +56,12 @@ def child(repo: str, photos: str, cpus: int) -> None:
     from mieb_ray.encode.preprocess import ImageSpec
     from mieb_ray.encode.stages import read_stage
     from mieb_ray.io import reader
-    from mieb_ray.pipelines.embed import table_units, unit_rows
+    from mieb_ray.pipelines.embed import EmbedConfig, table_units, unit_rows
 
     spec = ImageSpec.from_processor_config(CLIP_B32).to_dict()
     _, files = reader.input_files(photos)
-    units = table_units(files, unit_rows(10_000, spec))  # --rows-per-shard's default
+    shard_rows = next(f.default for f in dataclasses.fields(EmbedConfig) if f.name == "rows_per_shard")
+    units = table_units(files, unit_rows(shard_rows, spec))  # the job's units at its defaults
     columns = reader.TableColumns("key", "image", ())
 
     def timed_read(batch, **kw):
