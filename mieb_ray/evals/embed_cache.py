@@ -10,6 +10,8 @@ keyed  a hand-built suite's table, its rows keyed its own way (<slug>/<split>/<i
        keys its rows by content (`row`, `key`: no image is decoded, the driver reads none), for `add`
 view_of  then a task per file writes the rows' vectors, gathered from the cache, as an embed output of their own
        keyed as the suite reads them (L2-normalised unless the suite scores raw vectors)
+Lookup the cache's keys, read once per step into one index that every task of the step narrows to its own keys
+       (Lookup.only), then reads the embeddings of the shards holding them
 An eval plans every suite's inputs first and adds them all at once (evals/protocol.py): one embed job per modality
 for the whole run, so the model loads once per encoder; an image that the zero-shot, probe and clustering suites
 and an mteb task all read costs one forward pass, and a second run encodes nothing.
@@ -17,8 +19,10 @@ and an mteb task all read costs one forward pass, and a second run encodes nothi
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,7 +83,7 @@ class Cache:
         from mieb_ray.pipelines.embed import embed_table
 
         outputs, where = self.outputs(kind), placement.choose(executor, None, ctx=ctx)
-        held = [_digests(embeddings.shard_keys(uri)) for root in outputs for uri in embeddings.shard_uris(root)]
+        held = [_digests(k) for k in _shard_keys([uri for root in outputs for uri in embeddings.shard_uris(root)])]
         cached = np.unique(np.concatenate([np.zeros(0, DIGEST), *held]))  # the cache's keys, then earlier tables'
         picks = {}
         for data, keys in tables:  # keys only: the driver reads no image
@@ -128,7 +132,8 @@ class Cache:
             raise UserError(f"{storage.display(table)}: no row has an image or text to embed")
         where = placement.choose(executor, None, ctx=ctx)
         with tasks.using(where.mode, where.ctx):
-            shards = tasks.get([view.remote(k, outputs, target, f"{n:05d}.arrow", normalized)
+            index = tasks.put(Lookup(outputs))  # the cache's keys read once, each task takes its own from it
+            shards = tasks.get([view.remote(k, index, outputs, target, f"{n:05d}.arrow", normalized)
                                 for n, (_, k) in enumerate(pairs)])
         storage.delete_tree(storage.join(target, "_keyed"))
         first = storage.read_manifest(outputs[0])
@@ -154,8 +159,7 @@ class Lookup:
     def __init__(self, roots: list[str], keys: set[str] | None = None):
         self.uris = [uri for root in roots for uri in embeddings.shard_uris(root)]
         digests, places = [np.zeros(0, DIGEST)], [np.zeros((0, 2), np.int32)]
-        for s, uri in enumerate(self.uris):
-            names = embeddings.shard_keys(uri)
+        for s, names in enumerate(_shard_keys(self.uris)):
             rows = [i for i, k in enumerate(names) if keys is None or k in keys]
             digests.append(_digests([names[i] for i in rows]))
             places.append(np.column_stack([np.full(len(rows), s, np.int32), np.asarray(rows, np.int32)]))
@@ -172,6 +176,18 @@ class Lookup:
 
     def __len__(self) -> int:
         return len(self.digests)
+
+    def only(self, keys: set[str] | None) -> Lookup:
+        """This lookup of `keys` alone (those it holds; None: all), with nothing taken yet, reading nothing: a
+        task's own vectors from the one index of the cache its job read (a Lookup per task would read every
+        shard's keys again: at MIEB's size, 130 tasks times hundreds of shards)."""
+        narrow = copy.copy(self)
+        narrow.got = {}
+        if keys is not None:
+            at = self._at(list(keys))
+            at = np.unique(at[at >= 0])  # sorted: the digests stay in order
+            narrow.digests, narrow.places = self.digests[at], self.places[at]
+        return narrow
 
     def _at(self, keys: list[str]) -> np.ndarray:
         """Each key's index into `places`, -1 where the outputs lack it."""
@@ -219,9 +235,15 @@ def _find(digests: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(digests[at] == wanted, at, -1)
 
 
-def vectors(roots: list[str], keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
-    """key -> vector of embed outputs (only `keys` when given), and their dim."""
-    lookup = Lookup(roots, keys)
+def _shard_keys(uris: list[str]) -> list[list[str]]:
+    """Each shard's keys, read side by side (an S3 read is mostly waiting)."""
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(embeddings.shard_keys, uris))
+
+
+def vectors(index: Lookup, keys: set[str] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """key -> vector of the outputs `index` reads (only `keys` when given), and their dim."""
+    lookup = index.only(keys)
     names = list(keys) if keys is not None else [k for uri in lookup.uris for k in embeddings.shard_keys(uri)]
     lacking = set(lookup.missing(names))
     names = list(dict.fromkeys(k for k in names if k not in lacking))
@@ -283,13 +305,14 @@ def select(data: str, target: str, rows: list[int], keys: str | None = None, col
 
 
 @tasks.remote(num_cpus=1)
-def view(keyed: str, outputs: list[str], target: str, name: str, normalized: bool) -> dict:
-    """The rows of a keyed table with their vectors from the cache's outputs, as the shard `name` of `target`
-    (a row whose item the cache could not embed: an error row with its reason); its manifest entry."""
+def view(keyed: str, index: Lookup, outputs: list[str], target: str, name: str, normalized: bool) -> dict:
+    """The rows of a keyed table with their vectors from the cache's outputs (`index`: a Lookup of them), as the
+    shard `name` of `target` (a row whose item the cache could not embed: an error row with its reason); its
+    manifest entry."""
     table = parquet.read_table(keyed)
     rows, items = table["row"].to_pylist(), table["key"].to_pylist()
     wanted = {k for k in items if k is not None}
-    found, dim = vectors(outputs, wanted)
+    found, dim = vectors(index, wanted)
     why = _errors(outputs, wanted - set(found))
     errors = np.array(["" if k in found else why.get(k, "no image bytes" if k is None else "not in the cache")
                        for k in items], dtype=object)

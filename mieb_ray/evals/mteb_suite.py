@@ -10,10 +10,11 @@ embed    the items no earlier run or suite embedded with this model, each once h
          by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
          CLIP wrapper returns those, and adds an image's and a text's for an input of both
 score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
-         input of both: the sum of its parts; the task reads the embeddings of the shards holding its inputs, not
-         the whole cache: embed_cache.Lookup), and searches a retrieval corpus of ENGINE_DOCS or more on the top-k
-         engine -> the TaskResult mteb writes; with --exclude, mteb runs it once more on the task cleaned of the
-         rows that hold a flagged image (mteb_clean.py)
+         input of both: the sum of its parts; the task takes its inputs' places from the job's one index of the
+         cache's keys and reads the embeddings of the shards holding them, not the whole cache: embed_cache.Lookup),
+         and searches a retrieval corpus of ENGINE_DOCS or more on the top-k engine -> the TaskResult mteb writes;
+         with --exclude, mteb runs it once more on the task cleaned of the rows that hold a flagged image
+         (mteb_clean.py)
 A second run with the same model embeds nothing; the driver reads no image. The audit reads every image of these
 tasks through the same collect pass (eval_images).
 """
@@ -317,15 +318,17 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
 
 
 @tasks.remote(num_cpus=1)
-def score_task(name: str, sources: str, items: str | None, cache: list[str], exclude: str | None = None) -> dict:
-    """Load a task with mteb's code, answer its inputs from the cache (of the keys its item tables list, when
-    collected): its TaskResult JSON; with `exclude` (an audit), its clean scores too (mteb_clean.py)."""
+def score_task(name: str, sources: str, items: str | None, cache: embed_cache.Lookup,
+               exclude: str | None = None) -> dict:
+    """Load a task with mteb's code, answer its inputs from the cache (`cache`: the job's index of it; of the keys
+    its item tables list, when collected): its TaskResult JSON; with `exclude` (an audit), its clean scores too
+    (mteb_clean.py)."""
     keys = None
     if items is not None:
         keys = set()
         for kind in ITEM_SCHEMA:
             keys.update(parquet.read_table(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
-    vectors = embed_cache.Lookup(cache, keys)
+    vectors = cache.only(keys)
     result = _quiet_evaluate(server(vectors, vectors.dim, name), load_task(name, sources))
     if exclude:
         result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
@@ -464,7 +467,8 @@ class MtebSuite:
                                 "model's raw vectors: embed with --raw, or eval with --model")
         items = {n: items_root(self.out, n) for n in self.names} if self.out else {}
         log(f"[eval] mteb: scoring {len(self.names)} tasks with mteb's evaluators")
-        return {n: score_task.remote(n, self.sources, items.get(n), cache, self.exclude) for n in self.names}
+        index = tasks.put(embed_cache.Lookup(cache))  # the cache's keys read once, each task takes its own from it
+        return {n: score_task.remote(n, self.sources, items.get(n), index, self.exclude) for n in self.names}
 
     def collect(self, pending, log) -> dict[str, dict]:
         return {name: tasks.get(ref) for name, ref in pending.items()}

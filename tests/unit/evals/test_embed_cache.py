@@ -37,14 +37,14 @@ def cache(request, tmp_path):
 
 def test_only_the_wanted_keys_and_only_from_the_shards_holding_them(cache):
     root, keys, vectors = cache
-    found, dim = embed_cache.vectors([root], {keys[3], keys[15]})
+    found, dim = embed_cache.vectors(embed_cache.Lookup([root]), {keys[3], keys[15]})
     assert dim == DIM and sorted(found) == [keys[3], keys[15]]
     assert np.array_equal(found[keys[3]], vectors[3]) and np.array_equal(found[keys[15]], vectors[15])
     # the broken shard is opened only when a wanted key is in it: then it is the one-line error it should be
     with pytest.raises(storage.StorageError, match="part-00002.arrow: null embeddings"):
-        embed_cache.vectors([root], {keys[3], keys[25]})
+        embed_cache.vectors(embed_cache.Lookup([root]), {keys[3], keys[25]})
     with pytest.raises(storage.StorageError, match="null embeddings"):
-        embed_cache.vectors([root])
+        embed_cache.vectors(embed_cache.Lookup([root]))
 
 
 def test_a_lookup_of_every_key_reads_a_shards_embeddings_when_one_of_its_keys_is_taken(cache):
@@ -75,11 +75,14 @@ def test_text_keys_and_a_key_in_two_outputs_the_later_ones_copy(tmp_path):
     lookup = embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")])
     assert len(lookup) == 4 and lookup.missing(["猫の写真", "a dog", "", "a photo"]) == ["a dog", "a photo"]
     assert np.array_equal(lookup.take(texts), np.concatenate([second, first[2:]]))
-    only = embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")], keys={texts[1], texts[3]})
-    assert len(only) == 2 and only.missing(texts) == [texts[0], texts[2]]
-    with pytest.raises(KeyError):
-        only.take([texts[0]])
-    found, dim = embed_cache.vectors([str(tmp_path / "a"), str(tmp_path / "b")])
+    # a task's own keys: read so, or narrowed from the job's one index of the cache (nothing read again)
+    for only in (embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")], keys={texts[1], texts[3]}),
+                 embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")]).only({texts[1], texts[3], "a dog"})):
+        assert len(only) == 2 and only.missing(texts) == [texts[0], texts[2]]
+        assert np.array_equal(only.take([texts[3], texts[1]]), np.stack([first[3], second[1]]))
+        with pytest.raises(KeyError):
+            only.take([texts[0]])
+    found, dim = embed_cache.vectors(embed_cache.Lookup([str(tmp_path / "a"), str(tmp_path / "b")]))
     assert dim == DIM and list(found) == texts and np.array_equal(found[texts[1]], second[1])
 
 

@@ -75,6 +75,23 @@ def test_each_image_is_embedded_once_across_tasks_and_runs(two_tasks, tmp_path):
     assert {n: again[n]["scores"] for n in names} == {n: first[n]["scores"] for n in names}
 
 
+def test_the_caches_keys_are_read_once_for_all_the_tasks_scores(two_tasks, tmp_path, monkeypatch):
+    """Each shard's keys are read twice in a run, whatever the tasks: once to see what the cache lacks, once into
+    the index every task takes its own keys from (a task reading them itself: 130 tasks times hundreds of
+    shards at MIEB's size)."""
+    root, model, _ = two_tasks
+    names = ["STS13VisualSTS", "STS15VisualSTS"]
+    ours(names, root, model, str(tmp_path))
+    read, real = [], embeddings.shard_keys
+    monkeypatch.setattr(embeddings, "shard_keys", lambda uri: read.append(uri) or real(uri))
+    again = ours(names, root, model, str(tmp_path), overwrite=True)
+    shards = [os.path.join(_model_dir(tmp_path), d, f) for d in os.listdir(_model_dir(tmp_path))
+              for f in os.listdir(os.path.join(_model_dir(tmp_path), d)) if f.endswith(".arrow")]
+    assert shards and sorted(read) == sorted(shards * 2)
+    for name in names:
+        assert_same_scores(again[name], mteb_result(name, root, model))
+
+
 def _model_dir(out) -> str:
     """OUT/embeddings/cache/<model>: the cache of the one model used."""
     folder = os.path.join(out, "embeddings", "cache")
