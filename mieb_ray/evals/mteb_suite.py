@@ -45,6 +45,7 @@ from mieb_ray.io import contamination, embeddings, parquet
 from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import RunContext
+from mieb_ray.runtime.job import TICK_SECONDS
 
 HF = "hf"
 IMAGES, TEXTS = embed_cache.IMAGES, embed_cache.TEXTS
@@ -420,6 +421,18 @@ def eval_images(names: list[str], sources: str, folder: str, log, where: placeme
     return folder if holders else None
 
 
+def _each_task(names: list[str], refs: list, done: str, log) -> dict:
+    """{name: its task's value}, in `names`' order, with a progress line every TICK_SECONDS while they run (MIEB's
+    tasks on the hub: minutes to hours)."""
+    got, t0, said = {}, time.time(), time.time()
+    for i, value in tasks.each(refs):
+        got[names[i]] = value
+        if time.time() - said > TICK_SECONDS and len(got) < len(names):
+            said = time.time()
+            log(f"[eval] mteb: {len(got)}/{len(names)} tasks {done}, {said - t0:.0f}s")
+    return {n: got[n] for n in names}
+
+
 # ---------------------------------------------------------------------------------------------- the suite
 
 
@@ -445,8 +458,8 @@ class MtebSuite:
         where = placement.choose(executor, None, ctx=ctx)
         t0, self.out = time.time(), out
         with tasks.using(where.mode, where.ctx):
-            self.counts = dict(zip(self.names, tasks.get(
-                [collect_task.remote(n, self.sources, items_root(out, n), cache.dim) for n in self.names])))
+            self.counts = _each_task(self.names, [collect_task.remote(n, self.sources, items_root(out, n), cache.dim)
+                                                  for n in self.names], "read by mteb's loaders", log)
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         tables = {kind: [(t, t) for t in (storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names)]
@@ -471,7 +484,7 @@ class MtebSuite:
         return {n: score_task.remote(n, self.sources, items.get(n), index, self.exclude) for n in self.names}
 
     def collect(self, pending, log) -> dict[str, dict]:
-        return {name: tasks.get(ref) for name, ref in pending.items()}
+        return _each_task(list(pending), list(pending.values()), "scored", log)
 
     def write(self, out: str, results: dict[str, dict], pending, log) -> tuple[list[str], dict]:
         return [], {"items": self.counts}

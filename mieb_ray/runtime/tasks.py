@@ -148,6 +148,22 @@ def get(refs):
         return refs.value()
 
 
+def each(refs: list):
+    """(i, the value of refs[i]) for every ref, as each is ready: on Ray in the order they finish, in this process
+    in order (each runs when fetched). A worker's UserError is raised as itself, as by `get`."""
+    with surfaced():
+        if _mode != "ray":
+            for i, ref in enumerate(refs):
+                yield i, ref.value()
+            return
+        import ray
+
+        place, pending = {ref: i for i, ref in enumerate(refs)}, list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield place[ready[0]], ray.get(ready[0])
+
+
 def is_ref(x) -> bool:
     if isinstance(x, LocalRef):
         return True

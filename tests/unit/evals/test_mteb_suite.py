@@ -92,6 +92,17 @@ def test_the_caches_keys_are_read_once_for_all_the_tasks_scores(two_tasks, tmp_p
         assert_same_scores(again[name], mteb_result(name, root, model))
 
 
+def test_reading_and_scoring_the_tasks_say_how_many_are_done(two_tasks, tmp_path, monkeypatch):
+    from mieb_ray.evals import mteb_suite
+
+    root, model, _ = two_tasks
+    monkeypatch.setattr(mteb_suite, "TICK_SECONDS", 0)  # a line whenever a task ends (else every 5 s), but the last
+    lines = []
+    ours(["STS13VisualSTS", "STS15VisualSTS"], root, model, str(tmp_path), log=lines.append)
+    said = [line.rsplit(",", 1)[0] for line in lines if "/2 tasks" in line]
+    assert said == ["[eval] mteb: 1/2 tasks read by mteb's loaders", "[eval] mteb: 1/2 tasks scored"], lines
+
+
 def _model_dir(out) -> str:
     """OUT/embeddings/cache/<model>: the cache of the one model used."""
     folder = os.path.join(out, "embeddings", "cache")

@@ -93,6 +93,25 @@ def test_a_task_s_user_error_is_itself_and_a_transient_one_is_retried(ray_local,
         assert len(counter.read_text()) == tasks.UNIT_RETRIES + 1
 
 
+@tasks.remote(num_cpus=0.5)
+def _after(seconds: float, value):
+    import time
+
+    time.sleep(seconds)
+    return value
+
+
+@pytest.mark.parametrize("where", ["ray", "local"])
+def test_each_gives_every_task_s_value_with_its_place_as_it_ends(ray_local, where):
+    """On Ray in the order the tasks end (a slow first one last), in this process in order; a UserError itself."""
+    with tasks.using(where):
+        got = list(tasks.each([_after.remote(3, "slow"), _after.remote(0, "quick"), _after.remote(0.5, "next")]))
+        assert sorted(got) == [(0, "slow"), (1, "quick"), (2, "next")]
+        assert got[-1 if where == "ray" else 0] == (0, "slow")
+        with pytest.raises(UserError, match="^bad input$"):
+            list(tasks.each([_after.remote(0, 1), _fails.remote("bad input")]))
+
+
 def test_retrying_runs_again_only_on_a_transient_error():
     calls = []
 
