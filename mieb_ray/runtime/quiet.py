@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 
 # Ray's lines that are no error of the job, as its driver writes them to this process's stderr: its C++ log
@@ -22,14 +23,18 @@ _RAY_LINE = re.compile(rb"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\
 def quiet():
     """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
     Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
-    (the workers' too: hubfs.WORKER_ENV), and the lines of Ray core's C++ log and the raylets' warnings that its
-    driver writes straight to the stdout and stderr descriptors (among them an actor pool's 'restart will fail', an
-    E line that is no error of the job: a failure reaches the job as an exception). Everything else passes, in
-    order."""
+    (the workers' too: hubfs.WORKER_ENV) and of `datasets` (mteb's maps in this process), Python's warnings, and
+    the lines of Ray core's C++ log and the raylets' warnings that its driver writes straight to the stdout and
+    stderr descriptors (among them an actor pool's 'restart will fail', an E line that is no error of the job: a
+    failure reaches the job as an exception). Everything else passes, in order."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # mteb's dataset maps, in this process
     if "transformers" in sys.modules:  # it read the variable at import
         sys.modules["transformers"].utils.logging.disable_progress_bar()
-    with _filtered(2, sys.stderr), _filtered(1, sys.stdout):
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    with _filtered(2, sys.stderr), _filtered(1, sys.stdout), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # libraries' warnings (sklearn's on a class never predicted): not the job's
         yield
 
 

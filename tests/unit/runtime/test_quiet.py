@@ -43,6 +43,23 @@ def test_a_ray_job_prints_only_its_own_lines_unless_verbose(tiny_clip, tmp_path)
     assert any("streaming_executor" in line for line in others), others  # Ray Data's plan, with --verbose
 
 
+@pytest.mark.timeout(300)
+def test_an_eval_in_this_process_prints_only_its_own_lines(tiny_clip, tmp_path):
+    """mteb's tasks run here (no cluster): CVBenchCount's dataset maps show `datasets` bars, and sklearn warns of a
+    class never predicted in FGVCAircraftZeroShot's scores."""
+    from support.hub_tasks import tasks_misc
+
+    names = ["CVBenchCount", "FGVCAircraftZeroShot"]
+    for write in dict.fromkeys(tasks_misc.TASKS[n] for n in names):
+        write(str(tmp_path / "mirror"))
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "eval", "--tasks", ",".join(names), "--sources",
+                           str(tmp_path / "mirror"), "--model", tiny_clip, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=240, env=env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "[eval] 2 tasks in " in done.stdout
+    assert [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and not OWN.match(line)] == []
+
+
 def test_a_hub_model_the_hub_cannot_give_is_one_line_within_seconds(tmp_path):
     """No network (here: nothing listens where the hub should be): the hub client would retry for half a minute."""
     pq.write_table(pa.table({"key": ["a"], "image": [b"x"]}), tmp_path / "t.parquet")
