@@ -14,6 +14,7 @@ The hub (`hf://`) is read through hubfs.HubFileSystem: token, bounded concurrenc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -249,15 +250,16 @@ def staging_path(dest: str) -> str:
     return os.path.join(directory, name)
 
 
-def remove_staging(root: str) -> int:
-    """Delete the staging files a killed run left beside its local shards (never visible as shards)."""
+def remove_staging(root: str) -> None:
+    """Delete the staging files a killed run left beside its local shards (never visible as shards). One may go
+    meanwhile: an interrupted run's task that was still writing it (Ray's tasks outlive a driver's Ctrl-C while
+    the driver's process lives) committed or dropped it."""
     if is_s3(root) or not os.path.isdir(root):
-        return 0
-    stale = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
-             if f.startswith(".") and f.endswith(".tmp")]
-    for path in stale:
-        os.unlink(path)
-    return len(stale)
+        return
+    for path in [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+                 if f.startswith(".") and f.endswith(".tmp")]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def commit(local: str, dest: str) -> None:

@@ -32,6 +32,26 @@ def test_local_commit_is_a_rename_and_leaves_no_staging_file(tmp_path):
     assert open(dest, "rb").read() == b"shard" and os.listdir(os.path.dirname(dest)) == ["000000.parquet"]
 
 
+def test_a_killed_runs_staging_files_are_removed_even_as_one_goes_meanwhile(tmp_path, monkeypatch):
+    """An interrupted run's task may still commit its staging file while the next run clears them."""
+    shard = tmp_path / "cifar10" / "000000.arrow"
+    shard.parent.mkdir()
+    shard.write_bytes(b"shard")
+    left, going = storage.staging_path(str(shard)), storage.staging_path(str(tmp_path / "cifar10" / "000001.arrow"))
+    for path in (left, going):
+        open(path, "wb").close()
+    real = os.walk
+
+    def walk_then_commit(root):  # the listing holds both; the other run commits `going` right after
+        listed = list(real(root))
+        os.rename(going, tmp_path / "cifar10" / "000001.arrow")
+        return listed
+
+    monkeypatch.setattr(os, "walk", walk_then_commit)
+    storage.remove_staging(str(tmp_path))
+    assert sorted(os.listdir(shard.parent)) == ["000000.arrow", "000001.arrow"]
+
+
 def test_file_stats_are_size_and_sha256(tmp_path):
     (tmp_path / "f").write_bytes(b"abcdef")
     assert storage.file_stats(str(tmp_path / "f")) == {"bytes": 6, "sha256": hashlib.sha256(b"abcdef").hexdigest()}
