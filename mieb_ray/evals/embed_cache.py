@@ -10,8 +10,8 @@ keyed  a hand-built suite's table, its rows keyed its own way (<slug>/<split>/<i
        keys its rows by content (`row`, `key`: no image is decoded, the driver reads none), for `add`
 view_of  then a task per file writes the rows' vectors, gathered from the cache, as an embed output of their own
        keyed as the suite reads them (L2-normalised unless the suite scores raw vectors)
-Lookup the cache's keys, read once per step into one index that every task of the step narrows to its own keys
-       (Lookup.only), then reads the embeddings of the shards holding them
+Lookup the cache's keys, read once into one index (per run for the views: Indexes; for the mteb suite's scores)
+       that every task narrows to its own keys (Lookup.only), then reads the embeddings of the shards holding them
 An eval plans every suite's inputs first and adds them all at once (evals/protocol.py): one embed job per modality
 for the whole run, so the model loads once per encoder; an image that the zero-shot, probe and clustering suites
 and an mteb task all read costs one forward pass, and a second run encodes nothing.
@@ -124,16 +124,17 @@ class Cache:
                        for n, f in enumerate(files)])
         return [(f.uri, storage.join(keyed, f"{n:05d}.parquet")) for n, f in enumerate(files)]
 
-    def view_of(self, table: str, key: str, target: str, pairs: list[tuple[str, str]], outputs: list[str],
+    def view_of(self, table: str, key: str, target: str, pairs: list[tuple[str, str]], index: Lookup,
                 normalized: bool, ctx: RunContext | None = None, executor: str = "auto") -> str:
         """`table`'s rows (keyed into `pairs`) as an embed output at `target` keyed by its `key` column, every
-        vector from the cache's `outputs` (L2-normalised or raw). Returns target."""
+        vector from the cache's outputs `index` reads (L2-normalised or raw). Returns target."""
+        outputs = index.roots
         if not outputs:
             raise UserError(f"{storage.display(table)}: no row has an image or text to embed")
         where = placement.choose(executor, None, ctx=ctx)
         with tasks.using(where.mode, where.ctx):
-            index = tasks.put(Lookup(outputs))  # the cache's keys read once, each task takes its own from it
-            shards = tasks.get([view.remote(k, index, outputs, target, f"{n:05d}.arrow", normalized)
+            held = tasks.put(index)  # each task takes its own keys from it
+            shards = tasks.get([view.remote(k, held, target, f"{n:05d}.arrow", normalized)
                                 for n, (_, k) in enumerate(pairs)])
         storage.delete_tree(storage.join(target, "_keyed"))
         first = storage.read_manifest(outputs[0])
@@ -147,6 +148,19 @@ class Cache:
         return target
 
 
+class Indexes(dict):
+    """The cache's outputs of each kind ({kind: roots}) -> one Lookup of them, read when first asked for: the
+    views of every suite of a run share it."""
+
+    def __init__(self, outputs: dict[str, list[str]]):
+        super().__init__()
+        self.outputs = outputs
+
+    def __missing__(self, kind: str) -> Lookup:
+        self[kind] = Lookup(self.outputs[kind])
+        return self[kind]
+
+
 class Lookup:
     """key -> vector of embed outputs, read as asked: every shard's keys up front (only `keys` when given), a
     shard's embeddings only when a call wants one of its rows, and only those rows kept. A task's score pass
@@ -157,6 +171,7 @@ class Lookup:
     375); a take checks each digest's row holds its key."""
 
     def __init__(self, roots: list[str], keys: set[str] | None = None):
+        self.roots = list(roots)
         self.uris = [uri for root in roots for uri in embeddings.shard_uris(root)]
         digests, places = [np.zeros(0, DIGEST)], [np.zeros((0, 2), np.int32)]
         for s, names in enumerate(_shard_keys(self.uris)):
@@ -305,22 +320,21 @@ def select(data: str, target: str, rows: list[int], keys: str | None = None, col
 
 
 @tasks.remote(num_cpus=1)
-def view(keyed: str, index: Lookup, outputs: list[str], target: str, name: str, normalized: bool) -> dict:
-    """The rows of a keyed table with their vectors from the cache's outputs (`index`: a Lookup of them), as the
-    shard `name` of `target` (a row whose item the cache could not embed: an error row with its reason); its
-    manifest entry."""
+def view(keyed: str, index: Lookup, target: str, name: str, normalized: bool) -> dict:
+    """The rows of a keyed table with their vectors from the cache's outputs `index` reads, as the shard `name` of
+    `target` (a row whose item the cache could not embed: an error row with its reason); its manifest entry."""
     table = parquet.read_table(keyed)
     rows, items = table["row"].to_pylist(), table["key"].to_pylist()
     wanted = {k for k in items if k is not None}
     found, dim = vectors(index, wanted)
-    why = _errors(outputs, wanted - set(found))
+    why = _errors(index.roots, wanted - set(found))
     errors = np.array(["" if k in found else why.get(k, "no image bytes" if k is None else "not in the cache")
                        for k in items], dtype=object)
     matrix = np.stack([found.get(k, np.zeros(dim, np.float32)) for k in items]) if items \
         else np.zeros((0, dim), np.float32)
     if normalized:
         matrix = normalize(matrix)
-    schema = embeddings.shard_schema(embeddings.shard_uris(outputs[0])[0])  # the cache's: model, dim, dtype
+    schema = embeddings.shard_schema(index.uris[0])  # the cache's: model, dim, dtype
     meta = {**embeddings.model_metadata(schema), "normalized": normalized}
     schema = pa.schema(list(schema)[:2], metadata={b"mieb_ray": json.dumps(meta).encode()})
     return embeddings.commit_shard(target, name, schema, {"key": np.array(rows, dtype=object), "embedding": matrix},

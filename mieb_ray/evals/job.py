@@ -172,7 +172,8 @@ def _embedded(config: EvalConfig, todo: list[tuple[str, protocol.EvalSuite]], wh
     cache = embed_cache.Cache.of(config.out, config.model, config.revision, exact=not config.fast)
     plans = {name: protocol.plan(scorer, where[name], cache, log, config.executor, ctx) for name, scorer in todo}
     outputs = protocol.embed_all(list(plans.values()), cache, log, config.executor, config.pool, ctx) if plans else {}
-    return {name: made.inputs(outputs) for name, made in plans.items()}
+    indexes = embed_cache.Indexes(outputs)  # one index of each kind's outputs, for every suite's views
+    return {name: made.inputs(indexes) for name, made in plans.items()}
 
 
 def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several: bool, log,

@@ -464,7 +464,8 @@ class MtebSuite:
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         tables = {kind: [(t, t) for t in (storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names)]
                   for kind in ITEM_SCHEMA}
-        return protocol.Plan(tables, lambda outputs: (",".join(outputs[IMAGES]), ",".join(outputs[TEXTS])))
+        return protocol.Plan(tables, lambda indexes: (",".join(indexes.outputs[IMAGES]),
+                                                    ",".join(indexes.outputs[TEXTS])))
 
     def embed_inputs(self, out: str, log, ctx: RunContext | None = None):
         raise NotImplementedError("the mteb suite embeds through its own cache (embed_plan)")

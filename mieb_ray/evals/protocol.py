@@ -146,7 +146,7 @@ class Plan:
     from the cache after."""
 
     tables: dict[str, list[tuple[str, str]]]  # {IMAGES/TEXTS: [(data file, file of its rows' content keys)]}
-    inputs: Callable[[dict[str, list[str]]], tuple[str, str | None]]  # the cache's outputs -> (images, texts)
+    inputs: Callable[[embed_cache.Indexes], tuple[str, str | None]]  # the cache's outputs -> (images, texts)
 
 
 def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, executor: str = "auto",
@@ -167,10 +167,10 @@ def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, execut
         keyed.append(cache.keyed(table, key, target, kind, ctx, executor))
         tables[kind] += keyed[-1]
 
-    def made(outputs: dict[str, list[str]]) -> tuple[str, str | None]:
+    def made(indexes: embed_cache.Indexes) -> tuple[str, str | None]:
         done = {embed_cache.IMAGES: [], embed_cache.TEXTS: []}
         for (table, key, target, kind, normalized), pairs in zip(views, keyed):
-            done[kind].append(cache.view_of(table, key, target, pairs, outputs[kind], normalized, ctx, executor))
+            done[kind].append(cache.view_of(table, key, target, pairs, indexes[kind], normalized, ctx, executor))
         return ",".join(done[embed_cache.IMAGES]), ",".join(done[embed_cache.TEXTS]) or None
 
     return Plan(tables, made)

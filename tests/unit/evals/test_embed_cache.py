@@ -90,3 +90,24 @@ def test_a_lookup_of_no_outputs_or_no_wanted_keys_holds_nothing(cache):
     root, keys, _ = cache
     for lookup in (embed_cache.Lookup([]), embed_cache.Lookup([root], keys=set())):
         assert len(lookup) == 0 and lookup.missing(keys[:2]) == keys[:2] and lookup.take([]).shape[0] == 0
+
+
+def test_the_views_of_every_suite_in_a_run_read_the_caches_keys_once(tiny_clip, tmp_path, monkeypatch):
+    """A zero-shot and a linear-probe task: three image views (the zero-shot eval split, the probe's drawn train rows
+    and its eval split) and the prompts' view. A fresh run's cache shards are the ones it embeds; each one's keys
+    are read once, into the run's index of the cache that every view takes its rows from."""
+    from mieb_ray.demo_data.mirror import make_mirror
+    from mieb_ray.evals import registry
+    from mieb_ray.evals.job import evaluate
+
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows={"cifar10": 200}, datasets=["cifar10"], eval_rows=12)
+    read, real = [], embeddings.shard_keys
+    monkeypatch.setattr(embeddings, "shard_keys", lambda uri: read.append(uri) or real(uri))
+    out = tmp_path / "out"
+    evaluate(registry.select("CIFAR10ZeroShot,CIFAR10"), registry.Options(mirror), str(out), model=tiny_clip,
+             executor="local", log=lambda *a: None)
+    shards = [str(p) for p in (out / "embeddings" / "cache").glob("*/*/*.arrow")]
+    assert len([s for s in shards if "/images-" in s]) and len([s for s in shards if "/texts-" in s])
+    assert sorted(read) == sorted(shards)
+    assert len(list(out.glob("**/embeddings/images-1/_manifest.json"))) == 1  # the probe's two image views
