@@ -9,8 +9,9 @@ A Unit is rows [lo, hi) of a table, held by one or more pieces (files). Two plan
                [k*N, (k+1)*N) of a Parquet split, of each tar of a WebDataset split (a tar is read by its units
                alone)
   plan_table   a table's files (input_files: a mieb-train manifest's shards, or a folder's files), each cut into
-               units of rows of that file, a row's index its position in the file; a tar's units start reading
-               at the byte offset of their first sample (index_tar)
+               units of rows of that file, a row's index its position in the file; a Parquet file's units cut at
+               its row groups (a unit that began inside one would read all of it: pyarrow reads whole groups),
+               a tar's units start reading at the byte offset of their first sample (index_tar)
 and `read(unit, columns)` yields the unit's rows in order as tables of at most CHUNK_ROWS rows (or CHUNK_BYTES of
 images), an `index` column first: Parquet row groups straight to Arrow, tar members into column buffers (no row
 dicts). A Column says where a column is in either format and how a tar member becomes a value. Planning reads
@@ -267,6 +268,7 @@ class InputFile:
     uri: str
     rel: str  # path under the input root; the output shard is named after it
     rows: int | None = None
+    groups: list[int] | None = None  # a parquet file: its row groups' row counts, from its footer
 
 
 def _rel(root: str, uri: str) -> str:
@@ -307,12 +309,13 @@ def _built(manifest: dict) -> tuple[str, list[dict]] | None:
     return config["format"], shards
 
 
-def count_parquet_rows(files: list[InputFile]) -> None:
-    """Fill in each parquet file's row count from its footer (metadata only, in parallel)."""
-    todo = [f for f in files if f.rows is None and f.uri.endswith(PARQUET_SUFFIX)]
+def read_parquet_layouts(files: list[InputFile]) -> None:
+    """Fill in each parquet file's row count and row groups from its footer (metadata only, in parallel; a
+    manifest's count too, as the footer is what a read goes by)."""
+    todo = [f for f in files if f.groups is None and f.uri.endswith(PARQUET_SUFFIX)]
     with ThreadPoolExecutor(16) as pool:
         for f, meta in zip(todo, pool.map(parquet.footer, [f.uri for f in todo])):
-            f.rows = meta.num_rows
+            f.rows, f.groups = meta.num_rows, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
 def shard_name(rel: str, lo: int, hi: int, whole: bool) -> str:
@@ -321,20 +324,38 @@ def shard_name(rel: str, lo: int, hi: int, whole: bool) -> str:
     return f"{stem}.arrow" if whole else f"{stem}.{lo:09d}-{hi:09d}.arrow"
 
 
+def group_cuts(groups: list[int], step: int) -> list[tuple[int, int]]:
+    """A parquet file's rows in [lo, hi) ranges of at most `step` rows that begin and end at row-group boundaries:
+    consecutive groups together while they fit; a group of more than `step` rows in even pieces (each reads the
+    whole group, as any cut of it would). No rows: one empty range."""
+    cuts, lo, at = [], 0, 0
+    for n in groups:
+        if at + n - lo > step and at > lo:
+            cuts.append((lo, at))
+            lo = at
+        if n > step:
+            parts = -(-n // step)
+            cuts += [(at + n * k // parts, at + n * (k + 1) // parts) for k in range(parts)]
+            lo = at + n
+        at += n
+    return cuts + [(lo, at)] if at > lo or not cuts else cuts
+
+
 def plan_table(files: list[InputFile], rows_per_unit: int | dict[str, int],
                offsets: dict[str, list[int]] | None = None) -> list[Unit]:
-    """Each file (its rows counted) cut into units of `rows_per_unit` rows (the last one shorter; a dict: per file
-    uri); an empty file is one empty unit, so that it too has its (empty) shard. offsets: per tar, where sample 0,
-    N, 2N, ... start."""
+    """Each file (its rows counted) cut into units of at most `rows_per_unit` rows (a dict: per file uri): a
+    parquet file whose row groups are known at them (group_cuts), anything else every `rows_per_unit` rows; an
+    empty file is one empty unit, so that it too has its (empty) shard. offsets: per tar, where sample 0, N, 2N,
+    ... start."""
     units = []
     for f in files:
         step = rows_per_unit[f.uri] if isinstance(rows_per_unit, dict) else rows_per_unit
-        starts = range(0, max(f.rows, 1), step)
-        at = (offsets or {}).get(f.uri) or [0] * len(starts)
-        for i, lo in enumerate(starts):
-            hi = min(lo + step, f.rows)
+        cuts = group_cuts(f.groups, step) if f.groups is not None else \
+            [(lo, min(lo + step, f.rows)) for lo in range(0, max(f.rows, 1), step)]
+        at = (offsets or {}).get(f.uri) or [0] * len(cuts)
+        for i, (lo, hi) in enumerate(cuts):
             units.append(Unit(lo, hi, (Piece(f.uri, lo if f.uri.endswith(TAR_SUFFIX) else 0, at[i]),),
-                              shard_name(f.rel, lo, hi, len(starts) == 1)))
+                              shard_name(f.rel, lo, hi, len(cuts) == 1)))
     return units
 
 

@@ -264,10 +264,11 @@ _index_tar = tasks.remote(num_cpus=0.5)(tar.index_tar)
 
 
 def table_units(files: list[reader.InputFile], rows_per_unit: int, unit_bytes: int | None = None) -> list[reader.Unit]:
-    """The files cut into units: parquet rows counted from footers, tars counted and indexed (where each unit
-    starts) by a read of every tar, in tasks. unit_bytes: also no more of a file per unit than this many bytes, by
-    its average row (units whose images travel undecoded, --decode gpu); a tar cut finer is indexed again."""
-    reader.count_parquet_rows(files)
+    """The files cut into units: parquet files at their row groups (from their footers), tars counted and indexed
+    (where each unit starts) by a read of every tar, in tasks. unit_bytes: also no more of a file per unit than this
+    many bytes, by its average row (units whose images travel undecoded, --decode gpu); a tar cut finer is indexed
+    again."""
+    reader.read_parquet_layouts(files)
     tars = [f for f in files if f.uri.endswith(".tar")]
     counted = tasks.get([_index_tar.remote(f.uri, rows_per_unit) for f in tars]) if tars else []
     for f, (rows, _) in zip(tars, counted):

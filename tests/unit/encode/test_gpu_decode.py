@@ -387,7 +387,7 @@ def test_read_tasks_decode_what_the_device_will_not_and_ship_the_rest_as_bytes(t
     table = pq.read_table(tmp_path / "t.parquet")
     data = dict(zip(keys, table["image"].to_pylist()))
     fmt, files = reader.input_files(str(tmp_path / "t.parquet"))
-    reader.count_parquet_rows(files)
+    reader.read_parquet_layouts(files)
     units = reader.plan_table(files, 100)
     columns = reader.TableColumns("key", "image", ())
     out = read_stage({"unit": np.array([0])}, units, columns, "image", SPEC.to_dict(), decode="gpu")

@@ -30,7 +30,7 @@ def read(root: str, rows_per_unit: int = 2, key: str = "key", data: str = "image
     fmt, files = reader.input_files(root)
     columns = reader.TableColumns(key, data).read_as("image")
     reader.check_columns(fmt, files[0], columns)
-    reader.count_parquet_rows(files)
+    reader.read_parquet_layouts(files)
     offsets = {}
     for f in files:
         if f.uri.endswith(".tar"):
@@ -130,3 +130,31 @@ def test_a_manifest_of_another_tool_is_not_trusted(tmp_path):
     parquet(root / "a.parquet", key=KEYS, image=IMAGES)
     (root / "_manifest.json").write_text(json.dumps({"format": "mieb-train", "config": "x", "shards": "a.parquet"}))
     assert read(str(root)) == CLEAN
+
+
+@pytest.mark.parametrize(("groups", "cuts"), [
+    ([1000] * 5, [1000, 2000, 3000, 4000, 5000]),
+    ([300] * 7 + [90], [1500, 2190]),
+    ([4000, 10, 10], [1333, 2666, 4000, 4020]),
+])
+def test_each_row_group_is_read_once_however_the_units_fall(tmp_path, monkeypatch, groups, cuts):
+    """pyarrow reads whole row groups: a unit that began inside one (units of 1,783 rows, a 224 px model's, over
+    mieb-train's groups of 1,000) read it again beside the unit before. Units end at the groups, at most
+    rows_per_unit rows each; a group bigger than that is cut in even pieces, each of which reads it all."""
+    keys = [f"k{i}" for i in range(sum(groups))]
+    writer = pq.ParquetWriter(tmp_path / "t.parquet", pa.schema([("key", pa.string()), ("image", pa.binary())]))
+    at = 0
+    for n in groups:
+        writer.write_table(pa.table({"key": keys[at:at + n], "image": [b"x"] * n}))
+        at += n
+    writer.close()
+    read_groups = []
+    real = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, batch, **kw: read_groups.extend(batch) or real(self, batch, **kw))
+    _, files = reader.input_files(str(tmp_path / "t.parquet"))
+    reader.read_parquet_layouts(files)
+    assert [u.hi for u in reader.plan_table(files, 1783)] == cuts
+    assert list(read(str(tmp_path / "t.parquet"), 1783)) == keys  # every row, once, in order
+    pieces = {i: -(-n // 1783) for i, n in enumerate(groups)}  # a group of more than 1,783 rows: the fewest pieces
+    assert sorted(read_groups) == [i for i in range(len(groups)) for _ in range(pieces[i])]
