@@ -98,9 +98,11 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     what they need with `model` first; {task name: its TaskResult}. settings: EvalConfig's. scorers: the suites
     already made (one per entry of `selected`; default: each Suite's `make`). ctx: the command's Ray (None:
     RunContext())."""
-    ctx = ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
+    t0, ctx = time.time(), ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
     config = EvalConfig(out, **settings)
     flags.check(config)
+    log(f"[eval] {sum(len(names) for _, names in selected)} tasks ("
+        f"{', '.join(f'{suite.name} {len(names)}' for suite, names in selected)}) -> {storage.display(out)}")
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     _check_inputs(config, selected, scorers)
     several = len(selected) > 1
@@ -108,7 +110,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     job.start()
     planned = {suite.name: {"tasks": names} for suite, names in selected}
     done = job.earlier(planned, _settings(options, config))
-    t0, results, keep, scored_from, manifest, made = time.time(), {}, set(), None, {}, []
+    results, keep, scored_from, manifest, made = {}, set(), None, {}, []
     where = {suite.name: storage.join(out, suite.name) if several else out for suite, _ in selected}
     inputs = _embedded(config, [(s.name, scorer) for (s, _), scorer in zip(selected, scorers) if s.name not in done],
                        where, log, ctx)

@@ -185,3 +185,13 @@ def test_a_rerun_with_other_tasks_leaves_none_of_the_old_ones(two_suites, tmp_pa
     assert (out / "CIFAR10.json").exists()
     assert main([*eval_argv(mirror, images, out, "CIFAR10Clustering"), "--overwrite"]) == 0
     assert sorted(os.listdir(out)) == ["CIFAR10Clustering.json", "_manifest.json", "report.html", "summary.json"]
+
+
+def test_an_eval_first_says_what_it_will_score(two_suites, tmp_path, capsys):
+    """Before anything slow: mteb's import, Ray's start and the model's info took 15 s before the first step's line
+    (MIEB(lite) on a local Ray)."""
+    mirror, images = two_suites
+    assert main(eval_argv(mirror, images, tmp_path / "out")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"[eval] 2 tasks (linear_probe 1, clustering 1) -> {tmp_path / 'out'}"
+    assert lines[-1].startswith("[eval] 2 tasks in ")
