@@ -101,10 +101,10 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     t0, ctx = time.time(), ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
     config = EvalConfig(out, **settings)
     flags.check(config)
-    log(f"[eval] {sum(len(names) for _, names in selected)} tasks ("
-        f"{', '.join(f'{suite.name} {len(names)}' for suite, names in selected)}) -> {storage.display(out)}")
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     _check_inputs(config, selected, scorers)
+    log(f"[eval] {_tasks(sum(len(names) for _, names in selected))} ("
+        f"{', '.join(f'{suite.name} {len(names)}' for suite, names in selected)}) -> {storage.display(out)}")
     several = len(selected) > 1
     job = Job("eval", out, "complete eval results", OURS, config.resume, config.overwrite, log)
     job.start()
@@ -141,12 +141,17 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     job.finish(manifest, keep)
     if config.results_dir:
         results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
-    log(f"[eval] {len(results)} tasks in {time.time() - t0:.1f}s -> {storage.display(out)}")
+    log(f"[eval] {_tasks(len(results))} in {time.time() - t0:.1f}s -> {storage.display(out)}")
     return results
 
 
+def _tasks(n: int) -> str:
+    return f"{n} task{'s' if n != 1 else ''}"
+
+
 def _check_inputs(config: EvalConfig, selected, scorers) -> None:
-    """A model, or the embeddings every chosen task needs: one line naming what is missing."""
+    """A model, or the embeddings every chosen task needs, each of the side its flag says (its manifest): one line
+    naming what is missing or swapped."""
     if bool(config.model) == bool(config.images or config.texts):
         raise UserError("give either --model, or --image-embeddings (and --text-embeddings where a task needs them)")
     if config.fast and not config.model:
@@ -157,6 +162,9 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
                                                           "both)" if needing else ""))
     if not config.model and needing and not config.texts:
         raise UserError(f"{_text_task(selected)} needs --text-embeddings too")
+    for root in embeddings.roots(config.images) if config.images and config.texts else []:
+        for text_root in embeddings.roots(config.texts):
+            protocol.check_sides(root, text_root)
 
 
 def _text_task(selected) -> str:

@@ -264,16 +264,13 @@ class Scored:
 def score(suite: EvalSuite, out: str, images: str, texts: str | None, log=print,
           allow_mixed_models: bool = False, executor_name: str = "auto", ctx: RunContext | None = None) -> Scored:
     """Score the suite from embedding outputs; write OUT/<task>.json per task and the suite's files (the eval job,
-    evals/job.py, makes them an output). Image and text embeddings given the wrong way round are refused
-    (check_sides), and of different models unless allow_mixed_models. executor_name: "ray", "local" (the same
-    tasks inline in this process, Ray never started) or "auto" (placement_of). ctx: the command's Ray."""
+    evals/job.py, makes them an output, having refused image and text embeddings given the wrong way round:
+    check_sides). Embeddings of different models are refused unless allow_mixed_models. executor_name: "ray",
+    "local" (the same tasks inline in this process, Ray never started) or "auto" (placement_of). ctx: the
+    command's Ray."""
     t0 = time.time()
     outputs = {f"image ({n})" if n else "image": root for n, root in enumerate(embeddings.roots(images))}
-    text_roots = embeddings.roots(texts) if texts else []
-    for root in outputs.values():
-        for text_root in text_roots:
-            check_sides(root, text_root)
-    outputs |= {f"text ({n})" if n else "text": root for n, root in enumerate(text_roots)}
+    outputs |= {f"text ({n})" if n else "text": root for n, root in enumerate(embeddings.roots(texts) if texts else [])}
     for note in embeddings.check_inputs(outputs, allow_mixed_models):
         log(f"[eval] warning: {note}")
     where = placement_of(executor_name, images, texts, ctx)

@@ -162,7 +162,8 @@ def test_a_small_eval_never_starts_ray(data, tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[-1] == "no ray" and lines[0].startswith("[eval] in this process (") and "Ray not started" in lines[0]
+    assert lines[0] == f"[eval] 1 task (biovita 1) -> {tmp_path / 'out'}"
+    assert lines[-1] == "no ray" and lines[1].startswith("[eval] in this process (") and "Ray not started" in lines[1]
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "_manifest.json").exists()
 
 
