@@ -162,9 +162,10 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
                                                           "both)" if needing else ""))
     if not config.model and needing and not config.texts:
         raise UserError(f"{_text_task(selected)} needs --text-embeddings too")
-    for root in embeddings.roots(config.images) if config.images and config.texts else []:
-        for text_root in embeddings.roots(config.texts):
-            protocol.check_sides(root, text_root)
+    if config.images and config.texts:
+        for root in embeddings.roots(config.images):
+            for text_root in embeddings.roots(config.texts):
+                protocol.check_sides(root, text_root)
 
 
 def _text_task(selected) -> str:

@@ -48,18 +48,18 @@ def hub_class_names(meta: pq.FileMetaData, column: str) -> list[str] | None:
     return feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
 
 
-def row_group_batches(meta: pq.FileMetaData, row_groups: list[int], max_rows: int, max_bytes: int):
-    """Consecutive row groups, read together up to max_rows rows or max_bytes (a bigger group alone)."""
-    batch, rows, size = [], 0, 0
-    for i in row_groups:
-        group = meta.row_group(i)
-        if batch and (rows + group.num_rows > max_rows or size + group.total_byte_size > max_bytes):
-            yield batch
-            batch, rows, size = [], 0, 0
-        batch.append(i)
-        rows, size = rows + group.num_rows, size + group.total_byte_size
-    if batch:
-        yield batch
+def packed(rows: list[int], max_rows: int, sizes: list[int] | None = None, max_bytes: int = 0) -> list[list[int]]:
+    """The places of consecutive row groups (their row counts, and byte sizes when given) taken together up to
+    max_rows rows and max_bytes bytes; a group over either bound alone."""
+    batches, total, size = [], 0, 0
+    for i, n in enumerate(rows):
+        b = sizes[i] if sizes is not None else 0
+        if not batches or total + n > max_rows or (sizes is not None and size + b > max_bytes):
+            batches.append([])
+            total, size = 0, 0
+        batches[-1].append(i)
+        total, size = total + n, size + b
+    return batches
 
 
 def read_range(uri: str, columns: list[str], lo: int = 0, hi: int | None = None, max_rows: int = 0,
@@ -77,7 +77,9 @@ def read_range(uri: str, columns: list[str], lo: int = 0, hi: int | None = None,
                 groups.append(group)
                 starts[group] = first
             first += n
-        for batch in row_group_batches(meta, groups, max_rows, max_bytes):
+        for places in packed([meta.row_group(g).num_rows for g in groups], max_rows,
+                             [meta.row_group(g).total_byte_size for g in groups], max_bytes):
+            batch = [groups[i] for i in places]
             table, at = pf.read_row_groups(batch, columns=columns), starts[batch[0]]
             start, end = max(lo - at, 0), table.num_rows if hi is None else min(hi - at, table.num_rows)
             yield at + start, table.slice(start, end - start)

@@ -326,19 +326,16 @@ def shard_name(rel: str, lo: int, hi: int, whole: bool) -> str:
 
 def group_cuts(groups: list[int], step: int) -> list[tuple[int, int]]:
     """A parquet file's rows in [lo, hi) ranges of at most `step` rows that begin and end at row-group boundaries:
-    consecutive groups together while they fit; a group of more than `step` rows in even pieces (each reads the
-    whole group, as any cut of it would). No rows: one empty range."""
-    cuts, lo, at = [], 0, 0
-    for n in groups:
-        if at + n - lo > step and at > lo:
-            cuts.append((lo, at))
-            lo = at
-        if n > step:
-            parts = -(-n // step)
-            cuts += [(at + n * k // parts, at + n * (k + 1) // parts) for k in range(parts)]
-            lo = at + n
+    consecutive groups together while they fit (parquet.packed, the rule its reads batch groups by); a group of
+    more than `step` rows in even pieces (each reads the whole group, as any cut of it would). No rows: one empty
+    range."""
+    cuts, at = [], 0
+    for batch in parquet.packed(groups, step):
+        n = sum(groups[i] for i in batch)
+        parts = max(1, -(-n // step))  # more than one: a group alone, over the step
+        cuts += [(at + n * k // parts, at + n * (k + 1) // parts) for k in range(parts)]
         at += n
-    return cuts + [(lo, at)] if at > lo or not cuts else cuts
+    return [c for c in cuts if c[1] > c[0]] or [(0, 0)]
 
 
 def plan_table(files: list[InputFile], rows_per_unit: int | dict[str, int],
