@@ -133,14 +133,14 @@ class AutoscalingRay(RayCluster):
             time.sleep(0.5)
         return time.time() - t0
 
-    def submit(self, *args: str) -> subprocess.Popen:
+    def submit(self, *args: str, hook: str = "support.fake_cuda.gpus_on_cpu") -> subprocess.Popen:
         """`ray job submit -- mieb-ray ARGS`, running: it follows the job's log (stdout, stderr merged) until the job
-        ends. Encoders given a declared GPU run on the CPU (support.fake_cuda). No --working-dir: the fake provider
-        starts every node with the head's temp dir, so a working dir would be unpacked by several nodes into one
-        folder at once (a worker then imports a half-written package); the nodes run this checkout's venv."""
-        hook = {"worker_process_setup_hook": "support.fake_cuda.gpus_on_cpu"}
+        ends. Encoders given a declared GPU run on the CPU (`hook`: support.fake_cuda's). No --working-dir: the fake
+        provider starts every node with the head's temp dir, so a working dir would be unpacked by several nodes into
+        one folder at once (a worker then imports a half-written package); the nodes run this checkout's venv."""
+        runtime_env = json.dumps({"worker_process_setup_hook": hook})
         return subprocess.Popen([str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url,
-                                 "--runtime-env-json", json.dumps(hook), "--", "mieb-ray", *args], env=self.env,
+                                 "--runtime-env-json", runtime_env, "--", "mieb-ray", *args], env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def wait_for_workers(self, count: int, timeout: float = 120) -> float:

@@ -96,11 +96,12 @@ def test_build_and_embed_from_zero_workers_lose_nothing_when_a_node_goes(start_c
 
     # the embed job on what the build made: GPU nodes added, its pool grown onto both (ray#59144), and one GPU node
     # SIGKILLed once a shard is committed (a spot machine reclaimed): every row still embedded exactly once, each
-    # vector the one an uninterrupted run in this process gives
+    # vector the one an uninterrupted run in this process gives. Its encoders paced (fake_cuda.paced_gpus_on_cpu) so
+    # that one alone cannot finish before the autoscaler brings up the second's node
     out = tmp_path / "out"
     args = ["embed", "--input", train, "--out", str(out), "--model", tiny_clip, "--batch-size", "4",
             "--rows-per-shard", "12", "--decode", "cpu"]
-    job = cluster.submit(*args)
+    job = cluster.submit(*args, hook="support.fake_cuda.paced_gpus_on_cpu")
     victim = None
     try:
         deadline = time.time() + 180
