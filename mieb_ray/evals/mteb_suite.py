@@ -5,7 +5,7 @@ collect  a task each (Ray, or this process): mteb loads the task with its own co
          root/<its hub path>) and runs it with a Recorder, which keys every input mteb would encode by its content
          (an image: sha256 of its stored bytes, never decoded; a text: itself) and writes the task's item tables
          (OUT/embeddings/mteb/_items/<task>/); the evaluator runs on zero vectors (a retrieval split is read, not
-         searched) and its result is dropped
+         searched, nor its nAUCs computed) and its result is dropped
 embed    the items no earlier run or suite embedded with this model, each once however many tasks hold it, embedded
          by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
          CLIP wrapper returns those, and adds an image's and a text's for an input of both
@@ -29,7 +29,9 @@ import shutil
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -266,6 +268,17 @@ class ItemSink:
             w.close()
 
 
+@contextmanager
+def _without_abstention():
+    """mteb's retrieval scores without their nAUCs, for the collect pass, which drops them: on any split, however
+    small, the abstention curves are 52 sklearn AUCs per metric set, most of a small retrieval task's evaluate.
+    One task runs at a time in a process (a Ray worker, or this one), so the patch holds for that task alone."""
+    from mteb._evaluators import retrieval_metrics
+
+    with mock.patch.object(retrieval_metrics, "evaluate_abstention", lambda results, metric_scores: {}):
+        yield
+
+
 def _quiet_evaluate(model, task) -> dict:
     """mteb.evaluate on one task, no result cache, no progress bars: the TaskResult JSON it writes."""
     import mteb
@@ -305,8 +318,8 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
         try:
-            with warnings.catch_warnings():  # the scores of zero vectors are dropped, and so are their warnings
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(), _without_abstention():  # the scores of zero vectors are dropped, and
+                warnings.simplefilter("ignore")                        # so are their warnings
                 _quiet_evaluate(recorder(dim, sink), task)
         finally:
             sink.close()
