@@ -271,7 +271,7 @@ class ItemSink:
 @contextmanager
 def _without_abstention():
     """mteb's retrieval scores without their nAUCs, for the collect pass, which drops them: on any split, however
-    small, the abstention curves are 52 sklearn AUCs per metric set, most of a small retrieval task's evaluate.
+    small, the abstention curves take about 100 sklearn AUCs: about half of a small retrieval task's evaluate.
     One task runs at a time in a process (a Ray worker, or this one), so the patch holds for that task alone."""
     from mteb._evaluators import retrieval_metrics
 
