@@ -318,8 +318,9 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
         try:
-            with warnings.catch_warnings(), _without_abstention():  # the scores of zero vectors are dropped, and
-                warnings.simplefilter("ignore")                        # so are their warnings
+            # the scores of zero vectors are dropped, and so are their warnings
+            with warnings.catch_warnings(), _without_abstention():
+                warnings.simplefilter("ignore")
                 _quiet_evaluate(recorder(dim, sink), task)
         finally:
             sink.close()

@@ -77,8 +77,8 @@ def read_range(uri: str, columns: list[str], lo: int = 0, hi: int | None = None,
                 groups.append(group)
                 starts[group] = first
             first += n
-        for places in packed([meta.row_group(g).num_rows for g in groups], max_rows,
-                             [meta.row_group(g).total_byte_size for g in groups], max_bytes):
+        held = [meta.row_group(g) for g in groups]
+        for places in packed([g.num_rows for g in held], max_rows, [g.total_byte_size for g in held], max_bytes):
             batch = [groups[i] for i in places]
             table, at = pf.read_row_groups(batch, columns=columns), starts[batch[0]]
             start, end = max(lo - at, 0), table.num_rows if hi is None else min(hi - at, table.num_rows)
