@@ -18,10 +18,15 @@ mteb is imported inside the functions: the CLI does not import it at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import random
 import warnings
+from unittest import mock
+
+import numpy as np
 
 from mieb_ray.evals import benchmarks
 
@@ -61,19 +66,38 @@ def summarize(results: dict[str, dict]) -> dict:
 
 
 def mteb_task(name: str):
-    """mteb's task object, quietly: a beta task (BioVITA) warns on every instance, in a log line and a warning,
-    which belong to whoever runs it, not to a summary of its scores or a check of a run's inputs."""
+    """mteb's task object, made as `_mteb_objects` makes them."""
     import mteb
+
+    with _mteb_objects():
+        return mteb.get_task(name)
+
+
+@contextlib.contextmanager
+def _mteb_objects():
+    """mteb's task and benchmark objects made quietly and cheaply, for their metadata and scoring rules alone.
+    Quietly: a beta task (BioVITA) warns on every instance, in a log line and a warning, which belong to whoever runs
+    it, not to a summary of its scores or a check of a run's inputs. Cheaply: every task mteb makes seeds random,
+    numpy and, once torch is imported, torch's CUDA generators, each of which records its caller's stack
+    (torch.cuda._lazy_call); mteb's benchmark registry makes about 2,200 tasks, so with torch imported the first
+    get_benchmark took 2 to 3 s more here (0.4 s without). The tasks get the generators mteb's `_set_seed` returns,
+    without its global seeding, which mteb's evaluators do again when they are made."""
+    from mteb.abstasks import abstask
 
     log = logging.getLogger("mteb")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), mock.patch.object(abstask, "_set_seed", _generators):
             warnings.simplefilter("ignore")
-            return mteb.get_task(name)
+            yield
     finally:
         log.setLevel(level)
+
+
+def _generators(seed: int) -> tuple[random.Random, np.random.Generator]:
+    """What mteb 2.26.24's `_set_seed` returns, without its seeding of the global generators."""
+    return random.Random(seed), np.random.default_rng(seed)
 
 
 def _task_result(result: dict):
@@ -115,7 +139,8 @@ def _benchmark(name: str, main: dict, clean: dict) -> dict:
     (and of its clean results, where the run has any)."""
     import mteb
 
-    bench = mteb.get_benchmark(name)
+    with _mteb_objects():
+        bench = mteb.get_benchmark(name)
     members = [t.metadata.name for t in bench.tasks]
     run = [n for n in members if n in main]
     return {"tasks": len(members), "run": run, "missing": [n for n in members if n not in main],

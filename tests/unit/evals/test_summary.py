@@ -134,3 +134,17 @@ def test_the_mteb_suites_clean_scores_are_aggregated_as_its_scores_are():
                                                   "left_out": 9, "clean_error": error}
     lite = summary["benchmarks"]["MIEB(lite)"]
     assert lite["clean_scores"]["Mean(TaskType)"] == (0.5 - 1 / 64 + 0.25) / 2
+
+
+def test_the_summarys_mteb_tasks_get_the_generators_mteb_gives_them():
+    """The summary makes mteb's task objects without mteb's global seeding (slow once torch is imported): each keeps
+    the random and numpy generators mteb's own get_task gives it."""
+    import mteb
+
+    from mieb_ray.evals.summary import mteb_task
+
+    def draws(task):
+        return task.seed, task.rng_state.random(), task.np_rng.integers(1 << 62, size=3).tolist()
+
+    for name in ("CIFAR10ZeroShot", "BLINKIT2IRetrieval", "BioVITAT2IReranking"):
+        assert draws(mteb_task(name)) == draws(mteb.get_task(name)), name
