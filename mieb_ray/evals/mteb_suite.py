@@ -300,13 +300,31 @@ def items_root(out: str, task: str) -> str:
 
 def _load(name: str, task, sources: str) -> None:
     """mteb's own load of a task's data; what it cannot read, in one line rather than its trace."""
-    try:
-        task.load_data()
-    except Exception as exc:
-        hub = (task.metadata.dataset or {}).get("path", "")
-        where = "the hub" if sources == HF else storage.display(os.path.join(sources, hub))
-        raise UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    _one_line(name, task, sources, task.load_data)()
+
+
+def _loading_in_one_line(name: str, task, sources: str):
+    """The task, its data (an aggregate's: its sub-tasks') left for mteb.evaluate to load, timed there as mteb times
+    it; what mteb cannot read, in one line as `_load` says it."""
+    for loading in getattr(task.metadata, "tasks", None) or [task]:
+        loading.load_data = _one_line(name, loading, sources, loading.load_data)
+    return task
+
+
+def _one_line(name: str, task, sources: str, load):
+    def load_data(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        except Exception as exc:
+            raise _unloadable(name, task, sources, exc) from exc
+
+    return load_data
+
+
+def _unloadable(name: str, task, sources: str, exc: Exception) -> UserError:
+    path = (task.metadata.dataset or {}).get("path", "")  # a mirror's: redirected there already
+    where = "the hub" if sources == HF else storage.display(path)
+    return UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: {_first_line(exc)}")
 
 
 @tasks.remote(num_cpus=1)
@@ -344,7 +362,8 @@ def score_task(name: str, sources: str, items: str | None, cache: embed_cache.Lo
         for kind in ITEM_SCHEMA:
             keys.update(parquet.read_table(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
     vectors = cache.only(keys)
-    result = _quiet_evaluate(server(vectors, vectors.dim, name), load_task(name, sources))
+    result = _quiet_evaluate(server(vectors, vectors.dim, name),
+                             _loading_in_one_line(name, load_task(name, sources), sources))
     if exclude:
         result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
                                                                             server(vectors, vectors.dim, name))}

@@ -158,10 +158,24 @@ def test_normalised_embeddings_are_refused_in_one_line(two_tasks, tmp_path):
                      log=lambda *a: None, images=normalised, executor="local")
 
 
-def test_a_task_whose_mirror_folder_is_missing_is_one_line(two_tasks, tmp_path):
-    _, model, _ = two_tasks
-    with pytest.raises(UserError, match=r"^STS12VisualSTS: mteb cannot load its data from .*mteb/rendered-sts12: "):
-        ours(["STS12VisualSTS"], str(tmp_path), model, str(tmp_path / "out"))
+def test_a_task_whose_mirror_folder_is_missing_is_one_line(two_tasks, tmp_path, monkeypatch):
+    """With a model (its collect pass loads the task first) and from precomputed embeddings (mteb's evaluate loads
+    it), naming the folder as given."""
+    from mieb_ray.evals import job
+
+    root, model, _ = two_tasks
+    ours(["STS13VisualSTS"], root, model, str(tmp_path / "made"))
+    (images,) = [os.path.join(_model_dir(tmp_path / "made"), d) for d in os.listdir(_model_dir(tmp_path / "made"))]
+    (tmp_path / "mirror").mkdir()
+    monkeypatch.chdir(tmp_path)  # a relative --sources, as typed
+    line = "STS13VisualSTS: mteb cannot load its data from mirror/mteb/rendered-sts13: FileNotFoundError: "
+    with pytest.raises(UserError) as exc:
+        ours(["STS13VisualSTS"], "mirror", model, str(tmp_path / "out"))
+    assert str(exc.value).startswith(line)
+    with pytest.raises(UserError) as exc:
+        job.evaluate(registry.select("STS13VisualSTS"), registry.Options("mirror"), str(tmp_path / "given"),
+                     log=lambda *a: None, images=images, executor="local")
+    assert str(exc.value).startswith(line)
 
 
 def test_benchmark_names_are_mtebs():
