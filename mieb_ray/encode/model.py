@@ -194,26 +194,35 @@ def _model_class(config: dict):
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     for name in [*(config.get("architectures") or []), MODEL_MAPPING_NAMES.get(config.get("model_type", ""))]:
-        cls = getattr(transformers, name, None) if name else None
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
         if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
             return cls
     return None
 
 
-def _read_json(path: str) -> dict | None:
+def _read_json(path: str, shown: str) -> dict | None:
+    """A model file's JSON object; None where the file is absent."""
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, "rb") as f:
+            found = json.load(f)
+    except ValueError as exc:  # UnicodeDecodeError is one
+        raise UserError(f"model {shown}: {os.path.basename(path)} is not valid JSON ({exc})") from None
+    if not isinstance(found, dict):
+        raise UserError(f"model {shown}: {os.path.basename(path)} holds a JSON {type(found).__name__}, not an object")
+    return found
 
 
 def load_info(path: str, name: str, revision: str | None, modality: str = "image") -> ModelInfo:
     """Describe the model from its config, tokenizer and processor files (no weights, no torch model), and fail
     early, in one line, if it cannot embed `modality` ("image" or "text")."""
     shown = storage.display(name)
-    config = _read_json(os.path.join(path, "config.json"))
+    config = _read_json(os.path.join(path, "config.json"), shown)
     if config is None:
         raise UserError(f"model {shown} has no config.json")
+    if not isinstance(config.get("model_type", ""), str) or not isinstance(config.get("architectures") or [], list):
+        raise UserError(f"model {shown}: config.json's model_type is not a string or its architectures not a list")
     if not _select(os.listdir(path)):
         raise UserError(f"model {shown} has no weights (*.safetensors or pytorch_model*.bin)")
     cls = _model_class(config)
@@ -231,7 +240,7 @@ def load_info(path: str, name: str, revision: str | None, modality: str = "image
     image_config = _image_config(path, shown, required=modality == "image")
     if modality == "text":
         load_tokenizer(path, shown)  # a missing backend (sentencepiece) fails here, not in every actor
-    tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
+    tokenizer_config = _read_json(os.path.join(path, "tokenizer_config.json"), shown) or {}
     text = getattr(full, "text_config", None) or full
     lengths = [n for n in (getattr(text, "max_position_embeddings", None), tokenizer_config.get("model_max_length"))
                if isinstance(n, int) and n < 1_000_000]  # tokenizers say 1e30 for "no limit"
@@ -307,6 +316,19 @@ def _driver() -> str:
         return "none found"
 
 
+def _weights(cls, path: str, info: ModelInfo, dtype):
+    """The model loaded from its files; files that cannot make it (truncated weights, weights of other shapes than
+    its config.json says) in one line."""
+    from safetensors import SafetensorError
+
+    try:
+        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        why = "its weights' shapes are not those its config.json gives" if "mismatched_sizes" in str(exc) \
+            else (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"model {info.name} ({info.architecture}) cannot be loaded from its files: {why}") from None
+
+
 class Encoder:
     """Loaded once per actor; the family (families.py) decides the tokenizer's arguments and the feature calls.
 
@@ -327,7 +349,7 @@ class Encoder:
         self.dtype = _torch_dtype(dtype, self.device)
         cls = getattr(transformers, info.architecture)  # load_info checked it is a transformers model class
         # to(device) after loading: device_map= would need accelerate, which we do not depend on
-        self.model = cls.from_pretrained(path, dtype=self.dtype, trust_remote_code=False).to(self.device).eval()
+        self.model = _weights(cls, path, info, self.dtype).to(self.device).eval()
         self._tokenizer = None
         self.raw = raw  # the model's own vectors, not L2-normalised (mteb's CLIP wrapper adds an image's and a text's)
         self._image_call = functools.partial(self.family.image_features, self.model)

@@ -158,6 +158,35 @@ def test_model_without_image_features_fails_from_its_config(tmp_path):
         load_info(str(tmp_path), str(tmp_path), None, modality="text")
 
 
+@pytest.mark.parametrize("config, line", [
+    ('{"model_type": "clip",', "config.json is not valid JSON (Expecting property name enclosed in double quotes"),
+    ("[1]", "config.json holds a JSON list, not an object"),
+    ('{"architectures": "CLIPModel"}', "config.json's model_type is not a string or its architectures not a list"),
+    ('{"model_type": ["clip"]}', "config.json's model_type is not a string or its architectures not a list"),
+])
+def test_a_config_json_transformers_did_not_write_is_one_line(tiny, tmp_path, config, line):
+    shutil.copytree(tiny, tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text(config)
+    with pytest.raises(UserError) as caught:
+        load_info(str(tmp_path / "m"), "m", None)
+    assert str(caught.value).startswith(f"model m: {line}")
+
+
+def test_weights_their_config_cannot_load_are_one_line(tiny, info, tmp_path):
+    """Truncated weights (a download cut short), and weights of another size than config.json says (the tiny model's
+    weights under CLIP's default config): one line when the encoder loads them, no trace."""
+    truncated, resized = shutil.copytree(tiny, tmp_path / "truncated"), shutil.copytree(tiny, tmp_path / "resized")
+    weights = tmp_path / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    (tmp_path / "resized" / "config.json").write_text('{"model_type": "clip", "architectures": ["CLIPModel"]}')
+    expected = {truncated: "Error while deserializing header: incomplete metadata, file not fully covered",
+                resized: "its weights' shapes are not those its config.json gives"}
+    for path, why in expected.items():
+        with pytest.raises(UserError) as caught:
+            Encoder(str(path), info, device="cpu")
+        assert str(caught.value) == f"model {info.name} (CLIPModel) cannot be loaded from its files: {why}"
+
+
 def test_hub_name_while_offline_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
