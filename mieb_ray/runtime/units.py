@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -66,11 +67,15 @@ def data_context(ctx: RunContext | None = None):
     """Ray Data settings for this job (ctx: its --verbose), restored after it."""
     import ray
 
+    ctx = ctx or RunContext()
     data = ray.data.DataContext.get_current()
     # Ray Data's logger is set up when ray.data is first imported, at INFO: our own progress lines instead
     logger = logging.getLogger("ray.data")
     level = logger.level
-    logger.setLevel((ctx or RunContext()).ray_log_level())
+    logger.setLevel(ctx.ray_log_level())
+    quiet = [] if ctx.verbose else list(logger.handlers)
+    for handler in quiet:
+        handler.addFilter(_not_a_user_error)
     ours = {"target_max_block_size": None,  # never sliced: a unit reaches its last stage whole
             "raise_original_map_exception": True,  # a worker's UserError reaches the driver as itself
             "enable_progress_bars": False,  # our own progress lines
@@ -85,6 +90,16 @@ def data_context(ctx: RunContext | None = None):
         for k, v in saved.items():
             setattr(data, k, v)
         logger.setLevel(level)
+        for handler in quiet:
+            handler.removeFilter(_not_a_user_error)
+
+
+def _not_a_user_error(record: logging.LogRecord) -> bool:
+    """Ray Data's records of a stage's UserError (an operator's exception, then, as the job has the original raised,
+    a trace "in Ray Data or Ray Core internal code" asking for a bug report) are dropped: the job says it in one
+    line. Its own errors pass."""
+    exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]  # logged inside its except block
+    return not isinstance(exc, UserError)  # a worker's: RayTaskError(UserError), an instance of both
 
 
 def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None,

@@ -77,9 +77,12 @@ def test_units_run_the_same_on_ray_data_and_inline(ray_local, tmp_path):
 
 
 @pytest.mark.parametrize("where", ["ray", "local"])
-def test_a_stage_s_user_error_is_the_job_s_one_line(ray_local, tmp_path, where):
+def test_a_stage_s_user_error_is_the_job_s_one_line(ray_local, tmp_path, where, capfd):
+    """Raised as itself, and nothing else says it: not Ray Data's error log (an operator's exception, then a trace
+    "in Ray Data or Ray Core internal code" asking for a bug report)."""
     with pytest.raises(UserError, match="^bad is not a table$"):
         list(units.run([0, 1], _stages(["good", "bad"], str(tmp_path)), where))
+    assert "bad is not a table" not in capfd.readouterr().err
 
 
 READS_AT_ONCE = """
