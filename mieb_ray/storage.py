@@ -212,7 +212,12 @@ def read_text(uri: str) -> str:
 def check_output(uri: str) -> None:
     """Fail early, in one line, when the output cannot be written: a missing bucket, bad credentials."""
     if not is_s3(uri):
-        os.makedirs(os.path.abspath(uri), exist_ok=True)
+        try:
+            os.makedirs(os.path.abspath(uri), exist_ok=True)
+        except OSError as exc:  # a path under a file, a read-only or full disk
+            raise StorageError(f"cannot make the output folder {display(uri)}: {exc.strerror}") from None
+        if not os.access(uri, os.W_OK):
+            raise StorageError(f"cannot write in the output folder {display(uri)}: permission denied")
         return
     bucket = uri[len("s3://"):].split("/", 1)[0]
     probe_s3()

@@ -108,6 +108,8 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     several = len(selected) > 1
     job = Job("eval", out, "complete eval results", OURS, config.resume, config.overwrite, log)
     job.start()
+    if config.results_dir:  # written last: a folder that cannot be made fails now, not after the scoring
+        storage.check_output(config.results_dir)
     planned = {suite.name: {"tasks": names} for suite, names in selected}
     done = job.earlier(planned, _settings(options, config))
     results, keep, scored_from, manifest, made = {}, set(), None, {}, []

@@ -73,6 +73,13 @@ def test_s3_round_trip_agrees_with_boto3(s3, fresh_clients):
     assert storage.list_files(f"s3://{s3.bucket}/nothing-here") == []
 
 
+def test_a_local_output_that_cannot_be_made_is_one_clear_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(storage.StorageError) as err:
+        storage.check_output(str(tmp_path / "file" / "out"))
+    assert str(err.value) == f"cannot make the output folder {tmp_path / 'file' / 'out'}: Not a directory"
+
+
 def test_missing_bucket_is_one_clear_line(s3, fresh_clients, tmp_path):
     with pytest.raises(storage.StorageError) as err:
         storage.check_output("s3://no-such-bucket/out")

@@ -195,3 +195,15 @@ def test_an_eval_first_says_what_it_will_score(two_suites, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"[eval] 2 tasks (linear_probe 1, clustering 1) -> {tmp_path / 'out'}"
     assert lines[-1].startswith("[eval] 2 tasks in ")
+
+
+def test_a_results_dir_that_cannot_be_made_fails_before_the_scoring(two_suites, tmp_path, capsys):
+    """--results-dir is written last: a folder under a file is one line at the start, and the run leaves no OUT."""
+    mirror, images = two_suites
+    (tmp_path / "file").write_text("")
+    argv = eval_argv(mirror, images, tmp_path / "out") + ["--results-dir", str(tmp_path / "file" / "results")]
+    assert main(argv) == 1
+    seen = capsys.readouterr()
+    assert seen.err == f"mieb-ray: error: cannot make the output folder {tmp_path / 'file' / 'results'}: " \
+                       "Not a directory\n"
+    assert "[eval] mean" not in seen.out and not (tmp_path / "out").exists()
