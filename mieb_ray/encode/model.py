@@ -32,7 +32,7 @@ import numpy as np
 from mieb_ray import storage
 from mieb_ray.encode import families
 from mieb_ray.encode.preprocess import ImageSpec
-from mieb_ray.errors import UserError
+from mieb_ray.errors import UserError, first_line
 
 if TYPE_CHECKING:
     import torch
@@ -325,7 +325,7 @@ def _weights(cls, path: str, info: ModelInfo, dtype):
         return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         why = "its weights' shapes are not those its config.json gives" if "mismatched_sizes" in str(exc) \
-            else (str(exc).splitlines() or [type(exc).__name__])[0]
+            else first_line(exc)
         raise UserError(f"model {info.name} ({info.architecture}) cannot be loaded from its files: {why}") from None
 
 

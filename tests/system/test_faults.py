@@ -173,7 +173,8 @@ def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> 
     assert driver.poll() is None, "the run ended before it could be interrupted"
     driver.send_signal(signal.SIGTERM)
     printed, err = driver.communicate(timeout=120)
-    assert driver.returncode == 130 and "run again with --resume" in err.strip().splitlines()[-1]
+    assert driver.returncode == 130 and "run again with --resume" in err.strip().splitlines()[-1], \
+        (driver.returncode, printed[-2000:], err[-4000:])
     # only the job's own lines, before and after the interruption: none of Ray's (its executor's end, its retries)
     assert [line for line in (printed + err).splitlines()
             if line.strip() and not re.match(r"^(\[(build|embed)\] |mieb-ray: )", line)] == []
