@@ -63,7 +63,8 @@ ENGINE_DOCS = 50_000  # a retrieval corpus of this many docs (one chunk of mteb'
 
 def load_task(name: str, sources: str):
     """mteb's task, reading its data from the hub (`hf`) or from the mirror root/<its hub path> (a local folder is
-    resolved as the hub resolves the repo: datasets' own rules; the revision is the mirror's)."""
+    resolved as the hub resolves the repo: datasets' own rules; the revision is the mirror's); a load that fails,
+    in one line."""
     import mteb
 
     if sources != HF and storage.is_s3(sources):
@@ -71,6 +72,8 @@ def load_task(name: str, sources: str):
     task = _own(mteb.get_task(name))
     if sources != HF:
         _redirect(task, sources)
+    for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
+        loading.load_data = _one_line(name, loading, sources, loading.load_data)
     return task
 
 
@@ -298,33 +301,20 @@ def items_root(out: str, task: str) -> str:
     return storage.join(out, "embeddings", "mteb", "_items", task)
 
 
-def _load(name: str, task, sources: str) -> None:
-    """mteb's own load of a task's data; what it cannot read, in one line rather than its trace."""
-    _one_line(name, task, sources, task.load_data)()
-
-
-def _loading_in_one_line(name: str, task, sources: str):
-    """The task, its data (an aggregate's: its sub-tasks') left for mteb.evaluate to load, timed there as mteb times
-    it; what mteb cannot read, in one line as `_load` says it."""
-    for loading in getattr(task.metadata, "tasks", None) or [task]:
-        loading.load_data = _one_line(name, loading, sources, loading.load_data)
-    return task
-
-
 def _one_line(name: str, task, sources: str, load):
+    """mteb's own load of a task's data, wherever it runs (here, or in mteb.evaluate, timed there as mteb times
+    it); what it cannot read, in one line rather than its trace."""
+    path = (task.metadata.dataset or {}).get("path", "")  # a mirror's: redirected there already
+    where = "the hub" if sources == HF else storage.display(path)
+
     def load_data(*args, **kwargs):
         try:
             return load(*args, **kwargs)
         except Exception as exc:
-            raise _unloadable(name, task, sources, exc) from exc
+            raise UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: "
+                            f"{_first_line(exc)}") from exc
 
     return load_data
-
-
-def _unloadable(name: str, task, sources: str, exc: Exception) -> UserError:
-    path = (task.metadata.dataset or {}).get("path", "")  # a mirror's: redirected there already
-    where = "the hub" if sources == HF else storage.display(path)
-    return UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: {_first_line(exc)}")
 
 
 @tasks.remote(num_cpus=1)
@@ -332,7 +322,7 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
     """Load a task with mteb's code, record its inputs into `folder` (items_root); the count of each kind."""
     task = load_task(name, sources)
     for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
-        _load(name, loading, sources)
+        loading.load_data()
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
         try:
@@ -362,8 +352,7 @@ def score_task(name: str, sources: str, items: str | None, cache: embed_cache.Lo
         for kind in ITEM_SCHEMA:
             keys.update(parquet.read_table(storage.join(items, f"{kind}.parquet"), ["key"])["key"].to_pylist())
     vectors = cache.only(keys)
-    result = _quiet_evaluate(server(vectors, vectors.dim, name),
-                             _loading_in_one_line(name, load_task(name, sources), sources))
+    result = _quiet_evaluate(server(vectors, vectors.dim, name), load_task(name, sources))
     if exclude:
         result["mieb_ray"] = {**result.get("mieb_ray", {}), "clean": _clean(name, sources, exclude, result,
                                                                             server(vectors, vectors.dim, name))}
@@ -378,7 +367,7 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
     flags = Flags.load(exclude)
     task = load_task(name, sources)
     for loading in getattr(task.metadata, "tasks", None) or [task]:
-        _load(name, loading, sources)
+        loading.load_data()
     where = {"audit": storage.display(exclude)}
     try:
         clean = mteb_clean.cleaned(task, mteb_clean.flagged_in(flags, name))
