@@ -40,6 +40,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def described(exc: BaseException) -> str:
+    """An exception of a library as one line for the user: its type and first line ("KeyError: 'x'"), its type
+    alone when it has no text, without this environment's secrets."""
+    text = str(exc).strip()
+    return redact(f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)
+
+
 def find_user_error(exc: BaseException) -> UserError | None:
     """The UserError behind `exc`, looking through Ray's wrappers (RayTaskError.cause) and __cause__ chains."""
     seen = set()

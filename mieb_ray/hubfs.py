@@ -42,7 +42,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from mieb_ray import hubgate
-from mieb_ray.errors import TransientStorageError, UserError, redact
+from mieb_ray.errors import TransientStorageError, UserError, described
 
 ENV_FS = "MIEB_RAY_HUB_FS"
 ENV_CONCURRENCY = "MIEB_RAY_HUB_CONCURRENCY"
@@ -155,11 +155,6 @@ def classify(exc: BaseException) -> tuple[bool, float | None]:
     return isinstance(exc, other), None
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
 def _backoff(base: float, attempt: int) -> float:
     # jittered, so that a job's workers do not come back in step
     return min(MAX_WAIT, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -190,7 +185,7 @@ def call(fn, what: str, on_retry=None):
             if attempt == tries:
                 raise TransientStorageError(
                     f"the hub kept failing on {what} ({tries} tries in {time.monotonic() - t0:.0f}s): "
-                    f"{_describe(exc)}") from exc
+                    f"{described(exc)}") from exc
             wait = min(MAX_RETRY_AFTER, asked) if asked is not None else _backoff(base, attempt)
             if getattr(getattr(exc, "response", None), "status_code", None) == 429:
                 gate.pause(wait)  # the whole job waits, not this request alone

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 # the store's errors, here too as storage.StorageError and storage.TransientStorageError
-from mieb_ray.errors import StorageError, TransientStorageError, UserError, redact  # noqa: F401
+from mieb_ray.errors import StorageError, TransientStorageError, UserError, described, first_line, redact  # noqa: F401
 from mieb_ray.hubfs import HubFileSystem
 
 MANIFEST = "_manifest.json"  # an output's manifest, written last: without it, the output is unfinished
@@ -143,7 +143,7 @@ def _remote_error(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException) -> str:
     # pyarrow's S3 messages are long and multi-line; keep the first line, never any credential
-    return redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
+    return redact(first_line(exc))
 
 
 def listing(uri: str) -> dict[str, tuple[int, int | None]]:
@@ -275,7 +275,7 @@ def commit(local: str, dest: str) -> None:
             try:
                 _boto3_s3().upload_file(local, bucket, key)
             except Exception as exc:  # boto3 raises several unrelated types; name the target, not the keys
-                raise StorageError(f"cannot write {dest}: {type(exc).__name__}: {_describe(exc)}") \
+                raise StorageError(f"cannot write {dest}: {described(exc)}") \
                     from exc
         else:
             os.replace(local, os.path.abspath(dest))

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mieb_ray import formats, storage
-from mieb_ray.errors import UserError
+from mieb_ray.errors import UserError, described
 from mieb_ray.evals import embed_cache, mteb_clean, protocol
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
@@ -311,8 +311,7 @@ def _one_line(name: str, task, sources: str, load):
         try:
             return load(*args, **kwargs)
         except Exception as exc:
-            raise UserError(f"{name}: mteb cannot load its data from {where}: {type(exc).__name__}: "
-                            f"{_first_line(exc)}") from exc
+            raise UserError(f"{name}: mteb cannot load its data from {where}: {described(exc)}") from exc
 
     return load_data
 
@@ -372,7 +371,7 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
     try:
         clean = mteb_clean.cleaned(task, mteb_clean.flagged_in(flags, name))
     except Exception as exc:  # a task whose rows mteb's cleaning cannot filter: said, not fatal
-        return {**where, "error": f"mteb cannot clean {name}: {type(exc).__name__}: {_first_line(exc)}"}
+        return {**where, "error": f"mteb cannot clean {name}: {described(exc)}"}
     about = {"left_out": {"eval": Flags.left_out(flags.eval, sorted(clean.found))}, **where}
     audited = contamination.audited_tasks(exclude)
     if clean.images and audited is not None and name not in audited:  # no clean score where nobody looked
@@ -382,13 +381,8 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
     try:
         scores = _quiet_evaluate(model, clean.task) if clean.found else result
     except Exception as exc:  # what is left may be too little to score (an STS subset of one pair): said, not fatal
-        return {**about, "error": f"mteb cannot score {name} without the flagged rows: {type(exc).__name__}: "
-                                  f"{_first_line(exc)}"}
+        return {**about, "error": f"mteb cannot score {name} without the flagged rows: {described(exc)}"}
     return {"main_score": TaskResult.from_dict(scores).get_score(), "scores": scores["scores"], **about}
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).splitlines() or [""])[0]
 
 
 def has_texts(name: str) -> bool:

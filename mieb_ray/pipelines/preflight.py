@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from mieb_ray import storage
 from mieb_ray.captions import class_table
-from mieb_ray.errors import UserError
+from mieb_ray.errors import UserError, described
 from mieb_ray.io import parquet, reader, tar
 from mieb_ray.sources import PARQUET, Source, expected_names, select
 from mieb_ray.sources.catalog import HUB
@@ -80,8 +80,7 @@ def _unprefixed(text: str, slug: str) -> str:
 def _one_line(exc: BaseException, slug: str) -> str:
     if isinstance(exc, UserError):
         return _unprefixed(str(exc), slug)
-    first = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+    return described(exc)
 
 
 def _diff(found: list[str], expected: list[str]) -> str | None:
