@@ -15,7 +15,8 @@ The driver handles units and records, never an image or an embedding, so its mem
 rows or the embedding size. A shard is named after its input file and row range (`<file>.arrow`, or
 `<file>.<lo>-<hi>.arrow` when the file is cut), so a retried unit rewrites the same names, and `--resume`
 skips the units whose record an earlier run committed with the same settings: nothing is encoded twice and
-no key appears twice.
+no row is written twice. The keys are the input's, as they are: a key the input repeats is written as often as
+the input holds it (eval's readers refuse such an output in one line).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class EmbedConfig:
     image_column: str = flags.option("image", flag="--image-column",
                                      help="HF Image structs or raw bytes; in tars, the image member")
     text_column: str = flags.option("text", flag="--text-column", help="in tars, the .txt member")
-    key_column: str = flags.option("key", flag="--key-column", help="in tars, the sample key")
+    key_column: str = flags.option("key", flag="--key-column",
+                                   help="the input column whose value names each row in the output (eval's readers "
+                                        "need it unique); in tars, the sample key")
     carry_columns: tuple[str, ...] = flags.option(
         (), flag="--carry-columns", check=flags.names, cli_default="",
         help="comma-separated input columns to copy beside each embedding (in tars: members or fields of the .json)")
