@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         with nullcontext() if args.verbose else quiet.quiet(), cluster.own_ray(), \
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # a SIGTERM while ray.init runs meets Ray's own handler, sys.exit(15), until cluster.ray_up puts ours back
+        if isinstance(stop, SystemExit) and stop.code != signal.SIGTERM:
+            raise
         print("mieb-ray: interrupted; " + ("what was committed is complete, run again with --resume to finish"
                                            if hasattr(args, "resume") else  # check-sources, demo: start over
                                            f"{args.command} has no --resume: run it again"), file=sys.stderr)

@@ -181,6 +181,40 @@ def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> 
     assert not (out / "_manifest.json").exists()
 
 
+SLOW_CONNECT = """
+import sys, time
+import ray._private.worker as worker
+from mieb_ray.cli import main
+
+def connect(*args, **kwargs):  # ray.init has installed its own SIGTERM handler by now
+    open(sys.argv[1], "w").close()
+    time.sleep(60)
+
+worker.connect = connect
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_an_interrupt_while_ray_connects_is_an_interrupt(ray_local, mirror, tmp_path):
+    """`ray job stop` in a job's first seconds: ray.init's own handler (sys.exit(15) until ray_up puts the command's
+    back) made it exit with 15 and no word. Here Ray's connect is held until the signal comes."""
+    root, _ = mirror
+    flag, out = tmp_path / "connecting", tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-c", SLOW_CONNECT, str(flag), "--address",
+                               ray_local.get_runtime_context().gcs_address, "build", "--sources", root, "--out",
+                               str(out), "--datasets", "mnist"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    deadline = time.time() + 120
+    while not flag.exists() and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert flag.exists(), driver.communicate()
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, (driver.returncode, err[-3000:])
+    assert err.strip() == "mieb-ray: interrupted; what was committed is complete, run again with --resume to finish"
+    assert not out.exists()  # nothing was committed: the folder it made is gone
+
+
 def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
     root, _ = mirror
     reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1),
