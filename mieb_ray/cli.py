@@ -180,14 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         command.exit(2, "mieb-ray: error: --resume and --overwrite exclude each other: --resume continues what is "
                         "there, --overwrite replaces it\n")
     signal.signal(signal.SIGTERM, _interrupt)
+    done = False
     try:
         with nullcontext() if args.verbose else quiet.quiet(), cluster.own_ray(), \
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
+            done = True
     except (KeyboardInterrupt, SystemExit) as stop:
         # a SIGTERM while ray.init runs meets Ray's own handler, sys.exit(15), until cluster.ray_up puts ours back
         if isinstance(stop, SystemExit) and stop.code != signal.SIGTERM:
             raise
+        if done:  # only the teardown (Ray's shutdown) was cut short: the output is complete, --resume would refuse it
+            return 0
         print("mieb-ray: interrupted; " + ("what was committed is complete, run again with --resume to finish"
                                            if hasattr(args, "resume") else  # check-sources, demo: start over
                                            f"{args.command} has no --resume: run it again"), file=sys.stderr)

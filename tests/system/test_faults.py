@@ -215,6 +215,39 @@ def test_an_interrupt_while_ray_connects_is_an_interrupt(ray_local, mirror, tmp_
     assert not out.exists()  # nothing was committed: the folder it made is gone
 
 
+SLOW_SHUTDOWN = """
+import sys, time
+import ray
+from mieb_ray.cli import main
+
+def shutdown(*args, **kwargs):  # the job is done: the command lets its Ray go
+    open(sys.argv[1], "w").close()
+    time.sleep(60)
+
+ray.shutdown = shutdown
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_an_interrupt_after_the_job_is_done_is_a_success(ray_local, mirror, tmp_path):
+    """A SIGTERM while the command lets Ray go, its output complete: it said "run again with --resume", and --resume
+    refuses a complete output."""
+    root, _ = mirror
+    flag, out = tmp_path / "shutting-down", tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-c", SLOW_SHUTDOWN, str(flag), "--address",
+                               ray_local.get_runtime_context().gcs_address, "build", "--sources", root, "--out",
+                               str(out), "--datasets", "mnist"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    deadline = time.time() + 240
+    while not flag.exists() and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert flag.exists(), driver.communicate()
+    driver.send_signal(signal.SIGTERM)
+    printed, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0 and err == "", (driver.returncode, err[-3000:])
+    assert printed.strip().splitlines()[-1].startswith("[build] done: ") and (out / "_manifest.json").exists()
+
+
 def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
     root, _ = mirror
     reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1),
