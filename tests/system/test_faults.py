@@ -181,60 +181,24 @@ def interrupt_cli(ray_local, args: list[str], out, suffix: str, shards: int) -> 
     assert not (out / "_manifest.json").exists()
 
 
-SLOW_CONNECT = """
+HELD = """
 import sys, time
-import ray._private.worker as worker
+import ray, ray._private.worker
 from mieb_ray.cli import main
 
-def connect(*args, **kwargs):  # ray.init has installed its own SIGTERM handler by now
-    open(sys.argv[1], "w").close()
+def held(*args, **kwargs):  # signals that the command got here, then waits for the SIGTERM
+    open(sys.argv[3], "w").close()
     time.sleep(60)
 
-worker.connect = connect
-sys.exit(main(sys.argv[2:]))
+setattr(sys.modules[sys.argv[1]], sys.argv[2], held)
+sys.exit(main(sys.argv[4:]))
 """
 
 
-def test_an_interrupt_while_ray_connects_is_an_interrupt(ray_local, mirror, tmp_path):
-    """`ray job stop` in a job's first seconds: ray.init's own handler (sys.exit(15) until ray_up puts the command's
-    back) made it exit with 15 and no word. Here Ray's connect is held until the signal comes."""
-    root, _ = mirror
-    flag, out = tmp_path / "connecting", tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, "-c", SLOW_CONNECT, str(flag), "--address",
-                               ray_local.get_runtime_context().gcs_address, "build", "--sources", root, "--out",
-                               str(out), "--datasets", "mnist"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    deadline = time.time() + 120
-    while not flag.exists() and driver.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert flag.exists(), driver.communicate()
-    driver.send_signal(signal.SIGTERM)
-    _, err = driver.communicate(timeout=60)
-    assert driver.returncode == 130, (driver.returncode, err[-3000:])
-    assert err.strip() == "mieb-ray: interrupted; what was committed is complete, run again with --resume to finish"
-    assert not out.exists()  # nothing was committed: the folder it made is gone
-
-
-SLOW_SHUTDOWN = """
-import sys, time
-import ray
-from mieb_ray.cli import main
-
-def shutdown(*args, **kwargs):  # the job is done: the command lets its Ray go
-    open(sys.argv[1], "w").close()
-    time.sleep(60)
-
-ray.shutdown = shutdown
-sys.exit(main(sys.argv[2:]))
-"""
-
-
-def test_an_interrupt_after_the_job_is_done_is_a_success(ray_local, mirror, tmp_path):
-    """A SIGTERM while the command lets Ray go, its output complete: it said "run again with --resume", and --resume
-    refuses a complete output."""
-    root, _ = mirror
-    flag, out = tmp_path / "shutting-down", tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, "-c", SLOW_SHUTDOWN, str(flag), "--address",
+def sigterm_at(module: str, name: str, ray_local, root: str, out) -> tuple[int, str, str]:
+    """A build of mnist, SIGTERMed once it calls `module.name` (held there): its exit code, stdout and stderr."""
+    flag = out.parent / f"{name}-called"
+    driver = subprocess.Popen([sys.executable, "-c", HELD, module, name, str(flag), "--address",
                                ray_local.get_runtime_context().gcs_address, "build", "--sources", root, "--out",
                                str(out), "--datasets", "mnist"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
@@ -244,7 +208,25 @@ def test_an_interrupt_after_the_job_is_done_is_a_success(ray_local, mirror, tmp_
     assert flag.exists(), driver.communicate()
     driver.send_signal(signal.SIGTERM)
     printed, err = driver.communicate(timeout=60)
-    assert driver.returncode == 0 and err == "", (driver.returncode, err[-3000:])
+    return driver.returncode, printed, err
+
+
+def test_an_interrupt_while_ray_connects_is_an_interrupt(ray_local, mirror, tmp_path):
+    """`ray job stop` in a job's first seconds: ray.init's own handler (sys.exit(15) until ray_up puts the command's
+    back) made it exit with 15 and no word. Here Ray's connect, which comes after that handler, is held."""
+    out = tmp_path / "out"
+    code, _, err = sigterm_at("ray._private.worker", "connect", ray_local, mirror[0], out)
+    assert code == 130, (code, err[-3000:])
+    assert err.strip() == "mieb-ray: interrupted; what was committed is complete, run again with --resume to finish"
+    assert not out.exists()  # nothing was committed: the folder it made is gone
+
+
+def test_an_interrupt_after_the_job_is_done_is_a_success(ray_local, mirror, tmp_path):
+    """A SIGTERM while the command lets Ray go (ray.shutdown held), its output complete: it said "run again with
+    --resume", and --resume refuses a complete output."""
+    out = tmp_path / "out"
+    code, printed, err = sigterm_at("ray", "shutdown", ray_local, mirror[0], out)
+    assert code == 0 and err == "", (code, err[-3000:])
     assert printed.strip().splitlines()[-1].startswith("[build] done: ") and (out / "_manifest.json").exists()
 
 
