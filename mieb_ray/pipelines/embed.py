@@ -16,7 +16,7 @@ rows or the embedding size. A shard is named after its input file and row range 
 `<file>.<lo>-<hi>.arrow` when the file is cut), so a retried unit rewrites the same names, and `--resume`
 skips the units whose record an earlier run committed with the same settings: nothing is encoded twice and
 no row is written twice. The keys are the input's, as they are: a key the input repeats is written as often as
-the input holds it (eval's readers refuse such an output in one line).
+the input holds it (eval's readers of row keys, `<dataset>/<index>`, refuse such an output in one line).
 """
 
 from __future__ import annotations
