@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 no_empty_folder_on_failure(getattr(args, "out", None)), surfaced():
             args.run(args)
             done = True
-    except (KeyboardInterrupt, SystemExit) as stop:
-        # a SIGTERM while ray.init runs meets Ray's own handler, sys.exit(15), until cluster.ray_up puts ours back
-        if isinstance(stop, SystemExit) and stop.code != signal.SIGTERM:
-            raise
+    except KeyboardInterrupt:
         if done:  # only the teardown (Ray's shutdown) was cut short: the output is complete, --resume would refuse it
             return 0
         print("mieb-ray: interrupted; " + ("what was committed is complete, run again with --resume to finish"

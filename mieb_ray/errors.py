@@ -43,8 +43,8 @@ def first_line(exc: BaseException) -> str:
 def described(exc: BaseException) -> str:
     """An exception of a library as one line for the user: its type and first line ("KeyError: 'x'"), its type
     alone when it has no text, without this environment's secrets."""
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)
+    line = first_line(exc)
+    return redact(f"{type(exc).__name__}: {line}" if str(exc).strip() else line)
 
 
 def find_user_error(exc: BaseException) -> UserError | None:

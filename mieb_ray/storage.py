@@ -275,8 +275,7 @@ def commit(local: str, dest: str) -> None:
             try:
                 _boto3_s3().upload_file(local, bucket, key)
             except Exception as exc:  # boto3 raises several unrelated types; name the target, not the keys
-                raise StorageError(f"cannot write {dest}: {described(exc)}") \
-                    from exc
+                raise StorageError(f"cannot write {dest}: {described(exc)}") from exc
         else:
             os.replace(local, os.path.abspath(dest))
     finally:

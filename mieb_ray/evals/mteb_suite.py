@@ -72,9 +72,14 @@ def load_task(name: str, sources: str):
     task = _own(mteb.get_task(name))
     if sources != HF:
         _redirect(task, sources)
-    for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
+    for loading in _holding_data(task):
         loading.load_data = _one_line(name, loading, sources, loading.load_data)
     return task
+
+
+def _holding_data(task) -> list:
+    """The tasks whose load_data reads the data: an aggregate's sub-tasks, else the task itself."""
+    return getattr(task.metadata, "tasks", None) or [task]
 
 
 def _own(task):
@@ -320,7 +325,7 @@ def _one_line(name: str, task, sources: str, load):
 def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, int]:
     """Load a task with mteb's code, record its inputs into `folder` (items_root); the count of each kind."""
     task = load_task(name, sources)
-    for loading in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate's data are its sub-tasks'
+    for loading in _holding_data(task):
         loading.load_data()
     with tempfile.TemporaryDirectory() as tmp:
         sink = ItemSink(tmp)
@@ -365,7 +370,7 @@ def _clean(name: str, sources: str, exclude: str, result: dict, model) -> dict:
 
     flags = Flags.load(exclude)
     task = load_task(name, sources)
-    for loading in getattr(task.metadata, "tasks", None) or [task]:
+    for loading in _holding_data(task):
         loading.load_data()
     where = {"audit": storage.display(exclude)}
     try:
@@ -398,7 +403,7 @@ def missing_data(names: list[str], sources: str) -> list[str]:
     lacking = []
     for name in names:
         task = load_task(name, sources)
-        if any(not os.path.isdir(t.metadata.dataset["path"]) for t in getattr(task.metadata, "tasks", None) or [task]):
+        if any(not os.path.isdir(t.metadata.dataset["path"]) for t in _holding_data(task)):
             lacking.append(name)
     return lacking
 

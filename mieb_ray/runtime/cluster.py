@@ -77,11 +77,17 @@ def ray_up(ctx: RunContext | None = None) -> None:
         # HF_TOKEN and the hub settings reach every worker through its environment, never a log
         # the workers' own output (a model's progress bars, Ray's retry notes) only with --verbose: their errors
         # reach the job as exceptions
-        ray.init(address=address, log_to_driver=ctx.verbose, logging_level=ctx.ray_log_level(),
-                 runtime_env=worker_runtime_env(), **own)
+        try:
+            ray.init(address=address, log_to_driver=ctx.verbose, logging_level=ctx.ray_log_level(),
+                     runtime_env=worker_runtime_env(), **own)
+        except SystemExit as exc:  # a SIGTERM met the handler ray.init installs, sys.exit(15): the caller's decides
+            if exc.code == signal.SIGTERM and callable(handler):
+                handler(signal.SIGTERM, None)  # the CLI's raises KeyboardInterrupt: the command's interrupt
+            raise
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
         ctx.started_here = address is None
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, handler)  # ray.init installed its own, which exits on the spot
     logging.getLogger("ray").setLevel(ctx.ray_log_level())
     share_gate()  # a job that read the hub before Ray was up: one bound for all its processes
 
