@@ -47,6 +47,17 @@ class Repo:
         prefix = self.root + "/"
         self.paths = {u[len(prefix):]: u for u in storage.list_files(self.root)}
         self.card = storage.read_text(storage.join(self.root, CARD)) if CARD in self.paths else None
+        self._configs = None  # the card's configs, parsed once: a YAML card of many configs takes ~10 ms
+
+    def configs(self):
+        """The card's `configs` as datasets reads them (MetadataConfigs; empty without a YAML card)."""
+        if self._configs is None:
+            from datasets.utils.metadata import MetadataConfigs
+            from huggingface_hub import DatasetCard, DatasetCardData
+
+            card = DatasetCard(self.card).data if self.card and self.card.startswith("---") else DatasetCardData()
+            self._configs = MetadataConfigs.from_dataset_card_data(card)
+        return self._configs
 
     def files(self, config: str | None = None) -> RepoFiles:
         """The data files of `config` (None: the default config, as `load_dataset(repo)` takes it)."""
@@ -70,15 +81,12 @@ class Repo:
         from datasets.download.download_config import DownloadConfig
         from datasets.load import _ALL_ALLOWED_EXTENSIONS, infer_module_for_data_files
         from datasets.packaged_modules import _MODULE_TO_EXTENSIONS
-        from datasets.utils.metadata import MetadataConfigs
-        from huggingface_hub import DatasetCard, DatasetCardData
 
         if not self.paths:
             raise FormatError(f"no files under {storage.display(self.root)}")
         options = DownloadConfig(storage_options={"reference": {"fo": {p: "" for p in self.paths},
                                                                  "skip_instance_cache": True}})
-        card = DatasetCard(self.card).data if self.card and self.card.startswith("---") else DatasetCardData()
-        configs = MetadataConfigs.from_dataset_card_data(card)
+        configs = self.configs()
 
         def resolve(params: dict | None) -> dict[str, list[str]]:
             base = f"{_BASE}{params['data_dir']}" if params and params.get("data_dir") else _BASE
