@@ -92,7 +92,13 @@ def clean_captions(arr: pa.Array) -> pa.Array:
 
 def clean_caption(text: str) -> str:
     """Rule 12 for one string: the same pyarrow code as clean_captions, so the two can never disagree."""
-    return clean_captions(pa.array([text], pa.string()))[0].as_py()
+    return _cleaned([text])[0]
+
+
+def _cleaned(texts: list[str]) -> list[str]:
+    """Rule 12 over a list in one call (a call per string compiles the regex each time, about 0.5 ms: 1.4 s for
+    the class tables of every source)."""
+    return clean_captions(pa.array(texts, pa.string())).to_pylist()
 
 
 # --- tables --------------------------------------------------------------------------------------------
@@ -131,7 +137,7 @@ def class_table(source: Source, hub_names: list[str] | None = None) -> ClassTabl
 
     base = _cased(source, raw) if source.style == CASED else raw
     base = [source.renames[i][1] if i in source.renames else n for i, n in enumerate(base)]
-    names = [clean_caption(words(n, source.style)) for n in base]
+    names = _cleaned([words(n, source.style) for n in base])
 
     empty = [i for i, n in enumerate(names) if not n]
     if empty:
@@ -140,6 +146,6 @@ def class_table(source: Source, hub_names: list[str] | None = None) -> ClassTabl
         dupes = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"{source.slug}: duplicate class names {dupes}")
 
-    text = [clean_caption(source.template.format(a=indefinite_article(n), name=n)) for n in names]
+    text = _cleaned([source.template.format(a=indefinite_article(n), name=n) for n in names])
     return ClassTable(source.slug, tuple(raw), tuple(names), tuple(text),
                       tuple(i not in source.drop for i in range(len(raw))))
