@@ -111,17 +111,18 @@ class Repo:
         # as datasets' module factories: the builder from the first config's files (or the default patterns'),
         # the files from the config load_dataset takes (the card's default one, unless one is named)
         first = next(iter(configs.values()), None)
-        builder, _ = infer_module_for_data_files(resolve(first if first and "data_files" in first else None))
+        typing = first if first and "data_files" in first else None
+        files = resolve(typing)  # also the files read, unless another config is taken (resolved once: fsspec globs)
+        builder, _ = infer_module_for_data_files(files)
         if configs:
             name = config or configs.get_default_config_name()
             if name is None or name not in configs:
                 raise FormatError(f"{storage.display(self.root)}: no config {name or '(default)'} in its card "
                                   f"(configs: {', '.join(configs)})")
-            files = resolve(configs[name])
+            if configs[name] is not typing:
+                files = resolve(configs[name])
         elif config:
             raise FormatError(f"{storage.display(self.root)}: no config {config} (its card declares none)")
-        else:
-            files = resolve(None)
         extensions = tuple(_MODULE_TO_EXTENSIONS.get(builder, ()))
         return RepoFiles(builder, {str(split): tuple(self.paths[f[len(_BASE):]] for f in uris
                                                      if f.lower().endswith(extensions))
