@@ -93,20 +93,6 @@ def measure(name: str, fn, out: Path) -> dict:
 # ---------------------------------------------------------------------------------------------- old vs new
 
 
-def _worktree(work: Path, rev: str) -> Path:
-    """A git worktree of the repository at `rev` (made once, reused), whose mieb_ray a child process imports."""
-    repo = Path(__file__).resolve().parent.parent
-    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    tree = work / f"baseline-{sha[:12]}"
-    if not (tree / "mieb_ray" / "__init__.py").exists():
-        shutil.rmtree(tree, ignore_errors=True)
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=True)
-        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), sha], check=True,
-                       capture_output=True)
-    return tree
-
-
 def _child(args) -> None:
     """One timed all-23 build in this process (its own Ray); the result as one JSON line on stdout."""
     import mieb_ray
@@ -141,7 +127,7 @@ def _child(args) -> None:
 
 def compare(args, work: Path, scales: list[float]) -> None:
     """--baseline-rev: the all-23 build, old code vs this checkout's, each in a fresh process, alternating."""
-    old_tree, new_tree = _worktree(work, args.baseline_rev), Path(__file__).resolve().parent.parent
+    old_tree, new_tree = h.worktree(work, args.baseline_rev), h.ROOT
     label = {"old": f"{args.baseline_rev} (old)", "new": "this checkout (new)"}
     runs = []  # (scale, which, measurement)
     for scale in scales:

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -544,6 +545,21 @@ def fresh_process_env() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+def worktree(work: Path, rev: str) -> Path:
+    """A git worktree of this repository at `rev` in `work` (made once, reused): the code of an old-vs-new
+    comparison, which a child process imports with the tree first on its PYTHONPATH and its cwd outside this
+    checkout (whose mieb_ray/ would come first)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(work) / f"baseline-{sha[:12]}"
+    if not (tree / "mieb_ray" / "__init__.py").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True,
+                       capture_output=True)
+    return tree
 
 
 def run_process(argv: list[str], env: dict | None = None, cwd: str | None = None) -> float:
