@@ -111,15 +111,15 @@ class Repo:
         # as datasets' module factories: the builder from the first config's files (or the default patterns'),
         # the files from the config load_dataset takes (the card's default one, unless one is named)
         first = next(iter(configs.values()), None)
-        typing = first if first and "data_files" in first else None
-        files = resolve(typing)  # also the files read, unless another config is taken (resolved once: fsspec globs)
+        typed_by = first if first and "data_files" in first else None
+        files = resolve(typed_by)  # also the files read, unless another config is taken (resolved once: fsspec globs)
         builder, _ = infer_module_for_data_files(files)
         if configs:
             name = config or configs.get_default_config_name()
             if name is None or name not in configs:
                 raise FormatError(f"{storage.display(self.root)}: no config {name or '(default)'} in its card "
                                   f"(configs: {', '.join(configs)})")
-            if configs[name] is not typing:
+            if configs[name] is not typed_by:
                 files = resolve(configs[name])
         elif config:
             raise FormatError(f"{storage.display(self.root)}: no config {config} (its card declares none)")
