@@ -66,6 +66,9 @@ def main() -> None:
     for i in range(args.repeat):  # the outputs are the same work: each run wrote its own folder
         for which in ("old", "new"):
             shutil.rmtree(work / f"{which}-{i}", ignore_errors=True)
+    if args.work is None:  # a scratch folder of this run: its worktree goes with it
+        subprocess.run(["git", "-C", str(h.ROOT), "worktree", "remove", "--force", str(old)], check=True)
+        shutil.rmtree(work, ignore_errors=True)
     record.finish(notes=[
         "Both demos do the same work (920 rows built; four embed jobs: the table's images and texts, then the eval's; "
         "BioVITA and CIFAR10ZeroShot scored; the run's summary); each run writes a new folder, so none is refused "
