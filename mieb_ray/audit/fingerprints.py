@@ -24,6 +24,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from mieb_ray.errors import first_line
+
 PDQ_SIDE = 256
 TRIM_SPAN = 12  # a bar's values: within 12 of each other, and of 0 or 255 (JPEG noise at the edge of a bar)
 GRID = 64  # PDQ hashes a 64 x 64 image
@@ -68,8 +70,7 @@ def decode(data: bytes) -> Image.Image:
         image.load()
         return ImageOps.exif_transpose(image).convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"undecodable image: {reason}") from None
+        raise ValueError(f"undecodable image: {first_line(exc)}") from None
 
 
 def pixel_hash(rgb: Image.Image) -> bytes:

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import storage
-from mieb_ray.errors import FormatError, UserError
+from mieb_ray.errors import FormatError, UserError, first_line
 from mieb_ray.io import datafiles
 
 REPO = "myang333/BioVITAT2IRetrieval"
@@ -92,7 +92,7 @@ def _read(files: list[str], columns: list[str]) -> pa.Table:
                 tables.append(pq.ParquetFile(f).read(columns=columns))
         except (pa.ArrowInvalid, KeyError) as exc:
             raise BioVITAError(f"cannot read columns {', '.join(columns)} of {storage.display(uri)}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+                               f"{first_line(exc)}") from exc
     return pa.concat_tables(tables)
 
 
