@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from contextlib import nullcontext
@@ -42,7 +43,11 @@ def run_context(args: argparse.Namespace) -> cluster.RunContext:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # `ray job stop` and `kill` send SIGTERM: unwind as for Ctrl-C, staged files removed
+    """Ctrl-C, and the SIGTERM of `ray job stop` and `kill`: unwind as for Ctrl-C, staged files removed. The tasks
+    the job abandons may fail as Ray tears them down (a commit task's "not callable", a cancel's "no owner");
+    Ray would print each such error no one fetched, after the command's own line: they are not the job's."""
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"  # read by Ray's driver at each report
+    raise KeyboardInterrupt
 
 
 def run_build(args: argparse.Namespace) -> None:
@@ -180,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         command.exit(2, "mieb-ray: error: --resume and --overwrite exclude each other: --resume continues what is "
                         "there, --overwrite replaces it\n")
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     done = False
     try:
         with nullcontext() if args.verbose else quiet.quiet(), cluster.own_ray(), \
