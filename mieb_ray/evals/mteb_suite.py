@@ -314,11 +314,33 @@ def _one_line(name: str, task, sources: str, load):
 
     def load_data(*args, **kwargs):
         try:
-            return load(*args, **kwargs)
+            with _resolved_once():
+                return load(*args, **kwargs)
         except Exception as exc:
             raise UserError(f"{name}: mteb cannot load its data from {where}: {described(exc)}") from exc
 
     return load_data
+
+
+@contextmanager
+def _resolved_once():
+    """`datasets` resolves a dataset on every load_dataset call (its card parsed, its files listed and hashed; on the
+    hub, requests), and a task's load calls it for each config and split: XM3600T2IRetrieval's 36 languages, each
+    split of a retrieval task. Within one load the repo does not change, so the first resolution of the same
+    arguments serves the rest, each caller its own copy (load_dataset_builder pops from it). About a quarter of
+    the eval's time on the test mirrors. One load runs at a time in a process, as in _without_abstention."""
+    from datasets import load
+
+    real, resolved = load.dataset_module_factory, {}
+
+    def resolve(*args, **kwargs):
+        key = repr((args, sorted(kwargs.items())))
+        if key not in resolved:
+            resolved[key] = real(*args, **kwargs)
+        return copy.deepcopy(resolved[key])
+
+    with mock.patch.object(load, "dataset_module_factory", resolve):
+        yield
 
 
 @tasks.remote(num_cpus=1)

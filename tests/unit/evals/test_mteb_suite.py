@@ -256,3 +256,39 @@ def test_the_collect_pass_records_what_mtebs_own_search_encodes(name, tmp_path, 
     mteb_suite._quiet_evaluate(mteb_suite.recorder(8, recorded), mteb_suite.load_task(name, root))
     assert handed.images  # every one of these tasks has images, on one side or both
     assert (recorded.images, recorded.texts) == (handed.images, handed.texts)
+
+
+def test_a_tasks_load_resolves_its_repo_once_and_reads_what_mteb_reads(tmp_path, monkeypatch):
+    """`datasets` resolves a repo on each load_dataset call (its card parsed, its files listed; requests on the hub),
+    and XM3600T2IRetrieval's load makes one per language (36). Ours resolves the repo once, and the task then holds
+    what mteb's own load of the same folder holds."""
+    import mteb
+    from datasets import load
+    from support.hub_tasks import retrieval
+
+    from mieb_ray.evals import mteb_suite
+
+    name = "XM3600T2IRetrieval"
+    retrieval.TASKS[name](str(tmp_path))
+    theirs = mteb.get_task(name)
+    theirs.metadata = theirs.metadata.model_copy(deep=True)
+    theirs.metadata.dataset["path"] = str(tmp_path / retrieval.PATHS[name])
+    theirs.load_data()
+
+    real, resolved = load.dataset_module_factory, []
+    monkeypatch.setattr(load, "dataset_module_factory", lambda *a, **k: resolved.append(a) or real(*a, **k))
+    ours = mteb_suite.load_task(name, str(tmp_path))
+    ours.load_data()
+    assert resolved == [(theirs.metadata.dataset["path"],)]
+
+    def held(task) -> list:
+        """The task's data, each dataset as its Arrow table (images as stored)."""
+        def plain(value):
+            if isinstance(value, datasets.Dataset):
+                return value.with_format("arrow")[:]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return [plain(v) for v in value] if isinstance(value, list) else value
+        return [plain(getattr(task, part)) for part in ("corpus", "queries", "relevant_docs")]
+
+    assert held(ours) == held(theirs)
