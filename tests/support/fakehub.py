@@ -36,6 +36,7 @@ Settings (all optional but root):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -342,7 +343,8 @@ class FakeHubFile(AbstractBufferedFile):
 class HttpHub:
     """The same mirror behind a local HTTP server that speaks the part of the hub's API the real client uses
     to read a dataset (`/api/datasets/<repo>/revision|tree|paths-info/<rev>`, `/datasets/<repo>/resolve/<rev>/
-    <path>` with byte ranges), so that `HfFileSystem(endpoint=hub.url)` is tested as it is, retries and all.
+    <path>` with byte ranges), so that `HfFileSystem(endpoint=hub.url)` is tested as it is, retries and all, and
+    `datasets.load_dataset` (hf_hub_download: a HEAD of each file, the commit and ETag headers) with its endpoint.
 
     Every `every`-th request fails in turn with one of `faults`: "429" (Retry-After: 0), "503", "truncate"
     (a 206 holding half the range asked, its length consistent) and "drop" (the connection closes halfway
@@ -374,7 +376,8 @@ class HttpHub:
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body[: len(body) // 2] if cut else body)
+                if self.command != "HEAD":  # headers alone: a body would read as the next answer
+                    self.wfile.write(body[: len(body) // 2] if cut else body)
                 if cut:
                     self.close_connection = True
 
@@ -397,7 +400,7 @@ class HttpHub:
                 if api:
                     return self.api(*api.groups(), form=form, query=urllib.parse.parse_qs(url.query))
                 if blob:
-                    return self.blob(blob.group(1), blob.group(3), fault)
+                    return self.blob(blob.group(1), blob.group(2), blob.group(3), fault)
                 self.send(404, {"error": "not found"})
 
             do_POST = do_HEAD = do_GET
@@ -418,7 +421,7 @@ class HttpHub:
                     names = [os.path.join(base, n) for n in sorted(os.listdir(base))]
                 self.send(200, [_entry(folder, os.path.relpath(n, folder)) for n in names])
 
-            def blob(self, repo, rel, fault):
+            def blob(self, repo, revision, rel, fault):
                 local = os.path.join(hub.root, repo, rel)
                 if not os.path.isfile(local):
                     return self.send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
@@ -432,8 +435,10 @@ class HttpHub:
                 if fault == "truncate":
                     part = part[: len(part) // 2]
                     hi = lo + len(part) - 1
-                self.send(206 if rng else 200, part, {"Content-Range": f"bytes {lo}-{hi}/{len(data)}", "ETag": '"0"'},
-                          cut=fault == "drop")
+                # the hub's headers that hf_hub_download (datasets' reads) requires; its cache keeps a blob per ETag
+                headers = {"Content-Range": f"bytes {lo}-{hi}/{len(data)}", "X-Repo-Commit": revision,
+                           "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
+                self.send(206 if rng else 200, part, headers, cut=fault == "drop")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"

@@ -292,3 +292,36 @@ def test_a_tasks_load_resolves_its_repo_once_and_reads_what_mteb_reads(tmp_path,
         return [plain(getattr(task, part)) for part in ("corpus", "queries", "relevant_docs")]
 
     assert held(ours) == held(theirs)
+
+
+def test_a_tasks_load_from_the_hub_asks_for_each_file_once(tmp_path, monkeypatch):
+    """On the hub each resolution is requests: the card, the loading script and .huggingface.yaml asked for again
+    for each language made XM3600T2IRetrieval's load 185 requests for its 37 files. Through a server in the hub's
+    image (support/fakehub.HttpHub), the load asks for each file once."""
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+    from support import fakehub
+    from support.hub_tasks import retrieval
+
+    from mieb_ray.evals import mteb_suite
+
+    retrieval.TASKS["XM3600T2IRetrieval"](str(tmp_path / "hub"))
+    server = fakehub.HttpHub(str(tmp_path / "hub"))
+    for module, name, value in [
+            (hub_constants, "HF_HUB_OFFLINE", False), (datasets.config, "HF_HUB_OFFLINE", False),
+            (hub_constants, "ENDPOINT", server.url), (datasets.config, "HF_ENDPOINT", server.url),
+            (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}"),
+            (datasets.config, "HUB_DATASETS_URL", server.url + "/datasets/{repo_id}/resolve/{revision}/{path}"),
+            (hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache")),  # this test's downloads apart
+            (datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")]:
+        monkeypatch.setattr(module, name, value)
+    try:
+        task = mteb_suite.load_task("XM3600T2IRetrieval", "hf")
+        task.load_data()
+    finally:
+        server.stop()
+    asked = [(method, path) for method, path, _, _ in server.requests if "/api/agent-harnesses" not in path]
+    assert len(task.corpus) == 36 and len(asked) == len(set(asked)), sorted(asked)
+    repo = tmp_path / "hub" / retrieval.PATHS["XM3600T2IRetrieval"]
+    files = {str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()}
+    assert {path.split("/", 6)[6] for method, path in asked if method == "GET" and "/resolve/" in path} == files
