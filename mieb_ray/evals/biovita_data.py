@@ -43,24 +43,19 @@ def repo_root(data: str) -> str:
     return storage.join(data, REPO)
 
 
-def _locate(root: str) -> dict[str, list[str]]:
-    """Every config's test-split parquet files, as `datasets.load_dataset(REPO, config)` reads them (the card's
-    `configs`, io/datafiles.py); a config it cannot resolve has none."""
-    repo = datafiles.Repo(root)
-    found = {}
-    for config in (f"{subset}-{kind}" for subset in SUBSETS for kind in KINDS):
-        try:
-            found[config] = list(repo.files(config).splits.get(SPLIT, ()))
-        except FormatError:
-            found[config] = []
-    return found
-
-
-def _files(found: dict[str, list[str]], root: str, config: str) -> list[str]:
-    subset = config.rsplit("-", 1)[0]
-    if not found.get(config):
-        raise BioVITAError(f"BioVITA subset {subset}: no files for config {config} under {storage.display(root)}")
-    return found[config]
+def _config_files(repo: datafiles.Repo, config: str) -> list[str]:
+    """`config`'s test-split parquet files, as `datasets.load_dataset(REPO, config)` reads them (the card's
+    `configs`, io/datafiles.py); none, or a config it cannot resolve: a one-line error. Only the configs a reader
+    takes are matched against the repo's listing (all eight each time had been most of a read's setup)."""
+    try:
+        files = list(repo.files(config).splits.get(SPLIT, ()))
+    except FormatError:
+        files = []
+    if not files:
+        subset = config.rsplit("-", 1)[0]
+        raise BioVITAError(f"BioVITA subset {subset}: no files for config {config} under "
+                           f"{storage.display(repo.root)}")
+    return files
 
 
 def _check_subset(subset: str) -> None:
@@ -70,8 +65,7 @@ def _check_subset(subset: str) -> None:
 
 def config_files(data: str, config: str) -> list[str]:
     """The parquet files of `config`'s test split, in order."""
-    root = repo_root(data)
-    return _files(_locate(root), root, config)
+    return _config_files(datafiles.Repo(repo_root(data)), config)
 
 
 def corpus_files(data: str, subset: str) -> list[str]:
@@ -114,9 +108,8 @@ class Queries:
 
 def _found(data: str, subset: str):
     _check_subset(subset)
-    root = repo_root(data)
-    found = _locate(root)
-    return lambda kind: _files(found, root, f"{subset}-{kind}")
+    repo = datafiles.Repo(repo_root(data))  # its card read once for the configs asked
+    return lambda kind: _config_files(repo, f"{subset}-{kind}")
 
 
 def _check_unique(ids: list[str], subset: str, kind: str) -> None:
