@@ -61,3 +61,6 @@ IMG = (
 )
 BENCHMARKS = {"MIEB(Multilingual)": MULTILINGUAL, "MIEB(eng)": tuple(t for t in MULTILINGUAL if t not in _NOT_ENG),
               "MIEB(lite)": LITE, "MIEB(Img)": IMG}
+# every task of the four: MIEB(Multilingual)'s 130, and the two multilingual VisualSTS tasks MIEB(Img) runs as they
+# are (MIEB(Multilingual) runs them inside its aggregates VisualSTS17Multilingual and VisualSTS-b-Multilingual)
+TASKS = tuple(dict.fromkeys(t for tasks in BENCHMARKS.values() for t in tasks))

@@ -8,6 +8,7 @@ job (evals/job.py) scores; the outputs of one suite go to OUT, of several each t
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,7 +84,7 @@ SUITES = (
 )
 # the rest of MIEB: scored by mteb's own loaders and evaluators (evals/mteb_suite.py)
 _HAND_BUILT = {task for suite in SUITES for task in suite.tasks}
-SUITES += (Suite("mteb", tuple(t for t in benchmarks.MULTILINGUAL if t not in _HAND_BUILT),
+SUITES += (Suite("mteb", tuple(t for t in benchmarks.TASKS if t not in _HAND_BUILT),
                  lambda names, o: MtebSuite(names, o.sources, exclude=o.exclude)),)
 BY_NAME = {suite.name: suite for suite in SUITES}
 
@@ -104,12 +105,14 @@ ALIASES = {"BioVITAT2IRetrieval": biovita_data.TASK}
 
 
 def select(tasks: str | None, within: tuple[Suite, ...] = SUITES, log=print) -> list[tuple[Suite, list[str]]]:
-    """(suite, its chosen task names) for `tasks`: comma-separated mteb names (or an ALIASES name, logged as
-    the task it is), or "all" / None for every task of the suites `within`; an unknown name is one line listing
-    the valid ones."""
+    """(suite, its chosen task names) for `tasks`: comma-separated mteb task or benchmark names (or an ALIASES name,
+    logged as the task it is), or "all" / None for every task of the suites `within`; an unknown name is one line
+    with the closest valid name, if one is close, and all of them."""
     valid = [name for suite in within for name in suite.tasks]
+    # "MIEB(lite)": its tasks; a benchmark only where every task of it is here (eval-zeroshot takes none)
+    benches = {b: names for b, names in benchmarks.BENCHMARKS.items() if set(names) <= set(valid)}
     given = valid if tasks in (None, ALL) else [t.strip() for t in tasks.split(",") if t.strip()]
-    given = list(dict.fromkeys(n for t in given for n in benchmarks.BENCHMARKS.get(t, (t,))))  # "MIEB(lite)": its tasks
+    given = list(dict.fromkeys(n for t in given for n in benches.get(t, (t,))))
     # an alias of a task outside `within` (eval-zeroshot) stays unknown, under the name the user gave
     wanted = [ALIASES[t] if ALIASES.get(t) in valid else t for t in given]
     for name, task in zip(given, wanted):
@@ -117,6 +120,14 @@ def select(tasks: str | None, within: tuple[Suite, ...] = SUITES, log=print) -> 
             log(f"[eval] {name} is mteb's {task} (the name on its dataset card)")
     unknown = [t for t in wanted if t not in valid]
     if unknown or not wanted:
-        raise UserError(f"unknown eval task {unknown[0]!r}; valid: {ALL}, {', '.join(valid)}" if unknown
-                        else f"no eval task given; valid: {ALL}, {', '.join(valid)}")
+        names = [ALL, *benches, *valid]
+        raise UserError(f"unknown eval task {unknown[0]!r}{_did_you_mean(unknown[0], names)}; valid: "
+                        f"{', '.join(names)}" if unknown else f"no eval task given; valid: {', '.join(names)}")
     return [(suite, [t for t in suite.tasks if t in wanted]) for suite in within if set(suite.tasks) & set(wanted)]
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    """The valid name closest to a misspelt one, case aside ("mieb(Lite)", "CIFAR10Zeroshot"), if one is close."""
+    lowered = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), lowered, n=1, cutoff=0.8)
+    return f" (did you mean {lowered[close[0]]}?)" if close else ""

@@ -1,6 +1,7 @@
 """Fixture mirrors of the hub repos of MIEB's VisualSTS tasks: STS12VisualSTS .. STS16VisualSTS and the four
 aggregates VisualSTS17Eng, VisualSTS17Multilingual (sub-task STS17MultilingualVisualSTS) and VisualSTS-b-Eng,
-VisualSTS-b-Multilingual (sub-task STSBenchmarkMultilingualVisualSTS).
+VisualSTS-b-Multilingual (sub-task STSBenchmarkMultilingualVisualSTS); the two sub-tasks too, which MIEB(Img) runs
+as they are.
 
 `TASKS[name](root)` writes the task's repo (an aggregate: its sub-task's repo) under root/<metadata.dataset["path"]>
 the way the hub serves it: parquet files whose schema carries the HF features (Image as {bytes, path}), and a
@@ -225,6 +226,8 @@ TASKS: dict[str, Callable[[str], None]] = {
     "VisualSTS17Multilingual": write_sts17,
     "VisualSTS-b-Eng": write_stsb,
     "VisualSTS-b-Multilingual": write_stsb,
+    "STS17MultilingualVisualSTS": write_sts17,
+    "STSBenchmarkMultilingualVisualSTS": write_stsb,
 }
 
 _MULTI = ["ko-ko", "ar-ar", "en-ar", "en-de", "en-tr", "es-en", "es-es", "fr-en", "it-en", "nl-en"]
@@ -239,4 +242,6 @@ ROWS: dict[str, dict[str, dict[str, int]]] = {
     "VisualSTS17Multilingual": {sub: {"test": STS17_ROWS[sub]} for sub in _MULTI},
     "VisualSTS-b-Eng": {"en": STSB_ROWS["en"]},
     "VisualSTS-b-Multilingual": {lang: STSB_ROWS[lang] for lang in STSB_LANGS if lang != "en"},
+    "STS17MultilingualVisualSTS": {sub: {"test": STS17_ROWS[sub]} for sub in STS17_SUBSETS},
+    "STSBenchmarkMultilingualVisualSTS": STSB_ROWS,
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,11 +30,20 @@ def test_task_names_select_their_suites():
     chosen = registry.select(f"{ZS},BioVITAT2IReranking,RenderedSST2")
     assert [(s.name, names) for s, names in chosen] == [("biovita", ["BioVITAT2IReranking"]),
                                                         ("zeroshot", ["CIFAR100ZeroShot", "RenderedSST2"])]
-    assert [len(names) for _, names in registry.select("all")] == [1, 23, 19, 2, 2, 85]  # 85: through mteb's code
+    assert [len(names) for _, names in registry.select("all")] == [1, 23, 19, 2, 2, 87]  # 87: through mteb's code
     assert registry.select("CIFAR10,CIFAR10ZeroShot")[1][0].name == "linear_probe"  # the probe's name is mteb's
     assert registry.select(None, (zeroshot,))[0][1] == list(zeroshot.tasks)
-    with pytest.raises(UserError, match=r"^unknown eval task 'CIFAR1000ZeroShot'; valid: all, BioVITAT2IReranking, "):
+    with pytest.raises(UserError, match=r"^unknown eval task 'CIFAR1000ZeroShot' \(did you mean CIFAR100ZeroShot\?\); "
+                                        r"valid: all, MIEB\(Multilingual\), MIEB\(eng\), MIEB\(lite\), MIEB\(Img\), "
+                                        r"BioVITAT2IReranking, "):
         registry.select("CIFAR1000ZeroShot")
+    for typed, meant in (("MIEB(Lite)", "MIEB(lite)"), ("cifar10zeroshot", "CIFAR10ZeroShot"),
+                         ("MIEB lite", "MIEB(lite)")):
+        with pytest.raises(UserError, match=rf"^unknown eval task '{re.escape(typed)}' \(did you mean "
+                                            rf"{re.escape(meant)}\?\); valid: "):
+            registry.select(typed)
+    with pytest.raises(UserError, match=r"^unknown eval task 'Nope'; valid: "):  # nothing close: no guess
+        registry.select("Nope")
     with pytest.raises(UserError, match="unknown eval task 'BioVITAT2IReranking'"):  # eval-zeroshot's own tasks only
         registry.select("BioVITAT2IReranking", (zeroshot,))
 

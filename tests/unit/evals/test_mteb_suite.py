@@ -189,6 +189,8 @@ def test_a_benchmark_name_selects_its_tasks_in_every_suite():
     chosen = [t for _, names in registry.select("MIEB(lite),STS13VisualSTS") for t in names]
     assert sorted(chosen) == sorted(benchmarks.LITE)  # STS13VisualSTS is in MIEB(lite): once
     assert sum(len(names) for _, names in registry.select("MIEB(Multilingual)")) == 130
+    for name, tasks in benchmarks.BENCHMARKS.items():  # each whole: MIEB(Img)'s two multilingual VisualSTS tasks too
+        assert sorted(t for _, names in registry.select(name) for t in names) == sorted(tasks), name
 
 
 def test_on_ray_the_tasks_load_and_score_in_workers(two_tasks, tmp_path, ray_local):
@@ -217,6 +219,11 @@ def test_the_comparison_with_mteb_sees_every_difference():
     with pytest.raises(AssertionError):
         assert_same_scores({**ref, "dataset_revision": "other"}, ref)
     assert_same_scores(other, ref, skip=lambda key: key == "extra")  # a metric said to be float noise: not compared
+    near = {**ref, "scores": {"test": [{**ref["scores"]["test"][0], "accuracy": 0.5 + 9e-6}]}}
+    assert_same_scores(near, ref, tolerance=lambda key: 1e-5 if key == "accuracy" else 1e-6)  # said to be noisier
+    for key in ("ap", "per"):
+        with pytest.raises(AssertionError):  # the wider tolerance is that metric's alone
+            assert_same_scores(near, ref, tolerance=lambda k, key=key: 1e-5 if k == key else 1e-6)
 
 
 @pytest.mark.parametrize("name", ["CIRRIT2IRetrieval", "ROxfordHardI2IRetrieval", "BLINKIT2IMultiChoice"])
