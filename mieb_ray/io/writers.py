@@ -19,7 +19,6 @@ from mieb_ray.formats import TRAIN_SCHEMA as SCHEMA
 _SMALL = ["key", "image.path", "text", "label", "class_name", "dataset_name"]
 _PARQUET_OPTIONS = dict(compression={**{c: "zstd" for c in _SMALL}, "image.bytes": "none"},
                         use_dictionary=_SMALL, write_statistics=_SMALL)
-_OWNER = ("bigdata", "bigdata")  # webdataset.TarWriter's user and group
 
 
 class ParquetShardWriter:
@@ -66,7 +65,8 @@ class WebDatasetShardWriter:
                        "json": json.dumps(meta, ensure_ascii=False).encode()}
             for ext in sorted(members):
                 info = tarfile.TarInfo(f"{row['key']}.{ext}")
-                info.size, info.mtime, info.mode, info.uname, info.gname = len(members[ext]), 0, 0o444, *_OWNER
+                info.size, info.mtime, info.mode = len(members[ext]), 0, 0o444
+                info.uname = info.gname = "bigdata"  # webdataset.TarWriter's user and group
                 self._tar.addfile(info, io.BytesIO(members[ext]))
         self.rows += rows.num_rows
 
