@@ -24,16 +24,19 @@ def env(**extra) -> dict:
 
 
 @pytest.mark.timeout(600)
-def test_a_ray_job_prints_only_its_own_lines_unless_verbose(tiny_clip, tmp_path):
+def test_a_ray_job_prints_only_its_own_lines_unless_verbose(tiny_clip, mirror, tmp_path):
+    """An embed (the encoder's weight-loading bars, Ray Data's plan) says its own lines only; a build with --verbose
+    (no encoder to start: the cheaper job) shows Ray Data's plan. Side by side, each on a local Ray of its own."""
     photo = encode(picture("coffee.jpg").resize((80, 60)), "JPEG")
     pq.write_table(pa.table({"key": ["a", "b", "c"], "image": [photo] * 3}), tmp_path / "t.parquet")
-    lines, runs = {}, {}
-    for verbose in (False, True):  # side by side: each its own local Ray, on ports of its own
-        runs[verbose] = subprocess.Popen([sys.executable, "-m", "mieb_ray", "embed", "--input",
-                                          str(tmp_path / "t.parquet"), "--out", str(tmp_path / f"out-{verbose}"),
-                                          "--model", tiny_clip, "--executor", "ray",
-                                          *(["--verbose"] if verbose else [])],
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    commands = {False: ["embed", "--input", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "emb"), "--model",
+                        tiny_clip],
+                True: ["build", "--sources", mirror[0], "--datasets", "cifar10", "--out", str(tmp_path / "train"),
+                       "--verbose"]}
+    runs = {verbose: subprocess.Popen([sys.executable, "-m", "mieb_ray", *args, "--executor", "ray"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+            for verbose, args in commands.items()}
+    lines = {}
     for verbose, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
