@@ -65,7 +65,8 @@ def kill_worker_when(marker: str, ready, stop: threading.Event) -> threading.Thr
 
 def test_build_finishes_when_a_worker_is_killed(ray_local, mirror, tmp_path):
     root, _ = mirror
-    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1), log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, executor="local"),
+                      log=lambda _: None)
     out = tmp_path / "out"
     stop = threading.Event()
     killer = kill_worker_when("ShardBuilder", lambda: committed(out, ".parquet") >= 3, stop)
@@ -130,7 +131,8 @@ def run_through_outage(s3, prefix: str, objects: int, job, rerun):
 
 def test_s3_outage_mid_build_then_rerun_gives_the_same_output(ray_local, s3, mirror, tmp_path):
     root, _ = mirror
-    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1), log=lambda _: None)
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, executor="local"),
+                      log=lambda _: None)
     prefix = "outage/train"
     manifest = run_through_outage(
         s3, prefix, 3,
@@ -232,7 +234,7 @@ def test_an_interrupt_after_the_job_is_done_is_a_success(ray_local, mirror, tmp_
 
 def test_interrupted_build_resumes_with_the_units_it_had_not_built(ray_local, mirror, tmp_path):
     root, _ = mirror
-    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1),
+    reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=DATASETS, rows_per_shard=1, executor="local"),
                       log=lambda _: None)
     out = tmp_path / "out"
     interrupt_cli(ray_local, ["build", "--sources", root, "--out", str(out), "--datasets", ",".join(DATASETS),

@@ -56,7 +56,7 @@ def shards(manifest: dict) -> list[tuple]:
 
 def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hub, tmp_path):
     root, _ = mirror
-    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=DATASETS, rows_per_shard=5),
+    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=DATASETS, rows_per_shard=5, executor="local"),
                   log=lambda _: None)
     log = hub(root=root, every=3)  # every 3rd request of each process: 429, timeout, truncated range, reset, 503
     faulty = build(BuildConfig("hf", str(tmp_path / "hub"), datasets=DATASETS, rows_per_shard=5,
@@ -70,7 +70,7 @@ def test_a_build_through_a_faulty_hub_equals_a_clean_build(ray_local, mirror, hu
 
 def test_an_outage_that_outlasts_the_local_retries_is_retried_by_ray(ray_local, mirror, hub, tmp_path):
     root, _ = mirror
-    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=["cifar10"], rows_per_shard=5),
+    clean = build(BuildConfig(root, str(tmp_path / "clean"), datasets=["cifar10"], rows_per_shard=5, executor="local"),
                   log=lambda _: None)
     # in each worker, the first 6 requests for that file fail: as many as the local tries
     log = hub(root=root, flaky={"train-00000-of": int(os.environ.get(hubfs.ENV_RETRIES) or hubfs.DEFAULT_TRIES)},
