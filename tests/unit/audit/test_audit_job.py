@@ -116,7 +116,7 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     make_mirror(mirror, rows=6, datasets=slugs, eval_rows=4)
     photos = describe(make_biovita_mirror(mirror))  # 1,329 photos
     train = str(tmp_path / "train")
-    built = build(BuildConfig(mirror, train, datasets=slugs), log=lambda _: None)
+    built = build(BuildConfig(mirror, train, datasets=slugs, executor="local"), log=lambda _: None)  # the input
     out = str(tmp_path / "audit")
     audit(AuditConfig(train, ("mieb",), out, sources=mirror), log=lambda _: None)
     digest = {}  # brute force: sha256 of every image of both tables
@@ -279,7 +279,7 @@ def test_against_mieb_covers_the_tasks_mteb_scores_and_their_clean_scores(tmp_pa
     make_mirror(mirror, rows=len(copies), datasets=["dtd"], eval_rows=1,
                 image_bytes=lambda source, i: copies[i])  # dtd's train row i copies an mteb task's test image
     train = str(tmp_path / "train")
-    build(BuildConfig(mirror, train, datasets=["dtd"]), log=lambda _: None)
+    build(BuildConfig(mirror, train, datasets=["dtd"], executor="local"), log=lambda _: None)  # the input
     out = str(tmp_path / "audit")
     lines = []
     audit(AuditConfig(train, ("mieb",), out, sources=mirror), log=lines.append)

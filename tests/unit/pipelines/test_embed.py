@@ -312,7 +312,7 @@ def test_webdataset_input_with_json_fields(ray_local, mirror, tiny_clip, tmp_pat
     from mieb_ray.pipelines.build import BuildConfig, build
 
     train = str(tmp_path / "wds")
-    build(BuildConfig(mirror[0], train, datasets=["gtsrb", "stl10"], fmt="webdataset"))
+    build(BuildConfig(mirror[0], train, datasets=["gtsrb", "stl10"], fmt="webdataset", executor="local"))  # the input
     manifest = embed(EmbedConfig(train, str(tmp_path / "out"), tiny_clip, carry_columns=["dataset_name", "label"]))
     got = output_rows(str(tmp_path / "out"))
     assert len(got) == manifest["counts"]["total"] == 24
