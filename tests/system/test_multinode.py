@@ -42,7 +42,7 @@ def run_and_lose_a_node(cluster, args: list[str], out, suffix: str, marker: str,
     return output, victim
 
 
-def test_build_finishes_when_a_whole_node_dies(cluster, ray_local, mirror, tmp_path):
+def test_build_finishes_when_a_whole_node_dies(cluster, mirror, tmp_path):
     root, _ = mirror
     datasets = "cifar10,mnist,dtd,gtsrb,scimmir,caltech101"
     reference = build(BuildConfig(root, str(tmp_path / "ref"), datasets=datasets, rows_per_shard=1, executor="local"),
