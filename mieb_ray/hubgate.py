@@ -156,8 +156,10 @@ def local(slots: int) -> LocalGate:
 
 _shared: dict[str, SharedGate] = {}  # the job (_job) -> its gate
 # A non-detached actor ends when its creator's handle goes; a handle found by name does not keep it: the driver keeps
-# the handle it made for the life of the process (the job's)
+# the handle it made for the life of the process (the job's), and one of its threads at a time starts or finds the
+# gate (threads that raced each kept the other's handle, and the creator's was dropped)
 _made: dict[str, object] = {}
+_starting = threading.Lock()
 
 
 def _ray():
@@ -199,15 +201,18 @@ def share(slots: int, clear: bool = False) -> None:
 
     here = ray.get_runtime_context()
     job = _job(here)
-    if here.worker.mode != ray.SCRIPT_MODE or isinstance(_shared.get(job), SharedGate):
-        return  # a worker finds the gate, it does not start one; a driver starts it once
-    actor = ray.remote(GateActor).options(
-        name=GATE, get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=10_000,
-        # beside the driver: a worker node lost takes no gate with it
-        scheduling_strategy=NodeAffinitySchedulingStrategy(here.get_node_id(), soft=True)).remote(slots)
-    ray.get(actor.setup.remote(slots, clear))  # up before the job's work starts; this driver's bound
-    _made.setdefault(job, actor)
-    _shared[job] = SharedGate(actor, local(slots))
+    if here.worker.mode != ray.SCRIPT_MODE:
+        return  # a worker finds the gate, it does not start one
+    with _starting:
+        if isinstance(_shared.get(job), SharedGate):
+            return  # a driver starts it once
+        actor = ray.remote(GateActor).options(
+            name=GATE, get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=10_000,
+            # beside the driver: a worker node lost takes no gate with it
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here.get_node_id(), soft=True)).remote(slots)
+        ray.get(actor.setup.remote(slots, clear))  # up before the job's work starts; this driver's bound
+        _made.setdefault(job, actor)
+        _shared[job] = SharedGate(actor, local(slots))
 
 
 def stats(slots: int) -> dict:
