@@ -183,6 +183,8 @@ def _embedded(config: EvalConfig, todo: list[tuple[str, protocol.EvalSuite]], wh
     if not config.model:
         return {name: (config.images, config.texts if scorer.needs_texts else None) for name, scorer in todo}
     cache = embed_cache.Cache.of(config.out, config.model, config.revision, exact=not config.fast)
+    for name, scorer in todo:  # what a suite's plan runs on its own starts first, beside the other suites' plans
+        protocol.start(scorer, where[name], cache, config.executor, ctx)
     plans = {name: protocol.plan(scorer, where[name], cache, log, config.executor, ctx) for name, scorer in todo}
     outputs = protocol.embed_all(list(plans.values()), cache, log, config.executor, config.pool, ctx) if plans else {}
     indexes = embed_cache.Indexes(outputs)  # one index of each kind's outputs, for every suite's views

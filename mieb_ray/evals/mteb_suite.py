@@ -491,19 +491,29 @@ class MtebSuite:
         self.needs_texts = any(has_texts(n) for n in names)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
+        self._collecting = None  # start_plan's (placement, start time, a collect_task ref per task)
 
     def task_names(self) -> list[str]:
         return list(self.names)
+
+    def start_plan(self, out: str, cache: embed_cache.Cache, executor: str = "auto",
+                   ctx: RunContext | None = None) -> None:
+        """Every task's collect submitted now: on Ray, mteb's loaders read while the other suites plan (their
+        eval-split builds), and embed_plan waits for them; in this process, each runs when embed_plan fetches it."""
+        where = placement.choose(executor, None, ctx=ctx)
+        with tasks.using(where.mode, where.ctx):
+            refs = [collect_task.remote(n, self.sources, items_root(out, n), cache.dim) for n in self.names]
+        self._collecting = (where, time.time(), refs)
 
     def embed_plan(self, out: str, cache: embed_cache.Cache, log, executor: str = "auto",
                    ctx: RunContext | None = None) -> protocol.Plan:
         """Collect every task's inputs into item tables keyed by content (the cache adds them, embed_cache.py);
         its inputs: the cache's outputs, comma-separated (mteb's tasks read their vectors from it by content)."""
-        where = placement.choose(executor, None, ctx=ctx)
-        t0, self.out = time.time(), out
+        if self._collecting is None:
+            self.start_plan(out, cache, executor, ctx)
+        (where, t0, refs), self._collecting, self.out = self._collecting, None, out
         with tasks.using(where.mode, where.ctx):
-            self.counts = _each_task(self.names, [collect_task.remote(n, self.sources, items_root(out, n), cache.dim)
-                                                  for n in self.names], "read by mteb's loaders", log)
+            self.counts = _each_task(self.names, refs, "read by mteb's loaders", log)
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         tables = {kind: [(t, t) for t in (storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names)]

@@ -149,6 +149,14 @@ class Plan:
     inputs: Callable[[embed_cache.Indexes], tuple[str, str | None]]  # the cache's outputs -> (images, texts)
 
 
+def start(suite: EvalSuite, out: str, cache: embed_cache.Cache, executor: str = "auto",
+          ctx: RunContext | None = None) -> None:
+    """Start what the suite's plan runs on its own (the mteb suite's task loads, on Ray), so that it runs while the
+    other suites plan; `plan` then waits for it."""
+    if hasattr(suite, "start_plan"):
+        suite.start_plan(out, cache, executor, ctx=ctx)
+
+
 def plan(suite: EvalSuite, out: str, cache: embed_cache.Cache, log=print, executor: str = "auto",
          ctx: RunContext | None = None) -> Plan:
     """What the suite needs embedded, keyed by content; its `inputs` are embed outputs OUT/embeddings/{images[-N],

@@ -217,3 +217,32 @@ def test_a_results_dir_that_cannot_be_made_fails_before_the_scoring(two_suites, 
     assert seen.err == f"mieb-ray: error: cannot make the output folder {tmp_path / 'file' / 'results'}: " \
                        "Not a directory\n"
     assert "[eval] mean" not in seen.out and not (tmp_path / "out").exists()
+
+
+def test_what_a_suites_plan_runs_on_its_own_starts_before_any_suite_plans(tiny_clip, tmp_path):
+    """With --model, the mteb suite's task loads (tasks, on Ray: start_plan) are submitted before any suite plans,
+    so that on a cluster they run while the hand-built suites build their eval splits from the driver; then each
+    suite's plan in turn (the mteb suite's waits for its loads)."""
+    from mieb_ray.evals import job, protocol
+    from mieb_ray.runtime.cluster import RunContext
+
+    events = []
+
+    class Building:  # a hand-built suite's shape: its plan is the driver's work
+        name = "building"
+
+        def embed_plan(self, out, cache, log, executor="auto", ctx=None):
+            events.append(f"{self.name}: plan")
+            return protocol.Plan({"images": [], "texts": []}, lambda indexes: (self.name, None))
+
+    class Loading(Building):  # the mteb suite's: its loads submitted first, waited for in its plan
+        name = "loading"
+
+        def start_plan(self, out, cache, executor="auto", ctx=None):
+            events.append(f"{self.name}: start")
+
+    config = job.EvalConfig(out=str(tmp_path / "out"), model=tiny_clip)
+    todo = [("building", Building()), ("loading", Loading())]
+    got = job._embedded(config, todo, {name: str(tmp_path / name) for name, _ in todo}, print, RunContext())
+    assert events == ["loading: start", "building: plan", "loading: plan"]
+    assert got == {"building": ("building", None), "loading": ("loading", None)}
