@@ -14,7 +14,7 @@ resolves exactly as the hub does, through the same listing and retries as every 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from glob import has_magic
 
 from mieb_ray import storage
@@ -53,16 +53,6 @@ class Repo:
         else:
             self.paths, self.card = {rel: prefix + rel for rel in listing[0]}, listing[1]
 
-    @cached_property
-    def configs(self):
-        """The card's `configs` as datasets reads them (MetadataConfigs; empty without a YAML card), parsed once
-        for every config resolved: a card of many configs takes ~10 ms."""
-        from datasets.utils.metadata import MetadataConfigs
-        from huggingface_hub import DatasetCard, DatasetCardData
-
-        card = DatasetCard(self.card).data if self.card and self.card.startswith("---") else DatasetCardData()
-        return MetadataConfigs.from_dataset_card_data(card)
-
     def files(self, config: str | None = None) -> RepoFiles:
         """The data files of `config` (None: the default config, as `load_dataset(repo)` takes it)."""
         try:
@@ -89,7 +79,7 @@ class Repo:
             raise FormatError(f"no files under {storage.display(self.root)}")
         options = DownloadConfig(storage_options={"reference": {"fo": {p: "" for p in self.paths},
                                                                  "skip_instance_cache": True}})
-        configs = self.configs
+        configs = _card_configs(self.card)
 
         def resolve(params: dict | None) -> dict[str, list[str]]:
             base = f"{_BASE}{params['data_dir']}" if params and params.get("data_dir") else _BASE
@@ -130,6 +120,17 @@ class Repo:
         return RepoFiles(builder, {str(split): tuple(self.paths[f[len(_BASE):]] for f in uris
                                                      if f.lower().endswith(extensions))
                                    for split, uris in files.items()})
+
+
+@lru_cache(maxsize=256)
+def _card_configs(card: str | None):
+    """The card's `configs` as datasets reads them (MetadataConfigs; empty without a YAML card), parsed once for
+    every config resolved from it: a card of many configs takes ~10 ms."""
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    data = DatasetCard(card).data if card and card.startswith("---") else DatasetCardData()
+    return MetadataConfigs.from_dataset_card_data(data)
 
 
 @lru_cache(maxsize=256)
