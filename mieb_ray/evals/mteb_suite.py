@@ -9,7 +9,8 @@ collect  a task each (Ray, or this process): mteb loads the task with its own co
 embed    the items no earlier run or suite embedded with this model, each once however many tasks hold it, embedded
          by the embed job into the eval's content-keyed cache (embed_cache.py) as the model's raw vectors: mteb's
          CLIP wrapper returns those, and adds an image's and a text's for an input of both
-score    a task each: mteb runs the task again with a Server, which answers each input from the cache by its key (an
+score    a task each, on Ray on the node that collected it (its data in that node's caches, not downloaded again):
+         mteb runs the task again with a Server, which answers each input from the cache by its key (an
          input of both: the sum of its parts; the task takes its inputs' places from the job's one index of the
          cache's keys and reads the embeddings of the shards holding them, not the whole cache: embed_cache.Lookup),
          and searches a retrieval corpus of ENGINE_DOCS or more on the top-k engine -> the TaskResult mteb writes;
@@ -345,8 +346,9 @@ def _resolved_once():
 
 
 @tasks.remote(num_cpus=1)
-def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, int]:
-    """Load a task with mteb's code, record its inputs into `folder` (items_root); the count of each kind."""
+def collect_task(name: str, sources: str, folder: str, dim: int) -> tuple[dict[str, int], str | None]:
+    """Load a task with mteb's code, record its inputs into `folder` (items_root); the count of each kind, and the
+    node that loaded it (its data is in that node's caches now: the hub's files, datasets' Arrow tables)."""
     task = load_task(name, sources)
     for loading in _holding_data(task):
         loading.load_data()
@@ -364,7 +366,7 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> dict[str, in
             counts[kind] = pq.read_metadata(path).num_rows
             storage.commit_file(storage.join(folder, f"{kind}.parquet"),
                                 lambda local, path=path: shutil.copyfile(path, local))
-    return counts
+    return counts, tasks.node()
 
 
 @tasks.remote(num_cpus=1)
@@ -491,6 +493,7 @@ class MtebSuite:
         self.needs_texts = any(has_texts(n) for n in names)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
+        self.nodes: dict[str, str | None] = {}  # the node that loaded each task in the collect pass
         self._collecting = None  # start_plan's (placement, start time, a collect_task ref per task)
 
     def task_names(self) -> list[str]:
@@ -513,7 +516,9 @@ class MtebSuite:
             self.start_plan(out, cache, executor, ctx)
         (where, t0, refs), self._collecting, self.out = self._collecting, None, out
         with tasks.using(where.mode, where.ctx):
-            self.counts = _each_task(self.names, refs, "read by mteb's loaders", log)
+            collected = _each_task(self.names, refs, "read by mteb's loaders", log)
+        self.counts = {n: counts for n, (counts, _) in collected.items()}
+        self.nodes = {n: node for n, (_, node) in collected.items()}
         log(f"[eval] mteb: {len(self.names)} tasks read by mteb's loaders in {time.time() - t0:.1f}s, "
             + ", ".join(f"{sum(c[k] for c in self.counts.values()):,} {k}" for k in ITEM_SCHEMA))
         tables = {kind: [(t, t) for t in (storage.join(items_root(out, n), f"{kind}.parquet") for n in self.names)]
@@ -536,7 +541,10 @@ class MtebSuite:
         items = {n: items_root(self.out, n) for n in self.names} if self.out else {}
         log(f"[eval] mteb: scoring {len(self.names)} tasks with mteb's evaluators")
         index = tasks.put(embed_cache.Lookup(cache))  # the cache's keys read once, each task takes its own from it
-        return {n: score_task.remote(n, self.sources, items.get(n), index, self.exclude) for n in self.names}
+        # each task scored on the node that loaded it, while it lives: mteb loads the task again, from that node's
+        # caches rather than from the hub again (a cluster's nodes do not share theirs)
+        return {n: score_task.options(node=self.nodes.get(n)).remote(n, self.sources, items.get(n), index,
+                                                                     self.exclude) for n in self.names}
 
     def collect(self, pending, log) -> dict[str, dict]:
         return _each_task(list(pending), list(pending.values()), "scored", log)

@@ -2,7 +2,9 @@
 
 A task is declared once, `@tasks.remote(num_cpus=1)` (or `num_returns=N`), and called as a Ray remote
 function: `task.remote(*args)`, `task.options(num_returns=N).remote(...)`, with `put` and `get` for `ray.put` and
-`ray.get`. Under `using("ray")` (the default) these are Ray's own: the Ray remote function is made from the plain
+`ray.get`; `task.options(node=tasks.node())` (a node an earlier task ran on) runs it there while that node is
+alive and can ever run it (a soft node affinity: what the earlier task left on that node's disk is found again).
+Under `using("ray")` (the default) these are Ray's own: the Ray remote function is made from the plain
 function on first use. Under `using("local")` a call returns a LocalRef at once and the function runs inline
 when a result is first fetched (as Ray's, its errors surface at `get`), its ref arguments resolved as Ray
 resolves top-level ones; with num_returns=N the call gives N refs to the items of the one list it returns.
@@ -85,13 +87,23 @@ class Task:
         if base._remote is None:
             import ray
 
-            options = dict(base._options)
-            threads = options.pop(TORCH_THREADS, None)
+            threads = base._options.get(TORCH_THREADS)
             fn = _with_torch_threads(base.fn, threads) if threads else base.fn
             base._remote = ray.remote(retry_exceptions=[TransientStorageError], max_retries=UNIT_RETRIES,
-                                      **options)(fn)
-        return base._remote if base is self else \
-            base._remote.options(**{k: v for k, v in self._options.items() if k != TORCH_THREADS})
+                                      **_ray_options(base._options))(fn)
+        return base._remote if base is self else base._remote.options(**_ray_options(self._options))
+
+
+def _ray_options(options: dict) -> dict:
+    """Ray's options for ours: torch_threads is ours alone, node a soft node affinity (None: anywhere)."""
+    options = {k: v for k, v in options.items() if k != TORCH_THREADS}
+    if "node" in options:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = options.pop("node")
+        if node is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+    return options
 
 
 TORCH_THREADS = "torch_threads"
@@ -162,6 +174,12 @@ def each(refs: list):
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             yield place[ready[0]], ray.get(ready[0])
+
+
+def node() -> str | None:
+    """The Ray node this process runs on (None where this process has no Ray): where its local disk is."""
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
 
 
 def is_ref(x) -> bool:

@@ -1,6 +1,6 @@
 """A real multi-node Ray cluster on one machine: `ray start --head` plus worker nodes joined with
-`ray start --address`, each with its own CPUs, custom resource, object store and process tree, so that a test
-can kill a whole node (its raylet, object store and workers, with SIGKILL) and start it again.
+`ray start --address`, each with its own CPUs, custom resource, object store, process tree and Hugging Face caches,
+so that a test can kill a whole node (its raylet, object store and workers, with SIGKILL) and start it again.
 
 The head advertises no CPU, as on an autoscaling cluster: drivers run there, work runs on the workers.
 """
@@ -80,6 +80,9 @@ class RayCluster:
         # as cluster.yaml starts its nodes: room for the idle workers a node's pool and tasks take turns with
         cpus = int(next(a.split("=")[1] for a in args if a.startswith("--num-cpus=")))
         env = {**self.env, "RAY_num_workers_soft_limit": str(worker_soft_limit(cpus))}
+        # Hugging Face caches of its own, as on its own machine: what one node downloaded, another has not
+        hf = os.path.join(self.tmp, f"hf-{name}")
+        env.update(HF_HOME=hf, HF_DATASETS_CACHE=os.path.join(hf, "datasets"))
         seen = log.tell()
         process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

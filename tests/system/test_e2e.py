@@ -1,7 +1,7 @@
 """Users' path end to end: a real Ray cluster of three nodes (a head and two workers, support/raycluster.py), a real
 S3 server (SeaweedFS), and the jobs through `ray job submit --working-dir .`: build -> embed, their work spread over
-both worker nodes, then the outputs on S3; and eval: MIEB(lite) by name, its 51 tasks, with BioVITA (which embeds
-texts too), outputs on S3.
+both worker nodes, then the outputs on S3; eval: MIEB(lite) by name, its 51 tasks, with BioVITA (which embeds
+texts too), outputs on S3; and an eval from the hub (a server in its image) whose nodes each download a task once.
 
 Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
 runtime env, so they appear in no job metadata and no log (checked).
@@ -26,14 +26,15 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.timeout(900)
 
 
-def submit(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """`ray job submit` as a user types it: the checkout as working dir, the job's own flags after `--`.
-    Sets `.status`, the job's final status as the cluster reports it."""
+def submit(address: str, *args: str, check: bool = True, env_vars: dict | None = None) -> subprocess.CompletedProcess:
+    """`ray job submit` as a user types it: the checkout as working dir, `env_vars` in its runtime env, the job's
+    own flags after `--`. Sets `.status`, the job's final status as the cluster reports it."""
     from ray.job_submission import JobSubmissionClient
 
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     cmd = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-           "--runtime-env-json", json.dumps({"env_vars": {"AWS_ENDPOINT_URL": endpoint}}), "--", "python", *args]
+           "--runtime-env-json", json.dumps({"env_vars": {"AWS_ENDPOINT_URL": endpoint, **(env_vars or {})}}), "--",
+           "python", *args]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     # under the test's own 900 s: MIEB(lite) through a job took 136 s alone on a fast day, 259 s alone and past 600 s
     # in the full suite on a slow one (2026-12-06)
@@ -178,3 +179,38 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
             made = json.loads((folder / "_manifest.json").read_text())
             assert made["config"]["modality"] == kind[:-1] and made["counts"]["errors"] == 0, folder
     assert_no_secret(cluster, s3, [done], ["lite/biovita/BioVITAT2IReranking.json"])
+
+
+def test_an_eval_from_the_hub_downloads_each_file_once_though_mteb_loads_each_task_twice(cluster, tiny_clip,
+                                                                                          tmp_path):
+    """With a model, mteb loads each task twice: to collect its inputs, then to score it (evals/mteb_suite.py). The
+    cluster's nodes each have Hugging Face caches of their own, as machines do; the score runs where the collect
+    did, so it finds the task's files there. Six tasks from a server in the hub's image (support/fakehub.HttpHub):
+    each file mteb reads of their repos downloaded once in the whole job (a score placed by Ray alone downloads
+    its task again on the other node), and every task scored."""
+    import mteb
+    from support import fakehub
+    from support.hub_tasks import retrieval
+
+    names = ["CUB200I2IRetrieval", "Flickr30kT2IRetrieval", "MSCOCOT2IRetrieval", "OVENIT2TRetrieval",
+             "TUBerlinT2IRetrieval", "VidoreTabfquadRetrieval"]  # six repos
+    hub, out = tmp_path / "hub", tmp_path / "out"
+    for name in names:
+        retrieval.TASKS[name](str(hub))
+    server = fakehub.HttpHub(str(hub))
+    try:
+        done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", ",".join(names), "--sources", "hf",
+                      "--model", tiny_clip, "--out", str(out), "--gpus-per-worker", "0", "--cpus-per-worker", "0.5",
+                      env_vars={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"})
+    finally:
+        server.stop()
+    got = [path.split("/") for method, path, _, _ in server.requests if method == "GET" and "/resolve/" in path]
+    downloads = ["/".join([*parts[2:4], *parts[6:]]) for parts in got]  # /datasets/<org>/<repo>/resolve/<rev>/<file>
+    assert len(downloads) == len(set(downloads)), sorted(d for d in set(downloads) if downloads.count(d) > 1)
+    files = {str(p.relative_to(hub)) for p in hub.rglob("*") if p.is_file()}
+    assert set(downloads) <= files and {"/".join(d.split("/")[:2]) for d in downloads} == \
+        {retrieval.PATHS[name] for name in names}
+    assert f"[eval] mteb: {len(names)} tasks read by mteb's loaders in " in done.stdout
+    for name in names:
+        result = mteb.TaskResult.from_disk(out / f"{name}.json")
+        assert result.task_name == name and result.scores, name
