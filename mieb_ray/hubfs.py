@@ -155,6 +155,19 @@ def classify(exc: BaseException) -> tuple[bool, float | None]:
     return isinstance(exc, other), None
 
 
+def transient_cause(exc: BaseException) -> BaseException | None:
+    """The error in `exc`'s chain that may pass if tried again (classify), if any: another library's retries that
+    ran out raise their own error from the hub's answer (huggingface_hub: a 503 to a file's HEAD becomes "cannot
+    find the requested files in the local cache")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if classify(exc)[0]:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _backoff(base: float, attempt: int) -> float:
     # jittered, so that a job's workers do not come back in step
     return min(MAX_WAIT, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)

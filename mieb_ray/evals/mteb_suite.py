@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mieb_ray import formats, storage
-from mieb_ray.errors import UserError, described
+from mieb_ray import formats, hubfs, storage
+from mieb_ray.errors import TransientStorageError, UserError, described
 from mieb_ray.evals import embed_cache, mteb_clean, protocol
 from mieb_ray.evals.mteb_keys import image_key, pixels_key, stored_bytes
 from mieb_ray.evals.retrieval import top_docs
@@ -309,7 +309,9 @@ def items_root(out: str, task: str) -> str:
 
 def _one_line(name: str, task, sources: str, load):
     """mteb's own load of a task's data, wherever it runs (here, or in mteb.evaluate, timed there as mteb times
-    it); what it cannot read, in one line rather than its trace."""
+    it); what it cannot read, in one line rather than its trace. The hub failing for longer than its client's
+    own retries (a 429 or 5xx, a timeout) is a TransientStorageError: the task runs again (runtime/tasks.py), as a
+    build's reads do; the rest (a missing repo or file, a bad token) fails the task at once."""
     path = (task.metadata.dataset or {}).get("path", "")  # a mirror's: redirected there already
     where = "the hub" if sources == HF else storage.display(path)
 
@@ -318,6 +320,9 @@ def _one_line(name: str, task, sources: str, load):
             with _resolved_once():
                 return load(*args, **kwargs)
         except Exception as exc:
+            if sources == HF and (cause := hubfs.transient_cause(exc)) is not None:
+                raise TransientStorageError(f"{name}: the hub kept failing while mteb loaded its data: "
+                                            f"{described(cause)}") from exc
             raise UserError(f"{name}: mteb cannot load its data from {where}: {described(exc)}") from exc
 
     return load_data

@@ -348,16 +348,18 @@ class HttpHub:
 
     Every `every`-th request fails in turn with one of `faults`: "429" (Retry-After: 0), "503", "truncate"
     (a 206 holding half the range asked, its length consistent) and "drop" (the connection closes halfway
-    through the body); an API call gets a 503 where a byte range would be cut. `token`: the only bearer
-    token accepted (401 otherwise). `requests`: (method, path, authorization header, fault) of each request.
+    through the body); an API call gets a 503 where a byte range would be cut. `outage` ({substring: n}): the
+    first n requests whose path holds the substring are a 503, however they are retried. `token`: the only
+    bearer token accepted (401 otherwise). `requests`: (method, path, authorization header, fault) of each request.
     """
 
     def __init__(self, root: str, every: int = 0, faults=("429", "truncate", "503", "drop"),
-                 token: str | None = None):
+                 token: str | None = None, outage: dict[str, int] | None = None):
         import urllib.parse
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.root, self.every, self.faults, self.token = root, every, list(faults), token
+        self.outage = dict(outage or {})
         self.requests: list[tuple[str, str, str | None, str | None]] = []
         self._lock = threading.Lock()
         self._count = 0
@@ -445,6 +447,11 @@ class HttpHub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def _fault(self, path: str) -> str | None:
+        with self._lock:
+            for part, left in self.outage.items():
+                if part in path and left > 0:
+                    self.outage[part] = left - 1
+                    return "503"
         if not self.every or path.startswith("/api/agent-harnesses"):  # the client's own registry fetch
             return None
         with self._lock:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
+import types
 
 import datasets
 import pyarrow as pa
@@ -301,34 +303,105 @@ def test_a_tasks_load_resolves_its_repo_once_and_reads_what_mteb_reads(tmp_path,
     assert held(ours) == held(theirs)
 
 
-def test_a_tasks_load_from_the_hub_asks_for_each_file_once(tmp_path, monkeypatch):
+@pytest.fixture
+def hub_server(tmp_path, monkeypatch):
+    """`serve(root, **settings)`: a server in the hub's image over `root` (support/fakehub.HttpHub) that
+    huggingface_hub and `datasets` in this process read as the hub, into this test's caches; stopped after. The
+    hub client's own waits between its retries are skipped."""
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+    import huggingface_hub.utils._http as hub_http
+    from support import fakehub
+
+    servers = []
+
+    def serve(root: str, **settings):
+        server = fakehub.HttpHub(root, **settings)
+        servers.append(server)
+        for module, name, value in [
+                (hub_constants, "HF_HUB_OFFLINE", False), (datasets.config, "HF_HUB_OFFLINE", False),
+                (hub_constants, "ENDPOINT", server.url), (datasets.config, "HF_ENDPOINT", server.url),
+                (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                 server.url + "/{repo_id}/resolve/{revision}/{filename}"),
+                (datasets.config, "HUB_DATASETS_URL", server.url + "/datasets/{repo_id}/resolve/{revision}/{path}"),
+                (hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache")),  # this test's downloads apart
+                (datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache"),
+                (hub_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))]:
+            monkeypatch.setattr(module, name, value)
+        return server
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+def test_a_tasks_load_from_the_hub_asks_for_each_file_once(tmp_path, hub_server):
     """On the hub each resolution is requests: the card, the loading script and .huggingface.yaml asked for again
     for each language made XM3600T2IRetrieval's load 185 requests for its 37 files. Through a server in the hub's
     image (support/fakehub.HttpHub), the load asks for each file once."""
-    import datasets.config
-    import huggingface_hub.constants as hub_constants
-    from support import fakehub
     from support.hub_tasks import retrieval
 
     from mieb_ray.evals import mteb_suite
 
     retrieval.TASKS["XM3600T2IRetrieval"](str(tmp_path / "hub"))
-    server = fakehub.HttpHub(str(tmp_path / "hub"))
-    for module, name, value in [
-            (hub_constants, "HF_HUB_OFFLINE", False), (datasets.config, "HF_HUB_OFFLINE", False),
-            (hub_constants, "ENDPOINT", server.url), (datasets.config, "HF_ENDPOINT", server.url),
-            (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}"),
-            (datasets.config, "HUB_DATASETS_URL", server.url + "/datasets/{repo_id}/resolve/{revision}/{path}"),
-            (hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache")),  # this test's downloads apart
-            (datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")]:
-        monkeypatch.setattr(module, name, value)
-    try:
-        task = mteb_suite.load_task("XM3600T2IRetrieval", "hf")
-        task.load_data()
-    finally:
-        server.stop()
+    server = hub_server(str(tmp_path / "hub"))
+    task = mteb_suite.load_task("XM3600T2IRetrieval", "hf")
+    task.load_data()
     asked = [(method, path) for method, path, _, _ in server.requests if "/api/agent-harnesses" not in path]
     assert len(task.corpus) == 36 and len(asked) == len(set(asked)), sorted(asked)
     repo = tmp_path / "hub" / retrieval.PATHS["XM3600T2IRetrieval"]
     files = {str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()}
-    assert {path.split("/", 6)[6] for method, path in asked if method == "GET" and "/resolve/" in path} == files
+    assert {path.split("/", 6)[6] for method, path, _, _ in server.requests
+            if method == "GET" and "/resolve/" in path} == files
+
+
+def test_an_outage_that_outlasts_the_hub_clients_retries_runs_the_task_again(tmp_path, hub_server, monkeypatch):
+    """huggingface_hub tries a file 7 times, then says it cannot find the file "in the local cache". A task's
+    load that fails so is run again, as a build's reads are (runtime/tasks.py: on Ray, by Ray), and collects what
+    a load without the outage collects; an outage that outlasts those runs too is one line that says the hub kept
+    failing; a repo the hub does not have fails at once."""
+    from support.hub_tasks import retrieval
+
+    from mieb_ray.errors import TransientStorageError
+    from mieb_ray.evals import mteb_suite
+    from mieb_ray.runtime import tasks
+
+    name, corpus = "Flickr30kT2IRetrieval", "corpus-00000-of-00001.parquet"
+    retrieval.TASKS[name](str(tmp_path / "hub"))
+
+    loads, load_task = [], mteb_suite.load_task
+    monkeypatch.setattr(mteb_suite, "load_task", lambda *args: loads.append(args[0]) or load_task(*args))
+
+    def collect(out: str):
+        loads.clear()
+        with tasks.using("local"):
+            return tasks.get(mteb_suite.collect_task.remote(name, "hf", str(tmp_path / out), 8))[0]
+
+    hub_server(str(tmp_path / "hub"))
+    clean = collect("clean")  # the task's files, now in this test's caches: each load below starts from none
+    for cache in ("hub-cache", "datasets-cache"):
+        shutil.rmtree(tmp_path / cache)
+    server = hub_server(str(tmp_path / "hub"), outage={corpus: 7})
+    assert collect("after-outage") == clean and clean["images"] and clean["texts"]
+    assert sum(fault == "503" for *_, fault in server.requests) == 7 and loads == [name, name]
+    for kind in ("images", "texts"):
+        assert pq.read_table(tmp_path / "after-outage" / f"{kind}.parquet") == \
+            pq.read_table(tmp_path / "clean" / f"{kind}.parquet")
+
+    for cache in ("hub-cache", "datasets-cache"):
+        shutil.rmtree(tmp_path / cache)
+    server = hub_server(str(tmp_path / "hub"), outage={corpus: 10_000})
+    with pytest.raises(TransientStorageError) as caught:
+        collect("never")
+    assert str(caught.value).startswith(f"{name}: the hub kept failing while mteb loaded its data: HfHubHTTPError: "
+                                        "Server error '503 Service Unavailable' for url ")
+    assert "\n" not in str(caught.value)
+    assert loads == [name] * (1 + tasks.UNIT_RETRIES)  # the task, run again each time
+
+    shutil.rmtree(tmp_path / "hub" / retrieval.PATHS[name])
+    server = hub_server(str(tmp_path / "hub"))
+    with pytest.raises(UserError) as caught:
+        collect("missing")
+    assert not isinstance(caught.value, TransientStorageError)
+    assert str(caught.value).startswith(f"{name}: mteb cannot load its data from the hub: ")
+    assert loads == [name]  # not run again
