@@ -18,6 +18,13 @@ retry, and it takes a short body for the whole range: those are what this layer 
 happen inside one of our requests; its warning of each is the only word of them, so `_ClientRetries` reads those
 warnings and pauses the job's gate for the wait the client takes, as a 429 of ours does.)
 
+Reads of the hub by other libraries' code (mteb's loaders through `datasets`: `bounded_client()`) are
+huggingface_hub's own requests, retried by it alone; inside `bounded_client`, each such request of the process to
+the hub or its CDNs, whichever thread makes it (datasets downloads 16 files at once), holds a slot of the same gate
+until its body is read, and a 429 pauses the gate. While a request of `call`'s is under way in the process, the
+client's requests pass: `call` holds a slot for them, and the client may spread them over threads of its own
+(HfFileSystem lists a tree in a pool), which a second slot would deadlock at a bound of 1.
+
 A connection that cannot be made (no network, unknown host) is tried 3 times within about 3 s and then
 raised as it is, unless the hub has answered this process before (then it is an outage, waited out like
 the rest): nothing can succeed, so the user hears it in seconds.
@@ -29,6 +36,7 @@ every request; `worker_runtime_env()` gives it to the job's Ray workers without 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -37,6 +45,8 @@ import random
 import re
 import threading
 import time
+import urllib.parse
+from contextlib import contextmanager
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
@@ -78,13 +88,21 @@ def bound() -> int:
 
 
 _answered = threading.Event()  # the hub has answered this process at least once
-_used = threading.Event()  # this process has made a hub filesystem
+_used = threading.Event()  # this process reads the hub (a hub filesystem, bounded_client): its job shares the gate
+# bounded_client blocks open in this process, `call`s under way (each holding a slot), the client factory set
+_bounded = {"loads": 0, "calls": 0, "installed": False}
+_bounded_lock = threading.Lock()
 
 
 def share_gate() -> None:
     """Ray is up in a job's driver: if the job reads the hub, its workers share one gate (hubgate.share)."""
     if _used.is_set():
         hubgate.share(bound())
+
+
+def job_reads_hub() -> None:
+    """This job's workers will read the hub (bounded_client): once Ray is up, they share one gate (share_gate)."""
+    _used.set()
 
 
 def requests_so_far() -> dict:
@@ -182,9 +200,11 @@ def call(fn, what: str, on_retry=None):
     for attempt in range(1, tries + 1):
         try:
             lease = gate.enter()
+            _count("calls", 1)
             try:
                 result = fn()
             finally:
+                _count("calls", -1)
                 gate.leave(lease)
             _answered.set()
             return result
@@ -231,6 +251,105 @@ class _ClientRetries(logging.Handler):
         logger = logging.getLogger(cls.LOGGER)
         if not any(isinstance(h, cls) for h in logger.handlers):
             logger.addHandler(cls())
+
+
+@contextmanager
+def bounded_client():
+    """huggingface_hub's requests in this process, from any thread, while the block runs: each holds a slot of the
+    job's gate until its body is read, and a 429 pauses the gate (the module docstring)."""
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    _used.set()
+    with _bounded_lock:
+        if not _bounded["installed"]:
+            set_client_factory(lambda: _gated(default_client_factory()))  # the client in use is closed
+            _bounded["installed"] = True
+    _count("loads", 1)
+    try:
+        yield
+    finally:
+        _count("loads", -1)
+
+
+def _count(what: str, step: int) -> None:
+    with _bounded_lock:
+        _bounded[what] += step
+
+
+def _gated(client):
+    """huggingface_hub's default client with each of its transports (direct, or a proxy's) gated."""
+    http = importlib.import_module(type(client).__module__.partition(".")[0])  # httpx2 (huggingface_hub 2) or httpx
+    leaving = _leaving(http.SyncByteStream)
+    client._transport = _GatedTransport(client._transport, leaving)
+    client._mounts = {k: v if v is None else _GatedTransport(v, leaving) for k, v in client._mounts.items()}
+    return client
+
+
+class _GatedTransport:
+    """A transport that holds a slot of the gate for each request while a bounded_client block is open."""
+
+    def __init__(self, inner, leaving):
+        self.inner, self.leaving = inner, leaving
+
+    def handle_request(self, request):
+        if not _bounded["loads"] or _bounded["calls"] or not _is_hub(request.url.host):
+            return self.inner.handle_request(request)
+        gate = hubgate.gate(bound())
+        lease = gate.enter()
+        try:
+            response = self.inner.handle_request(request)
+        except BaseException:
+            gate.leave(lease)
+            raise
+        _answered.set()
+        if response.status_code == 429:  # the client waits what the hub asked, or its own 1 s first backoff
+            gate.pause(min(MAX_RETRY_AFTER, _wait_asked(response) or 1.0))
+        response.stream = self.leaving(response.stream, lambda: gate.leave(lease))
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self):
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.inner.__exit__(*exc)
+
+
+def _is_hub(host: str) -> bool:
+    """The hub's endpoint (HF_ENDPOINT) or its CDNs (a file's download is redirected there); not another host
+    (datasets asks an S3 bucket of its own for legacy loading scripts)."""
+    from huggingface_hub import constants
+
+    host = host.lower()
+    return host == urllib.parse.urlparse(constants.ENDPOINT).hostname or \
+        any(host == d or host.endswith("." + d) for d in ("hf.co", "huggingface.co"))
+
+
+@functools.lru_cache(maxsize=None)
+def _leaving(base: type) -> type:
+    """A response body of the client's HTTP library (`base`: its SyncByteStream, as the client checks) that gives
+    its slot back once, when it is closed (read to its end, or dropped)."""
+
+    class Leaving(base):
+        def __init__(self, stream, leave):
+            self.stream, self._leave = stream, leave
+
+        def __iter__(self):
+            yield from self.stream
+
+        def close(self) -> None:
+            try:
+                self.stream.close()
+            finally:
+                leave, self._leave = self._leave, None
+                if leave is not None:
+                    leave()
+
+    return Leaving
 
 
 class HubFileSystem(fsspec.AbstractFileSystem):

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest import mock
 
@@ -317,7 +317,7 @@ def _one_line(name: str, task, sources: str, load):
 
     def load_data(*args, **kwargs):
         try:
-            with _resolved_once():
+            with _resolved_once(), hubfs.bounded_client() if sources == HF else nullcontext():
                 return load(*args, **kwargs)
         except Exception as exc:
             if sources == HF and (cause := hubfs.transient_cause(exc)) is not None:
@@ -500,6 +500,10 @@ class MtebSuite:
         self.counts: dict[str, dict[str, int]] = {}
         self.nodes: dict[str, str | None] = {}  # the node that loaded each task in the collect pass
         self._collecting = None  # start_plan's (placement, start time, a collect_task ref per task)
+        self._hub = None  # the hub's requests so far when the suite began (its data on the hub)
+        if sources == HF:
+            hubfs.job_reads_hub()  # every process's loads hold the job's one bound on hub requests
+            self._hub = hubfs.requests_so_far()
 
     def task_names(self) -> list[str]:
         return list(self.names)
@@ -552,7 +556,10 @@ class MtebSuite:
                                                                      self.exclude) for n in self.names}
 
     def collect(self, pending, log) -> dict[str, dict]:
-        return _each_task(list(pending), list(pending.values()), "scored", log)
+        scored = _each_task(list(pending), list(pending.values()), "scored", log)
+        if self._hub is not None:
+            log(f"[eval] mteb: {hubfs.summary(self._hub)}")
+        return scored
 
     def write(self, out: str, results: dict[str, dict], pending, log) -> tuple[list[str], dict]:
         return [], {"items": self.counts}

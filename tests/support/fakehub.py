@@ -350,16 +350,19 @@ class HttpHub:
     (a 206 holding half the range asked, its length consistent) and "drop" (the connection closes halfway
     through the body); an API call gets a 503 where a byte range would be cut. `outage` ({substring: n}): the
     first n requests whose path holds the substring are a 503, however they are retried. `token`: the only
-    bearer token accepted (401 otherwise). `requests`: (method, path, authorization header, fault) of each request.
+    bearer token accepted (401 otherwise). `delay`: seconds each request waits before its answer. `requests`:
+    (method, path, authorization header, fault) of each request; `peak`: the most requests at once between their
+    arrival and the start of their answer (a client still waits for each then).
     """
 
     def __init__(self, root: str, every: int = 0, faults=("429", "truncate", "503", "drop"),
-                 token: str | None = None, outage: dict[str, int] | None = None):
+                 token: str | None = None, outage: dict[str, int] | None = None, delay: float = 0.0):
         import urllib.parse
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.root, self.every, self.faults, self.token = root, every, list(faults), token
-        self.outage = dict(outage or {})
+        self.outage, self.delay = dict(outage or {}), delay
+        self.active = self.peak = 0
         self.requests: list[tuple[str, str, str | None, str | None]] = []
         self._lock = threading.Lock()
         self._count = 0
@@ -384,6 +387,27 @@ class HttpHub:
                     self.close_connection = True
 
             def do_GET(self):
+                with hub._lock:
+                    hub.active += 1
+                    hub.peak = max(hub.peak, hub.active)
+                self.counted = True
+                try:
+                    time.sleep(hub.delay)
+                    self.answer()
+                finally:
+                    self.answered()
+
+            def send_response(self, *args, **kwargs):
+                self.answered()  # before a byte of the answer leaves: the client is still waiting for it
+                super().send_response(*args, **kwargs)
+
+            def answered(self):
+                if getattr(self, "counted", False):
+                    self.counted = False
+                    with hub._lock:
+                        hub.active -= 1
+
+            def answer(self):
                 url = urllib.parse.urlparse(self.path)
                 path = urllib.parse.unquote(url.path)
                 length = int(self.headers.get("content-length") or 0)

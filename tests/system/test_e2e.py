@@ -181,13 +181,14 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     assert_no_secret(cluster, s3, [done], ["lite/biovita/BioVITAT2IReranking.json"])
 
 
-def test_an_eval_from_the_hub_downloads_each_file_once_though_mteb_loads_each_task_twice(cluster, tiny_clip,
-                                                                                          tmp_path):
+def test_an_eval_from_the_hub_downloads_each_file_once_within_the_jobs_bound(cluster, tiny_clip, tmp_path):
     """With a model, mteb loads each task twice: to collect its inputs, then to score it (evals/mteb_suite.py). The
     cluster's nodes each have Hugging Face caches of their own, as machines do; the score runs where the collect
-    did, so it finds the task's files there. Six tasks from a server in the hub's image (support/fakehub.HttpHub):
-    each file mteb reads of their repos downloaded once in the whole job (a score placed by Ray alone downloads
-    its task again on the other node), and every task scored."""
+    did, so it finds the task's files there. Six tasks from a server in the hub's image (support/fakehub.HttpHub),
+    their loads on both worker nodes at once: each file mteb reads of their repos downloaded once in the whole job
+    (a score placed by Ray alone downloads its task again on the other node); with the job's bound at 1, the server
+    never answers two requests at once (unbounded, mteb's loads went 4 at once), and the job counts them all; every
+    task scored."""
     import mteb
     from support import fakehub
     from support.hub_tasks import retrieval
@@ -197,13 +198,16 @@ def test_an_eval_from_the_hub_downloads_each_file_once_though_mteb_loads_each_ta
     hub, out = tmp_path / "hub", tmp_path / "out"
     for name in names:
         retrieval.TASKS[name](str(hub))
-    server = fakehub.HttpHub(str(hub))
+    server = fakehub.HttpHub(str(hub), delay=0.02)
     try:
         done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", ",".join(names), "--sources", "hf",
                       "--model", tiny_clip, "--out", str(out), "--gpus-per-worker", "0", "--cpus-per-worker", "0.5",
-                      env_vars={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"})
+                      env_vars={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "MIEB_RAY_HUB_CONCURRENCY": "1"})
     finally:
         server.stop()
+    assert server.peak == 1
+    assert (f"[eval] mteb: the hub: {len(server.requests):,} requests, at most 1 at once (bound 1, the whole job), "
+            "0 refused with 429 and waited out") in done.stdout, done.stdout[-3000:]
     got = [path.split("/") for method, path, _, _ in server.requests if method == "GET" and "/resolve/" in path]
     downloads = ["/".join([*parts[2:4], *parts[6:]]) for parts in got]  # /datasets/<org>/<repo>/resolve/<rev>/<file>
     assert len(downloads) == len(set(downloads)), sorted(d for d in set(downloads) if downloads.count(d) > 1)

@@ -4,6 +4,7 @@ ranges short, drops connections, rate-limits and fails (support/fakehub.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 import pytest
 from support import fakehub
 
-from mieb_ray import hubfs, storage
+from mieb_ray import hubfs, hubgate, storage
 from mieb_ray.errors import UserError
 from mieb_ray.io import reader
 from mieb_ray.sources import by_slug
@@ -140,13 +141,23 @@ def test_the_real_hub_client_through_a_local_http_hub(mirror, monkeypatch):
     assert {fault for *_, fault in hub_requests} >= {"429", "truncate", "503", "drop"}
 
 
-def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mirror, monkeypatch):
+@pytest.mark.parametrize("bounded", [False, True], ids=["alone", "in-bounded-client"])
+def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mirror, monkeypatch, bounded):
     """huggingface_hub retries a refused byte range itself, inside one of our requests: every 429 the hub sent,
-    those too, pauses the job's gate and counts in the build's closing line."""
+    those too, pauses the job's gate and counts in the build's closing line. Inside `bounded_client` too (mteb's
+    loads beside a build in one process), with the bound at 1: a request of ours holds the one slot and its
+    client's requests pass (no second slot asked: no deadlock), each 429 counted once."""
     import huggingface_hub.constants
 
     root, _ = mirror
     server = fakehub.HttpHub(root, every=3, faults=("429",), token=TOKEN)
+    if bounded:
+        # the server is the hub (bounded_client gates the hub's host), as HF_ENDPOINT makes it at import
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            server.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
+        hubgate.reset(1)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv(hubfs.ENV_FS, fakehub.HTTP_FACTORY)  # huggingface_hub's HfFileSystem at the server's url
@@ -154,13 +165,17 @@ def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mir
     storage.reset_clients()
     before = hubfs.requests_so_far()
     try:
-        source = by_slug("cifar10")
-        units, _ = reader.plan_source(source, "hf", 5)
-        image = reader.source_columns(source)["image"]
-        rows = sum(len(chunk) for unit in units for chunk in reader.read(unit, [image]))
+        with hubfs.bounded_client() if bounded else contextlib.nullcontext():
+            source = by_slug("cifar10")
+            units, _ = reader.plan_source(source, "hf", 5)
+            image = reader.source_columns(source)["image"]
+            rows = sum(len(chunk) for unit in units for chunk in reader.read(unit, [image]))
+        after = hubfs.requests_so_far()
     finally:
         server.stop()
         storage.reset_clients()
+        monkeypatch.undo()
+        hubgate.reset(hubfs.bound())
     refused = [path for _, path, _, fault in server.requests if fault == "429"]
     assert rows == 12 and any("/resolve/" in path for path in refused)  # some retried by the client itself
-    assert hubfs.requests_so_far()["throttled"] - before["throttled"] == len(refused)
+    assert after["throttled"] - before["throttled"] == len(refused)

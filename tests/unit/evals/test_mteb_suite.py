@@ -355,6 +355,32 @@ def test_a_tasks_load_from_the_hub_asks_for_each_file_once(tmp_path, hub_server)
             if method == "GET" and "/resolve/" in path} == files
 
 
+def test_a_tasks_load_from_the_hub_holds_the_jobs_bound_in_every_thread(tmp_path, hub_server, monkeypatch):
+    """datasets downloads a repo's files 16 at once (XM3600T2IRetrieval: 37 files); within a task's load every
+    request to the hub holds a slot of the job's gate (hubfs.bounded_client): with the bound at 1, the server in the
+    hub's image never has two requests at once (4 at once outside the gate), the gate counts every request the
+    server saw, and every 429 it sent paused the gate once."""
+    from support.hub_tasks import retrieval
+
+    from mieb_ray import hubfs, hubgate
+    from mieb_ray.evals import mteb_suite
+
+    retrieval.TASKS["XM3600T2IRetrieval"](str(tmp_path / "hub"))
+    server = hub_server(str(tmp_path / "hub"), every=5, faults=("429",), delay=0.01)
+    monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
+    hubgate.reset(1)
+    try:
+        before = hubfs.requests_so_far()
+        mteb_suite.load_task("XM3600T2IRetrieval", "hf").load_data()
+        after = hubfs.requests_so_far()
+    finally:
+        monkeypatch.delenv(hubfs.ENV_CONCURRENCY)
+        hubgate.reset(hubfs.bound())
+    assert server.peak == 1
+    assert after["requests"] - before["requests"] == len(server.requests)
+    assert after["throttled"] - before["throttled"] == sum(fault == "429" for *_, fault in server.requests) > 0
+
+
 def test_an_outage_that_outlasts_the_hub_clients_retries_runs_the_task_again(tmp_path, hub_server, monkeypatch):
     """huggingface_hub tries a file 7 times, then says it cannot find the file "in the local cache". A task's
     load that fails so is run again, as a build's reads are (runtime/tasks.py: on Ray, by Ray), and collects what
