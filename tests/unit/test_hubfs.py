@@ -179,3 +179,45 @@ def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mir
     refused = [path for _, path, _, fault in server.requests if fault == "429"]
     assert rows == 12 and any("/resolve/" in path for path in refused)  # some retried by the client itself
     assert after["throttled"] - before["throttled"] == len(refused)
+
+
+def test_bounded_client_holds_the_bound_in_every_thread(tmp_path, monkeypatch):
+    """Inside `bounded_client`, huggingface_hub's requests from any thread of the process (datasets downloads a
+    split's files 16 at once, in a pool) each hold a slot of the job's gate until their body is read: 16 downloads
+    from 8 threads at once, bound 1, and a server in the hub's image answers one at a time, every request counted;
+    the same downloads outside the block went 2 or more at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import huggingface_hub.constants
+    from huggingface_hub import hf_hub_download
+
+    repo = tmp_path / "hub" / "org" / "files"
+    repo.mkdir(parents=True)
+    for i in range(16):
+        (repo / f"f{i:02d}.bin").write_bytes(os.urandom(4096))
+    server = fakehub.HttpHub(str(tmp_path / "hub"), delay=0.02)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
+    hubgate.reset(1)
+
+    def download_all(cache: str) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: hf_hub_download("org/files", f"f{i:02d}.bin", repo_type="dataset",
+                                                    revision="0" * 40, cache_dir=str(tmp_path / cache)), range(16)))
+
+    try:
+        download_all("unbounded")
+        unbounded, server.peak, seen = server.peak, 0, len(server.requests)
+        before = hubfs.requests_so_far()
+        with hubfs.bounded_client():
+            download_all("bounded")
+        after = hubfs.requests_so_far()
+    finally:
+        server.stop()
+        monkeypatch.undo()
+        hubgate.reset(hubfs.bound())
+    assert unbounded >= 2 and server.peak == 1
+    assert after["requests"] - before["requests"] == len(server.requests) - seen >= 32  # a HEAD and a GET a file

@@ -355,11 +355,10 @@ def test_a_tasks_load_from_the_hub_asks_for_each_file_once(tmp_path, hub_server)
             if method == "GET" and "/resolve/" in path} == files
 
 
-def test_a_tasks_load_from_the_hub_holds_the_jobs_bound_in_every_thread(tmp_path, hub_server, monkeypatch):
-    """datasets downloads a repo's files 16 at once (XM3600T2IRetrieval: 37 files); within a task's load every
-    request to the hub holds a slot of the job's gate (hubfs.bounded_client): with the bound at 1, the server in the
-    hub's image never has two requests at once (4 at once outside the gate), the gate counts every request the
-    server saw, and every 429 it sent paused the gate once."""
+def test_a_tasks_load_from_the_hub_holds_the_jobs_bound(tmp_path, hub_server, monkeypatch):
+    """Within a task's load every request to the hub holds a slot of the job's gate (hubfs.bounded_client; its
+    threads: test_hubfs.py): with the bound at 1, the server in the hub's image never has two requests at once, the
+    gate counts every request the server saw (none, without the gate), and every 429 it sent paused the gate once."""
     from support.hub_tasks import retrieval
 
     from mieb_ray import hubfs, hubgate
