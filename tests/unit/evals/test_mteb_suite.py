@@ -365,7 +365,7 @@ def test_a_tasks_load_from_the_hub_holds_the_jobs_bound(tmp_path, hub_server, mo
     from mieb_ray.evals import mteb_suite
 
     retrieval.TASKS["XM3600T2IRetrieval"](str(tmp_path / "hub"))
-    server = hub_server(str(tmp_path / "hub"), every=5, faults=("429",), delay=0.01)
+    server = hub_server(str(tmp_path / "hub"), every=25, faults=("429",), delay=0.01)  # each 429: the job waits 1 s
     monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
     hubgate.reset(1)
     try:
