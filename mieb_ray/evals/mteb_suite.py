@@ -452,6 +452,8 @@ def eval_images(names: list[str], sources: str, folder: str, log, where: placeme
         storage.delete_tree(folder)
     t0 = time.time()
     items = {n: storage.join(folder, "_items", n) for n in names}
+    if sources == HF:
+        hubfs.job_reads_hub()  # every process's loads hold the job's one bound on hub requests
     with tasks.using(where.mode, where.ctx):
         tasks.get([collect_task.remote(n, sources, items[n], RECORDED_DIM) for n in names])
         holders: dict[str, list[str]] = {}  # key -> the tasks holding it (each task lists a key once)
