@@ -70,6 +70,20 @@ def http_client() -> fsspec.AbstractFileSystem:
     return HfFileSystem(endpoint=os.environ[ENV_HTTP])
 
 
+def as_the_hub(monkeypatch, url: str) -> None:
+    """huggingface_hub and `datasets` in this process read the server at `url` (an HttpHub) as the hub, online,
+    as HF_ENDPOINT makes them at import: its host is the hub's (hubfs.bounded_client gates it)."""
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+
+    for module, name, value in [
+            (hub_constants, "HF_HUB_OFFLINE", False), (datasets.config, "HF_HUB_OFFLINE", False),
+            (hub_constants, "ENDPOINT", url), (datasets.config, "HF_ENDPOINT", url),
+            (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"),
+            (datasets.config, "HUB_DATASETS_URL", url + "/datasets/{repo_id}/resolve/{revision}/{path}")]:
+        monkeypatch.setattr(module, name, value)
+
+
 def write_config(path: str, **settings) -> str:
     """Write the settings `from_env` reads; returns `path`."""
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -152,10 +152,7 @@ def test_the_hub_clients_own_retries_of_a_429_pause_the_gate_and_are_counted(mir
     root, _ = mirror
     server = fakehub.HttpHub(root, every=3, faults=("429",), token=TOKEN)
     if bounded:
-        # the server is the hub (bounded_client gates the hub's host), as HF_ENDPOINT makes it at import
-        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
-        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            server.url + "/{repo_id}/resolve/{revision}/{filename}")
+        fakehub.as_the_hub(monkeypatch, server.url)  # bounded_client gates the hub's host
         monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
         hubgate.reset(1)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
@@ -188,7 +185,6 @@ def test_bounded_client_holds_the_bound_in_every_thread(tmp_path, monkeypatch):
     the same downloads outside the block went 2 or more at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import huggingface_hub.constants
     from huggingface_hub import hf_hub_download
 
     repo = tmp_path / "hub" / "org" / "files"
@@ -196,10 +192,7 @@ def test_bounded_client_holds_the_bound_in_every_thread(tmp_path, monkeypatch):
     for i in range(16):
         (repo / f"f{i:02d}.bin").write_bytes(os.urandom(4096))
     server = fakehub.HttpHub(str(tmp_path / "hub"), delay=0.02)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
-    monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    fakehub.as_the_hub(monkeypatch, server.url)
     monkeypatch.setenv(hubfs.ENV_CONCURRENCY, "1")
     hubgate.reset(1)
 

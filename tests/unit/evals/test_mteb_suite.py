@@ -318,12 +318,8 @@ def hub_server(tmp_path, monkeypatch):
     def serve(root: str, **settings):
         server = fakehub.HttpHub(root, **settings)
         servers.append(server)
+        fakehub.as_the_hub(monkeypatch, server.url)
         for module, name, value in [
-                (hub_constants, "HF_HUB_OFFLINE", False), (datasets.config, "HF_HUB_OFFLINE", False),
-                (hub_constants, "ENDPOINT", server.url), (datasets.config, "HF_ENDPOINT", server.url),
-                (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                 server.url + "/{repo_id}/resolve/{revision}/{filename}"),
-                (datasets.config, "HUB_DATASETS_URL", server.url + "/datasets/{repo_id}/resolve/{revision}/{path}"),
                 (hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache")),  # this test's downloads apart
                 (datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache"),
                 (hub_http, "time", types.SimpleNamespace(sleep=lambda seconds: None))]:
