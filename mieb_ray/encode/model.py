@@ -1,8 +1,9 @@
 """Models: find one (local dir, s3:// prefix or hub repo), describe it from its config alone, and encode with it.
 
-The driver calls `resolve` + `load_info` once, before any Ray work, so a wrong name fails in one line and the
-hub revision is fixed for the whole job; actors then `resolve(info.name, info.revision)` on their own node
-(a local cache hit) and build one `Encoder` each.
+The driver calls `describe` once, before any Ray work, so a wrong name fails in one line and the hub revision is
+fixed for the whole job (a hub model's weights are listed there, not downloaded: the encoders load them); actors
+then `resolve(info.name, info.revision)` on their own node (the node's cache, or one download) and build one
+`Encoder` each.
 
 Hub pinning: a hub name without --revision uses its PINNED commit when it has one, else the hub's current
 `main`, with a warning; either way ModelInfo.revision records the commit actually loaded, so the output names
@@ -77,19 +78,31 @@ def _is_hub(name: str) -> bool:
     return not storage.is_s3(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
 
 
-def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None) -> str:
-    """A local directory holding the model's config, weights, tokenizer and processor files."""
+def describe(name: str, revision: str | None = None, modality: str = "image") -> tuple[ModelInfo, dict]:
+    """What a job's driver needs of a model: its info (a model that cannot do the job fails here, in one line) and
+    its identity. A hub model's weights are only listed: the encoders download them on their own nodes."""
+    path = resolve(name, revision, weights=False)
+    info = load_info(path, name, revision, modality=modality)
+    return info, identity(name, path, info)
+
+
+def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None,
+            weights: bool = True) -> str:
+    """A local directory holding the model's config, weights, tokenizer and processor files; with weights=False a
+    hub model's may hold only the small files (its weights checked to exist)."""
     if storage.is_s3(name_or_path):
         return _from_s3(name_or_path, cache_dir or default_cache_dir())
     if _is_hub(name_or_path):
-        return _from_hub(name_or_path, revision, cache_dir)
+        return _from_hub(name_or_path, revision, cache_dir, weights)
     if not os.path.isdir(name_or_path):
         raise UserError(f"model path {name_or_path} does not exist" if not os.path.exists(name_or_path)
                         else f"model path {name_or_path} is not a directory")
+    if not _select(os.listdir(name_or_path)):
+        raise UserError(f"model {name_or_path} has no weights (*.safetensors or pytorch_model*.bin)")
     return os.path.abspath(name_or_path)
 
 
-def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
+def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: bool = True) -> str:
     import huggingface_hub.constants
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -108,7 +121,7 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
         except storage.StorageError as exc:
             raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
     try:
-        return _snapshot(repo, revision, cache_dir, local_files_only=False)
+        return _snapshot(repo, revision, cache_dir, local_files_only=False, weights=weights)
     except (HfHubHTTPError, OSError, ValueError) as exc:  # not found, gated, offline without a cached copy
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise UserError(f"model {repo} is not a local directory and cannot be fetched from the "
@@ -117,14 +130,23 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None) -> str:
         raise UserError(f"model {repo}{at} has no weights (*.safetensors or pytorch_model*.bin)") from None
 
 
-def _snapshot(repo: str, revision: str | None, cache_dir: str | None, local_files_only: bool) -> str:
-    """The snapshot of the small files plus the first weight format the repo has; LookupError when it has none."""
-    from huggingface_hub import snapshot_download
+def _snapshot(repo: str, revision: str | None, cache_dir: str | None, local_files_only: bool,
+              weights: bool = True) -> str:
+    """The snapshot of the small files plus the first weight format the repo has (weights=False: the small files,
+    the weights only listed); LookupError when it has none."""
+    from huggingface_hub import HfApi, snapshot_download
 
-    for weights in _WEIGHTS:
-        path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + weights, cache_dir=cache_dir,
+    if not weights:
+        path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL, cache_dir=cache_dir,
                                  local_files_only=local_files_only)
-        if _select(os.listdir(path), weights):
+        commit = os.path.basename(path)  # the snapshot's folder is named for the commit it holds
+        if not _select(HfApi().list_repo_files(repo, revision=commit)):
+            raise LookupError(repo)
+        return path
+    for patterns in _WEIGHTS:
+        path = snapshot_download(repo, revision=revision, allow_patterns=_SMALL + patterns, cache_dir=cache_dir,
+                                 local_files_only=local_files_only)
+        if _select(os.listdir(path), patterns):
             return path
     raise LookupError(repo)
 
@@ -223,8 +245,6 @@ def load_info(path: str, name: str, revision: str | None, modality: str = "image
         raise UserError(f"model {shown} has no config.json")
     if not isinstance(config.get("model_type", ""), str) or not isinstance(config.get("architectures") or [], list):
         raise UserError(f"model {shown}: config.json's model_type is not a string or its architectures not a list")
-    if not _select(os.listdir(path)):
-        raise UserError(f"model {shown} has no weights (*.safetensors or pytorch_model*.bin)")
     cls = _model_class(config)
     arch = cls.__name__ if cls else (config.get("architectures") or [config.get("model_type", "?")])[0]
     family = families.family_of(config.get("model_type"))

@@ -57,12 +57,10 @@ class Cache:
 
     @classmethod
     def of(cls, out: str, model: str, revision: str | None, exact: bool = True) -> Cache:
-        from mieb_ray.encode.model import identity as model_identity
-        from mieb_ray.encode.model import load_info, resolve
+        from mieb_ray.encode.model import describe
 
-        path = resolve(model, revision)
-        info = load_info(path, model, revision)
-        name = identity.digest(model_identity(model, path, info))[:16] + ("" if exact else "-fast")
+        info, made_by = describe(model, revision)
+        name = identity.digest(made_by)[:16] + ("" if exact else "-fast")
         return cls(storage.join(out, "embeddings", "cache"), name, model, revision, exact, info.dim)
 
     @property

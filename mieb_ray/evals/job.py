@@ -24,8 +24,7 @@ import time
 from dataclasses import dataclass
 
 from mieb_ray import __version__, flags, formats, storage
-from mieb_ray.encode.model import identity as model_identity
-from mieb_ray.encode.model import load_info, resolve
+from mieb_ray.encode.model import describe
 from mieb_ray.errors import UserError
 from mieb_ray.evals import embed_cache, protocol, registry, results_repo, run_report
 from mieb_ray.evals.mteb_suite import has_texts
@@ -212,8 +211,7 @@ def _settings(options: registry.Options, config: EvalConfig) -> dict:
     options, and the same embeddings (by their identity) or the same model (its commit or files)."""
     made_by = None
     if config.model:
-        path = resolve(config.model, config.revision)
-        made_by = model_identity(config.model, path, load_info(path, config.model, config.revision))
+        made_by = describe(config.model, config.revision)[1]
     return {"version": __version__, "sources": storage.display(options.sources), "model": made_by,
             "images": [identity.of_input(r) for r in embeddings.roots(config.images)] if config.images else None,
             "texts": [identity.of_input(r) for r in embeddings.roots(config.texts)] if config.texts else None,

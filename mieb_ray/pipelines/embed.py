@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 from mieb_ray import __version__, flags, formats, storage
 from mieb_ray.encode import gpu_decode
-from mieb_ray.encode.model import identity as model_identity
-from mieb_ray.encode.model import load_info, resolve
+from mieb_ray.encode.model import describe
 from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.encode.stages import EncodeStage, commit_stage, read_stage
 from mieb_ray.errors import UserError
@@ -155,9 +154,9 @@ def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict
     (None: RunContext())."""
     config.check()
     where = placement_of(config, ctx)
-    info, path = _model(config)
+    info, model = describe(config.model, config.revision, modality=config.modality)  # a hub name: its pinned commit
     job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log,
-              identity=_identity(config, info, path), reuse=config.reuse)
+              identity=_identity(config, info, model), reuse=config.reuse)
     if (reused := job.reusable()) is not None:
         return reused
     with tasks.using(where.mode, where.ctx):  # the plan's tar indexing too
@@ -211,16 +210,10 @@ def placement_of(config: EmbedConfig, ctx: RunContext | None = None) -> placemen
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def _model(config: EmbedConfig):
-    """The model's info and the folder it loads from, resolved once (a hub name at its pinned commit)."""
-    path = resolve(config.model, config.revision)
-    return load_info(path, config.model, config.revision, modality=config.modality), path
-
-
-def _identity(config: EmbedConfig, info, path: str) -> dict:
+def _identity(config: EmbedConfig, info, model: dict) -> dict:
     """What decides the embeddings (runtime/identity.py): the model, the input, and the settings that change a
     row's vector; not the shard size or the pools."""
-    return {"format": formats.EMBEDDINGS.stamp(), "model": model_identity(config.model, path, info),
+    return {"format": formats.EMBEDDINGS.stamp(), "model": model,
             "input": identity.of_input(config.input), "modality": config.modality,
             "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
             "raw": config.raw, "precision": config.precision,

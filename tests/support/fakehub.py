@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -82,6 +83,19 @@ def as_the_hub(monkeypatch, url: str) -> None:
             (hub_constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"),
             (datasets.config, "HUB_DATASETS_URL", url + "/datasets/{repo_id}/resolve/{revision}/{path}")]:
         monkeypatch.setattr(module, name, value)
+
+
+def serve_models(monkeypatch, root: str, models: dict[str, str]) -> HttpHub:
+    """An HttpHub serving each {repo: folder} as a model repo, as this process's hub, with an empty model cache:
+    what a machine that never loaded them sees. The caller stops it."""
+    import huggingface_hub.constants as hub_constants
+
+    for repo, folder in models.items():
+        shutil.copytree(folder, os.path.join(root, "repos", repo))
+    hub = HttpHub(os.path.join(root, "repos"))
+    as_the_hub(monkeypatch, hub.url)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", os.path.join(root, "cache"))
+    return hub
 
 
 def write_config(path: str, **settings) -> str:
@@ -358,7 +372,9 @@ class HttpHub:
     """The same mirror behind a local HTTP server that speaks the part of the hub's API the real client uses
     to read a dataset (`/api/datasets/<repo>/revision|tree|paths-info/<rev>`, `/datasets/<repo>/resolve/<rev>/
     <path>` with byte ranges), so that `HfFileSystem(endpoint=hub.url)` is tested as it is, retries and all, and
-    `datasets.load_dataset` (hf_hub_download: a HEAD of each file, the commit and ETag headers) with its endpoint.
+    `datasets.load_dataset` (hf_hub_download: a HEAD of each file, the commit and ETag headers) with its endpoint;
+    and a model (`/api/models/<repo>/...`, `/<repo>/resolve/...`: snapshot_download) from a folder in the same root.
+    A branch or tag resolves to the commit `commit(repo)`.
 
     Every `every`-th request fails in turn with one of `faults`: "429" (Retry-After: 0), "503", "truncate"
     (a 206 holding half the range asked, its length consistent) and "drop" (the connection closes halfway
@@ -431,8 +447,9 @@ class HttpHub:
                     hub.requests.append((self.command, path, self.headers.get("authorization"), fault))
                 if hub.token is not None and self.headers.get("authorization") != f"Bearer {hub.token}":
                     return self.send(401, {"error": "Invalid credentials in Authorization header"})
-                api = re.match(r"^/api/datasets/([^/]+/[^/]+)/(revision|tree|paths-info)/([^/]+)/?(.*)$", path)
-                blob = re.match(r"^/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+                api = re.match(r"^/api/(?:datasets|models)/([^/]+/[^/]+)/(revision|tree|paths-info)/([^/]+)/?(.*)$",
+                               path)
+                blob = None if api else re.match(r"^/(?:datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
                 if fault == "429":
                     return self.send(429, {"error": "rate limited"}, {"Retry-After": "0"})
                 if fault == "503" or (fault and api):
@@ -450,7 +467,8 @@ class HttpHub:
                 if not os.path.isdir(folder):
                     return self.send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
                 if kind == "revision":
-                    return self.send(200, {"id": repo, "sha": revision, "private": False, "siblings": []})
+                    sha = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else commit(repo)
+                    return self.send(200, {"id": repo, "sha": sha, "private": False, "siblings": []})
                 if kind == "paths-info":
                     return self.send(200, [_entry(folder, p) for p in form.get("paths", [])
                                            if os.path.exists(os.path.join(folder, p))])
@@ -498,9 +516,19 @@ class HttpHub:
             return None
         return self.faults[(n // self.every) % len(self.faults)]
 
+    def downloads(self, since: int = 0) -> list[str]:
+        """The files it sent in full (GET) from its `since`-th request on, sorted."""
+        return sorted(path.rsplit("/resolve/", 1)[1].split("/", 1)[1]
+                      for method, path, _, _ in self.requests[since:] if method == "GET" and "/resolve/" in path)
+
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def commit(repo: str) -> str:
+    """The commit an HttpHub gives a repo's branches and tags."""
+    return hashlib.sha1(repo.encode()).hexdigest()
 
 
 def _entry(folder: str, rel: str) -> dict:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+from pathlib import Path
 
 import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from support import paths
+from support import fakehub, paths
 from transformers import BertConfig, BertModel, CLIPModel, CLIPProcessor
 
 from mieb_ray.demo_data.models import make_tiny_clip
-from mieb_ray.encode.model import Encoder, ModelInfo, load_info, resolve
+from mieb_ray.encode.model import Encoder, ModelInfo, describe, load_info, resolve
 from mieb_ray.errors import UserError
 
 PICTURES = sorted(glob.glob(str(paths.PICTURES / "*.jpg")))
@@ -209,3 +210,54 @@ def test_hub_snapshot_in_the_cache_resolves_offline_to_its_commit(tiny, tmp_path
     assert path == str(repo / "snapshots" / sha)
     assert load_info(path, "someone/tiny-clip", "main").revision == sha  # the commit, not the branch
     assert resolve("someone/tiny-clip", revision=sha, cache_dir=str(tmp_path)) == path
+
+
+@pytest.fixture
+def model_hub(tiny, tmp_path, monkeypatch):
+    """The hub, serving `someone/tiny-clip` (the tiny CLIP's files, and the TF and Flax copies and a PyTorch pickle
+    of its weights that the real openai repos hold too) and `someone/tf-only` (a config and TF weights), to a
+    machine that never loaded either."""
+    full = tmp_path / "full"
+    shutil.copytree(tiny, full)
+    for other in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "README.md"):
+        (full / other).write_bytes(b"other weights or a model card")
+    tf_only = tmp_path / "tf-only"
+    tf_only.mkdir()
+    shutil.copy(full / "config.json", tf_only)
+    shutil.copy(full / "tf_model.h5", tf_only)
+    hub = fakehub.serve_models(monkeypatch, str(tmp_path / "hub"),
+                               {"someone/tiny-clip": str(full), "someone/tf-only": str(tf_only)})
+    yield hub
+    hub.stop()
+
+
+def test_a_job_describes_a_hub_model_from_its_small_files_without_downloading_its_weights(tiny, model_hub):
+    """The driver (a cluster's head) needs the config, the tokenizer and the processor; the weights are the
+    encoders', on their own nodes (openai/clip-vit-large-patch14's are 1.7 GB)."""
+    info, made_by = describe("someone/tiny-clip")
+    small = sorted(f for f in os.listdir(tiny) if f.endswith(".json"))
+    assert model_hub.downloads() == small
+    assert info.revision == fakehub.commit("someone/tiny-clip")  # main, resolved to its commit
+    assert made_by == {"name": "someone/tiny-clip", "revision": info.revision}
+    assert info == load_info(tiny, "someone/tiny-clip", info.revision)
+
+
+def test_an_encoder_downloads_one_weight_format_once_and_then_reads_its_cache(tiny, model_hub):
+    info, _ = describe("someone/tiny-clip")
+    seen = len(model_hub.requests)
+    path = resolve("someone/tiny-clip", info.revision)
+    assert model_hub.downloads(seen) == ["model.safetensors"]  # not the pickle, TF or Flax copies
+    assert sorted(os.listdir(path)) == sorted(f for f in os.listdir(tiny) if f.endswith((".json", ".safetensors")))
+    for name in os.listdir(path):
+        assert (Path(path) / name).read_bytes() == (Path(tiny) / name).read_bytes(), name
+    seen = len(model_hub.requests)
+    assert resolve("someone/tiny-clip", info.revision) == path
+    assert model_hub.requests[seen:] == []  # every other encoder on the node
+
+
+def test_a_hub_model_without_weights_transformers_loads_is_one_line_and_downloads_nothing_big(model_hub):
+    for where in (describe, resolve):
+        with pytest.raises(UserError) as caught:
+            where("someone/tf-only")
+        assert str(caught.value) == "model someone/tf-only has no weights (*.safetensors or pytorch_model*.bin)"
+    assert model_hub.downloads() == ["config.json"]  # once: the second asked the cache

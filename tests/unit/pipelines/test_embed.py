@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 
 import datasets
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
+from support import fakehub
 
 from mieb_ray import storage
 from mieb_ray.cli import main
@@ -306,6 +308,31 @@ def test_s3_in_and_out_with_a_model_on_s3(ray_local, s3, mieb_train, tiny_clip):
     assert sum(embeddings.open_shard(u).num_rows for u in embeddings.shard_uris(out)) == len(train_rows(root))
     with pytest.raises(UserError, match="^bucket 'no-such-bucket' does not exist"):
         embed(EmbedConfig(f"s3://{s3.bucket}/emb-test/train", "s3://no-such-bucket/out", tiny_clip))
+
+
+def test_a_hub_model_is_downloaded_where_it_encodes_and_a_reused_output_downloads_no_weights(
+        mieb_train, tiny_clip, tmp_path, monkeypatch):
+    """The job's driver (a cluster's head) reads a hub model's small files; the weights are downloaded where the
+    encoders run, here in this process, once. eval --model (reuse) on a machine that never loaded the model finds
+    its embeddings done without downloading the weights."""
+    root, _ = mieb_train
+    hub = fakehub.serve_models(monkeypatch, str(tmp_path / "hub"), {"someone/tiny-clip": tiny_clip})
+    try:
+        config = EmbedConfig(root, str(tmp_path / "out"), "someone/tiny-clip", executor="local", batch_size=16,
+                             reuse=True)
+        manifest = embed(config, log=lambda line: None)
+        assert manifest["counts"] == {"total": len(train_rows(root)), "errors": 0}
+        files = sorted(f for f in os.listdir(tiny_clip) if f.endswith((".json", ".safetensors")))
+        assert hub.downloads() == files  # each once: the driver's small files serve the encoder too
+        assert manifest["model"]["revision"] == fakehub.commit("someone/tiny-clip")
+
+        shutil.rmtree(tmp_path / "hub" / "cache")  # another machine
+        seen, lines = len(hub.requests), []
+        assert embed(config, log=lines.append) == manifest
+        assert lines[-1].startswith("[embed] reusing")
+        assert hub.downloads(seen) == [f for f in files if f.endswith(".json")]
+    finally:
+        hub.stop()
 
 
 def test_webdataset_input_with_json_fields(ray_local, mirror, tiny_clip, tmp_path):
