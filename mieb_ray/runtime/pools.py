@@ -151,8 +151,33 @@ def encoder_pool(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worke
                  workers: int | None = None, cap: int | None = None, device_decode: bool = False) -> Pool:
     """The encoders: on GPUs when the cluster has or can add them; on CPUs when asked (--gpus-per-worker 0),
     or on a single machine with no GPU and no autoscaler (a laptop). Anything else fails now, in one line,
-    rather than encode silently on CPUs or wait for GPUs that cannot come. cpus_per_worker None: 1, or
-    GPU_ENCODER_CPUS for a GPU encoder that decodes JPEGs on its device (`device_decode`)."""
+    rather than encode silently on CPUs or wait for GPUs that cannot come, or for a CPU (_leaves_a_cpu).
+    cpus_per_worker None: 1, or GPU_ENCODER_CPUS for a GPU encoder that decodes JPEGs on its device
+    (`device_decode`)."""
+    return _leaves_a_cpu(cluster, _encoders(cluster, gpus_per_worker, cpus_per_worker, workers, cap, device_decode))
+
+
+def _leaves_a_cpu(cluster: Cluster, pool: Pool) -> Pool:
+    """The tasks that read the encoders' input take a CPU each, and Ray Data stops no actor for them: a pool that
+    holds every CPU the cluster has, or can grow to, waits forever for its first unit. Not where GPU encoders
+    wait for nodes Ray does not know of: those bring CPUs of their own."""
+    if pool.num_gpus and pool.max_size * pool.num_gpus > cluster.max_gpus:
+        return pool
+    if pool.max_size * pool.num_cpus <= cluster.max_cpus - 1:
+        return pool
+    fits = int((cluster.max_cpus - 1) // pool.num_cpus)
+    fix = (f"pass --workers {fits} or fewer" if fits >= 1 else
+           f"pass --cpus-per-worker {_n(cluster.max_cpus - 1)}" if cluster.max_cpus >= 2 else
+           "give the cluster a second CPU, or encode in this process (--executor local)")
+    encoders = f"{pool.max_size} encoder{'s' if pool.max_size > 1 else ''} x {_n(pool.num_cpus)} CPU"
+    cpus = f"{_n(cluster.max_cpus)} CPU{'s' if cluster.max_cpus != 1 else ''} the Ray cluster " + \
+        ("can grow to" if cluster.autoscaler else "has")
+    raise UserError(f"{encoders} would hold all {cpus}, leaving none for the tasks that read their input (the job "
+                    f"would wait forever); {fix}")
+
+
+def _encoders(cluster: Cluster, gpus_per_worker: float | None, cpus_per_worker: float | None,
+              workers: int | None, cap: int | None, device_decode: bool) -> Pool:
     if gpus_per_worker is None:
         if cluster.max_gpus > 0:
             gpus_per_worker = 1.0

@@ -365,6 +365,8 @@ def test_bad_setup_fails_in_one_line_before_any_work(mieb_train, tiny_clip, tmp_
         (["--model", str(bert)], "(BertModel) cannot embed images: it has no get_image_features"),
         (["--model", tiny_clip, "--image-column", "picture"], "has no column picture"),
         (["--model", tiny_clip, "--input", str(tmp_path / "empty")], "no .parquet or .tar files under"),
+        # the test Ray's 4 CPUs held by encoders: no read task could ever run (it waited forever)
+        (["--model", tiny_clip, "--workers", "4"], "4 encoders x 1 CPU would hold all 4 CPUs the Ray cluster has"),
     ]
     (tmp_path / "empty").mkdir()
     for flags, message in cases:

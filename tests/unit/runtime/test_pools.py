@@ -70,6 +70,30 @@ def test_a_cluster_encodes_on_cpus_only_when_asked():
     assert encoder_pool(CPU_CLUSTER, 0, 1.0, workers=5).why.startswith("encoders on CPUs: 5 actors")
 
 
+def test_encoders_that_would_hold_every_cpu_the_cluster_has_fail_in_one_line():
+    """A read task per unit feeds the encoders, a CPU each: encoders holding every CPU would wait forever (seen:
+    --workers 2 on a 2-CPU Ray, both encoders loaded, no unit ever read)."""
+    two = Cluster(cpus=2, gpus=0, max_cpus=2, max_gpus=0, nodes=1, autoscaler=None)
+    with pytest.raises(UserError) as caught:
+        encoder_pool(two, None, None, workers=2)
+    assert str(caught.value) == ("2 encoders x 1 CPU would hold all 2 CPUs the Ray cluster has, leaving none for the "
+                                 "tasks that read their input (the job would wait forever); pass --workers 1 or fewer")
+    assert encoder_pool(two, None, None, workers=1).max_size == 1  # one CPU left to read
+    with pytest.raises(UserError, match=r"^12 encoders x 1 CPU would hold all 12 CPUs .*; pass --workers 11 or fewer$"):
+        encoder_pool(CPU_CLUSTER, 0, None, workers=12)
+    with pytest.raises(UserError, match=r"^1 encoder x 1 CPU would hold all 1 CPU the Ray cluster has.*"
+                                        r"encode in this process \(--executor local\)$"):
+        encoder_pool(Cluster(1, 0, 1, 0, 1, None), None, None)  # the default pool too
+    one_gpu = Cluster(cpus=4, gpus=1, max_cpus=4, max_gpus=1, nodes=1, autoscaler=None)
+    with pytest.raises(UserError, match=r"^1 encoder x 4 CPU would hold all 4 CPUs .*; pass --cpus-per-worker 3$"):
+        encoder_pool(one_gpu, None, 4.0)
+    # what the autoscaler can add counts; GPU nodes Ray does not know of yet bring CPUs of their own
+    with pytest.raises(UserError, match=r"^512 encoders x 1 CPU would hold all 512 CPUs the Ray cluster can grow to"):
+        encoder_pool(CPU_AUTOSCALER, 0, None, workers=512)
+    assert encoder_pool(CPU_AUTOSCALER, 0, None, workers=511).max_size == 511
+    assert encoder_pool(Cluster(1, 0, 1, 0, 1, None), 1, None).max_size == 1
+
+
 def test_cpu_pools_grow_from_what_is_up_to_what_can_be_added():
     # on an autoscaling cluster, all at once (a pool from 1 stayed at 1 of 8 on Ray's autoscaler: ray#59144)
     pool = cpu_pool(FRESH, 1.0, what="shard builders")
