@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mieb_ray import storage
+from mieb_ray import hubfs, storage
 from mieb_ray.encode import families
 from mieb_ray.encode.preprocess import ImageSpec
-from mieb_ray.errors import UserError, first_line
+from mieb_ray.errors import UserError, described, first_line
 
 if TYPE_CHECKING:
     import torch
@@ -123,9 +123,12 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: b
     try:
         return _snapshot(repo, revision, cache_dir, local_files_only=False, weights=weights)
     except (HfHubHTTPError, OSError, ValueError) as exc:  # not found, gated, offline without a cached copy
-        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        # huggingface_hub's retries that ran out say "cannot find the requested files in the local cache"
+        cause = hubfs.transient_cause(exc)
+        why = f"the hub kept failing: {described(cause)}" if cause else \
+            next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise UserError(f"model {repo} is not a local directory and cannot be fetched from the "
-                        f"Hugging Face hub{at}: {first}") from exc
+                        f"Hugging Face hub{at}: {why}") from exc
     except LookupError:
         raise UserError(f"model {repo}{at} has no weights (*.safetensors or pytorch_model*.bin)") from None
 

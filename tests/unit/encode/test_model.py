@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+from types import SimpleNamespace
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -261,3 +262,20 @@ def test_a_hub_model_without_weights_transformers_loads_is_one_line_and_download
             where("someone/tf-only")
         assert str(caught.value) == "model someone/tf-only has no weights (*.safetensors or pytorch_model*.bin)"
     assert model_hub.downloads() == ["config.json"]  # once: the second asked the cache
+
+
+def test_a_hub_outage_longer_than_the_clients_retries_is_one_line_naming_the_hubs_answer(model_hub, monkeypatch):
+    import huggingface_hub.utils._http as hub_http
+
+    monkeypatch.setattr(hub_http, "time", SimpleNamespace(sleep=lambda seconds: None))  # its backoff, not its waits
+    info, _ = describe("someone/tiny-clip")
+    model_hub.outage["model.safetensors"] = 100  # every try of the encoder's download
+    with pytest.raises(UserError) as caught:
+        resolve("someone/tiny-clip", info.revision)
+    assert str(caught.value) == (
+        f"model someone/tiny-clip is not a local directory and cannot be fetched from the Hugging Face hub at "
+        f"revision {info.revision}: the hub kept failing: HfHubHTTPError: Server error '503 Service Unavailable' "
+        f"for url '{model_hub.url}/someone/tiny-clip/resolve/{info.revision}/model.safetensors'")
+    assert model_hub.outage["model.safetensors"] < 100 - 1  # the client's own retries came first
+    model_hub.outage.clear()
+    assert "model.safetensors" in os.listdir(resolve("someone/tiny-clip", info.revision))  # once the hub answers
