@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -103,6 +104,35 @@ def test_three_jobs_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     assert cluster.actor_nodes("EncodeStage", images) <= workers and cluster.actor_nodes("EncodeStage", images)
     assert_no_secret(cluster, s3, [build, refused, images],
                      ["e2e/train/_manifest.json", "e2e/emb-images/_manifest.json"])
+
+
+def test_a_hub_model_is_downloaded_by_the_nodes_that_encode_not_by_the_driver(cluster, mirror, tiny_clip, tmp_path):
+    """`embed --model <hub name>` through `ray job submit`: the driver, on the head, reads the model's config,
+    tokenizer and processor files; its weights are downloaded once on each node that runs encoders, into that
+    node's own Hugging Face cache (the head downloaded them too: 1.7 GB for clip-vit-large-patch14)."""
+    from support import fakehub
+
+    from mieb_ray.pipelines.build import BuildConfig, build
+
+    train = str(tmp_path / "train")
+    build(BuildConfig(mirror[0], train, datasets=["gtsrb", "stl10"], executor="local"), log=lambda line: None)
+    repos = tmp_path / "hub"
+    (repos / "someone").mkdir(parents=True)
+    shutil.copytree(tiny_clip, repos / "someone" / "tiny-clip")
+    server = fakehub.HttpHub(str(repos))
+    try:
+        done = submit(cluster.dashboard_url, "jobs/embed.py", "--input", train, "--out", str(tmp_path / "out"),
+                      "--model", "someone/tiny-clip", "--workers", "2", "--gpus-per-worker", "0",
+                      "--cpus-per-worker", "0.5", env_vars={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"})
+    finally:
+        server.stop()
+    encoders = cluster.actor_nodes("EncodeStage", done)
+    assert encoders <= {cluster.node_id(n) for n in ("node_a", "node_b")} and encoders
+    weights = [p for m, p, _, _ in server.requests if m == "GET" and p.endswith("/model.safetensors")]
+    assert len(weights) == len(encoders), (weights, encoders)
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["model"]["revision"] == fakehub.commit("someone/tiny-clip")
+    assert manifest["counts"]["errors"] == 0 and manifest["counts"]["total"] > 0
 
 
 def assert_no_secret(cluster, s3, done: list, keys: list[str]) -> None:

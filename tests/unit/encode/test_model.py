@@ -1,12 +1,13 @@
-"""Model loading and encoding against transformers' own CLIP path, on a tiny random CLIP (no hub, no Ray)."""
+"""Model loading and encoding against transformers' own CLIP path, on a tiny random CLIP (from a folder, or a server
+in the hub's image; no Ray)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import shutil
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub.constants
 import numpy as np
