@@ -104,7 +104,7 @@ def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | Non
 
 def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: bool = True) -> str:
     import huggingface_hub.constants
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     if revision is None and repo in PINNED:
         revision = PINNED[repo]
@@ -122,7 +122,15 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: b
             raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
     try:
         return _snapshot(repo, revision, cache_dir, local_files_only=False, weights=weights)
-    except (HfHubHTTPError, OSError, ValueError) as exc:  # not found, gated, offline without a cached copy
+    except GatedRepoError:
+        raise UserError(f"model {repo} is gated on the hub: accept its conditions on its page, then set HF_TOKEN to "
+                        "a token of that account") from None
+    except RepositoryNotFoundError:  # the hub's answer for a private repo without access too
+        raise UserError(f"model {repo} is not a local directory, and the hub has no model repo {repo} (or it is "
+                        "private and HF_TOKEN gives no access to it)") from None
+    except RevisionNotFoundError:
+        raise UserError(f"model {repo} has no revision {revision} on the hub (a commit, branch or tag)") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:  # offline without a cached copy, the hub failing
         # huggingface_hub's retries that ran out say "cannot find the requested files in the local cache"
         cause = hubfs.transient_cause(exc)
         why = f"the hub kept failing: {described(cause)}" if cause else \

@@ -374,15 +374,16 @@ class HttpHub:
     <path>` with byte ranges), so that `HfFileSystem(endpoint=hub.url)` is tested as it is, retries and all, and
     `datasets.load_dataset` (hf_hub_download: a HEAD of each file, the commit and ETag headers) with its endpoint;
     and a model (`/api/models/<repo>/...`, `/<repo>/resolve/...`: snapshot_download) from a folder in the same root.
-    A branch or tag resolves to the commit `commit(repo)`.
+    Its one branch, main, is the commit `commit(repo)`; any 40-hex revision is a commit.
 
     Every `every`-th request fails in turn with one of `faults`: "429" (Retry-After: 0), "503", "truncate"
     (a 206 holding half the range asked, its length consistent) and "drop" (the connection closes halfway
     through the body); an API call gets a 503 where a byte range would be cut. `outage` ({substring: n}): the
     first n requests whose path holds the substring are a 503, however they are retried. `token`: the only
-    bearer token accepted (401 otherwise). `delay`: seconds each request waits before its answer. `requests`:
-    (method, path, authorization header, fault) of each request; `peak`: the most requests at once between their
-    arrival and the start of their answer (a client still waits for each then).
+    bearer token accepted (401 otherwise; for a repo in `gated`, the hub's answer to a gated repo). `delay`:
+    seconds each request waits before its answer. `requests`: (method, path, authorization header, fault) of each
+    request; `peak`: the most requests at once between their arrival and the start of their answer (a client
+    still waits for each then).
     """
 
     def __init__(self, root: str, every: int = 0, faults=("429", "truncate", "503", "drop"),
@@ -392,6 +393,7 @@ class HttpHub:
 
         self.root, self.every, self.faults, self.token = root, every, list(faults), token
         self.outage, self.delay = dict(outage or {}), delay
+        self.gated: set[str] = set()
         self.active = self.peak = 0
         self.requests: list[tuple[str, str, str | None, str | None]] = []
         self._lock = threading.Lock()
@@ -446,6 +448,10 @@ class HttpHub:
                 with hub._lock:
                     hub.requests.append((self.command, path, self.headers.get("authorization"), fault))
                 if hub.token is not None and self.headers.get("authorization") != f"Bearer {hub.token}":
+                    repo = next((r for r in hub.gated if f"/{r}/" in path), None)
+                    if repo:  # the hub's answer to a gated repo's files without a token that was granted them
+                        return self.send(401, {"error": f"Access to model {repo} is restricted."},
+                                         {"X-Error-Code": "GatedRepo"})
                     return self.send(401, {"error": "Invalid credentials in Authorization header"})
                 api = re.match(r"^/api/(?:datasets|models)/([^/]+/[^/]+)/(revision|tree|paths-info)/([^/]+)/?(.*)$",
                                path)
@@ -467,7 +473,10 @@ class HttpHub:
                 if not os.path.isdir(folder):
                     return self.send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
                 if kind == "revision":
-                    sha = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else commit(repo)
+                    if revision != "main" and not re.fullmatch(r"[0-9a-f]{40}", revision):
+                        return self.send(404, {"error": f"Invalid rev id: {revision}"},
+                                         {"X-Error-Code": "RevisionNotFound"})
+                    sha = revision if revision != "main" else commit(repo)
                     return self.send(200, {"id": repo, "sha": sha, "private": False, "siblings": []})
                 if kind == "paths-info":
                     return self.send(200, [_entry(folder, p) for p in form.get("paths", [])

@@ -280,3 +280,21 @@ def test_a_hub_outage_longer_than_the_clients_retries_is_one_line_naming_the_hub
     assert model_hub.outage["model.safetensors"] < 100 - 1  # the client's own retries came first
     model_hub.outage.clear()
     assert "model.safetensors" in os.listdir(resolve("someone/tiny-clip", info.revision))  # once the hub answers
+
+
+def test_a_hub_model_that_is_not_there_or_not_for_us_is_one_line_that_says_which(model_hub, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    cases = {
+        ("someone/tiny-clp", None): "model someone/tiny-clp is not a local directory, and the hub has no model repo "
+                                    "someone/tiny-clp (or it is private and HF_TOKEN gives no access to it)",
+        ("someone/tiny-clip", "v2"): "model someone/tiny-clip has no revision v2 on the hub (a commit, branch or tag)",
+    }
+    for (name, revision), message in cases.items():
+        with pytest.raises(UserError) as caught:
+            describe(name, revision)
+        assert str(caught.value) == message
+    model_hub.token, model_hub.gated = "granted", {"someone/tiny-clip"}
+    with pytest.raises(UserError) as caught:
+        describe("someone/tiny-clip")
+    assert str(caught.value) == ("model someone/tiny-clip is gated on the hub: accept its conditions on its page, "
+                                 "then set HF_TOKEN to a token of that account")
