@@ -31,7 +31,9 @@ class AuditConfig:
                                      help="find near-duplicates too: embed both sides with this CLIP model first "
                                           "(reused only when made from the same model commit or files, input and "
                                           "settings)")
-    revision: str | None = flags.option(None, flag="--revision", help="hub commit of --model")
+    revision: str | None = flags.option(
+        None, flag="--revision", help="hub commit of --model (default: the pinned one for the openai CLIPs, else the "
+                                      "hub's main as the run starts, for the whole run)")
     train_embeddings: str | None = flags.option(
         None, flag="--train-embeddings", parse=flags.existing,
         help="instead of --model: embed output of the train images, keyed as --train")

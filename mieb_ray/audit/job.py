@@ -29,6 +29,7 @@ audit (runtime/placement.py).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -38,6 +39,7 @@ from mieb_ray.audit import hashes, join, matches, near, outputs, pdq, plan
 from mieb_ray.audit.config import DEFAULT_THRESHOLD, AuditConfig
 from mieb_ray.audit.hashes import HashFiles
 from mieb_ray.audit.near import NEAR_K, near_pairs
+from mieb_ray.encode.model import pinned
 from mieb_ray.io import embeddings
 from mieb_ray.runtime import placement, tasks
 from mieb_ray.runtime.cluster import RunContext
@@ -52,6 +54,8 @@ LOCAL_BYTES = 256 << 20  # at most this many bytes of tables audit in this proce
 def audit(config: AuditConfig, log=print, ctx: RunContext | None = None) -> dict:
     """Run the audit on Ray or in this process; return the manifest. ctx: the command's Ray (None: RunContext())."""
     config.check()
+    if config.model:  # a model that cannot embed images fails now, not after the hashing
+        config = dataclasses.replace(config, revision=pinned(config.model, config.revision))
     ctx = ctx or RunContext()  # one for every stage: the Ray the hashing brought up is the near search's
     if config.train_embeddings:  # before any hashing: embeddings of two models are refused at once
         for note in embeddings.check_inputs({"train": config.train_embeddings, "eval": config.against_embeddings},

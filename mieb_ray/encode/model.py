@@ -86,6 +86,12 @@ def describe(name: str, revision: str | None = None, modality: str = "image") ->
     return info, identity(name, path, info)
 
 
+def pinned(name: str, revision: str | None = None) -> str | None:
+    """The revision a run that describes the model more than once (eval, audit) uses throughout, after the model is
+    checked: a hub model's commit now (without --revision, its main at this moment), else `revision`."""
+    return describe(name, revision)[0].revision or revision
+
+
 def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None,
             weights: bool = True) -> str:
     """A local directory holding the model's config, weights, tokenizer and processor files; with weights=False a

@@ -18,13 +18,14 @@ replaces a complete output (its cache and eval splits stay, and are reused when 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
 from dataclasses import dataclass
 
 from mieb_ray import __version__, flags, formats, storage
-from mieb_ray.encode.model import describe
+from mieb_ray.encode.model import describe, pinned
 from mieb_ray.errors import UserError
 from mieb_ray.evals import embed_cache, protocol, registry, results_repo, run_report
 from mieb_ray.evals.mteb_suite import has_texts
@@ -59,7 +60,9 @@ class EvalConfig:
                                      help="instead of the two embedding flags: embed what the tasks need with this "
                                           "model first (reused only when made from the same model commit or files, "
                                           "input and settings)")
-    revision: str | None = flags.option(None, flag="--revision", help="hub commit of --model")
+    revision: str | None = flags.option(
+        None, flag="--revision", help="hub commit of --model (default: the pinned one for the openai CLIPs, else the "
+                                      "hub's main as the run starts, for the whole run)")
     results_dir: str | None = flags.option(
         None, flag="--results-dir", parse=flags.output,
         help="also write the TaskResults as mteb's results repository lays them out: "
@@ -100,6 +103,8 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     t0, ctx = time.time(), ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
     config = EvalConfig(out, **settings)
     flags.check(config)
+    if config.model:
+        config = dataclasses.replace(config, revision=pinned(config.model, config.revision))
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     _check_inputs(config, selected, scorers)
     log(f"[eval] {_tasks(sum(len(names) for _, names in selected))} ("

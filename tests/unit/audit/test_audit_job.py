@@ -181,16 +181,23 @@ def test_bad_input_is_one_line(ray_local, planted, tmp_path, capsys):
     empty.mkdir()
     pq.write_table(pa.table({"key": pa.array([], pa.string()), "image": pa.array([], pa.binary())}),
                    empty / "0.parquet")
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text('{"model_type": "clip", "architectures": ["CLIPModel"]}')
     cases = [
         (["--train", str(no_image), "--against", planted["against"][0]], "has no column image"),
         (["--train", planted["train"], "--against", str(empty)], "holds no rows: nothing to audit against"),
         (["--train", planted["train"], "--against", "mieb," + planted["against"][0]], "cannot be combined"),
         (["--train", planted["train"], "--against", planted["against"][0], "--train-embeddings", str(empty)],
          "go together"),
+        # before the hashing (an hour at full size), not after it
+        (["--train", planted["train"], "--against", planted["against"][0], "--model", str(no_weights)],
+         f"model {no_weights} has no weights"),
     ]  # flags out of range and missing paths are refused by the parser (tests/unit/test_flags.py)
     for n, (argv, message) in enumerate(cases):
         capsys.readouterr()
         assert main(["audit", *argv, "--out", str(tmp_path / f"out{n}")]) == 1, argv
+        assert not os.path.exists(tmp_path / f"out{n}" / "_hashes"), argv  # nothing hashed
         err = capsys.readouterr().err  # Ray's own log lines of earlier tests may come before ours
         ours = [line for line in err.strip().splitlines() if line.startswith("mieb-ray:")]
         assert len(ours) == 1 and message in ours[0] and "Traceback" not in err, (argv, err)

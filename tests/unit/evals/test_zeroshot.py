@@ -241,6 +241,29 @@ def test_cli_with_model_embeds_the_eval_splits_then_reuses_them(ray_local, data,
     assert " units, " not in logged  # nothing built or encoded again
 
 
+def test_a_hub_model_without_a_revision_is_read_at_one_commit_for_the_whole_run(data, tiny_clip, tmp_path,
+                                                                              monkeypatch, caplog):
+    """The run resolves the hub's main once: its cache, its image and text embed jobs and its settings all name
+    that commit (each resolved main anew, and a push to the model's repo mid-run would have split them), and the
+    user is warned once that the model is not pinned."""
+    from support import fakehub
+
+    hub = fakehub.serve_models(monkeypatch, str(tmp_path / "hub"), {"someone/tiny-clip": tiny_clip})
+    try:
+        assert main(["eval-zeroshot", "--tasks", "CIFAR100ZeroShot", "--data", data, "--model", "someone/tiny-clip",
+                     "--out", str(tmp_path / "out"), "--executor", "local"]) == 0
+    finally:
+        hub.stop()
+    assert [path for _, path, _, _ in hub.requests if "/revision/" in path] == \
+        ["/api/models/someone/tiny-clip/revision/main"]
+    assert [r.getMessage() for r in caplog.records if "not pinned" in r.getMessage()] == \
+        ["model someone/tiny-clip is not pinned: using the hub's current main (pass --revision to pin it)"]
+    commit = fakehub.commit("someone/tiny-clip")
+    for side in ("images", "texts"):
+        made = storage.read_manifest(str(tmp_path / "out" / "embeddings" / side))
+        assert made["model"]["revision"] == commit, side
+
+
 def test_clean_scores_are_the_scores_of_the_images_the_audit_did_not_flag(data, tmp_path):
     """Each image's prediction stands alone, so mteb on the split without the flagged images scores what the
     official run predicted for the rest: the clean metrics are those, with the counts per detector."""
