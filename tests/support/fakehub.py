@@ -536,7 +536,7 @@ class HttpHub:
 
 
 def commit(repo: str) -> str:
-    """The commit an HttpHub gives a repo's branches and tags."""
+    """The commit an HttpHub gives a repo's main."""
     return hashlib.sha1(repo.encode()).hexdigest()
 
 
