@@ -34,6 +34,7 @@ from mieb_ray import hubfs, storage
 from mieb_ray.encode import families
 from mieb_ray.encode.preprocess import ImageSpec
 from mieb_ray.errors import UserError, described, first_line
+from mieb_ray.runtime.identity import of_files
 
 if TYPE_CHECKING:
     import torch
@@ -95,9 +96,9 @@ def pinned(name: str, revision: str | None = None) -> str | None:
 def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None,
             weights: bool = True) -> str:
     """A local directory holding the model's config, weights, tokenizer and processor files; with weights=False a
-    hub model's may hold only the small files (its weights checked to exist)."""
+    hub or S3 model's may hold only the small files (its weights checked to exist)."""
     if storage.is_s3(name_or_path):
-        return _from_s3(name_or_path, cache_dir or default_cache_dir())
+        return _from_s3(name_or_path, cache_dir or default_cache_dir(), weights)
     if _is_hub(name_or_path):
         return _from_hub(name_or_path, revision, cache_dir, weights)
     if not os.path.isdir(name_or_path):
@@ -178,22 +179,25 @@ def _select(paths: list[str], weights: list[str] | None = None) -> list[str]:
     return []
 
 
-def _from_s3(uri: str, cache_dir: str) -> str:
+def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
     """Download the prefix once per machine and version of its files (their sizes and times: a model overwritten
-    there is fetched again); later calls (every actor on the node) list it and download nothing."""
+    there is fetched again); later calls (every actor on the node) list it and download nothing. weights=False:
+    the small files only (a folder of their own)."""
     uri = uri.rstrip("/")
     prefix = uri + "/"
     stamps = storage.listing(uri)
     files = _select([u[len(prefix):] for u in stamps])
-    version = json.dumps([[f, *stamps[prefix + f]] for f in sorted(files)])
-    final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
-    if os.path.exists(os.path.join(final, _COMPLETE)):
-        return final
     if not files:
         bucket = uri[len("s3://"):].split("/", 1)[0]
         what = "no model files (*.safetensors or pytorch_model*.bin)" if storage.exists(f"s3://{bucket}") \
             else f"no bucket '{bucket}'"
         raise UserError(f"{what} at {storage.display(uri)}")
+    if not weights:
+        files = [f for f in files if any(fnmatch.fnmatch(f, pat) for pat in _SMALL)]
+    version = json.dumps([[f, *stamps[prefix + f]] for f in sorted(files)])
+    final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
+    if os.path.exists(os.path.join(final, _COMPLETE)):
+        return final
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".download-", dir=cache_dir)
     try:
@@ -215,11 +219,17 @@ def _from_s3(uri: str, cache_dir: str) -> str:
 
 
 def identity(name: str, path: str, info: ModelInfo) -> dict:
-    """What decides a model's embeddings (runtime/identity.py): a hub model's name and resolved commit; any other
-    (a local folder, an S3 prefix) by the sha256 of the files it loads from, so that one overwritten with other
-    weights is not taken for the old one."""
+    """What decides a model's embeddings (runtime/identity.py): a hub model's name and resolved commit; an S3
+    prefix's files it loads from by their sizes and times, as an input table's are (no download); a local folder's
+    by their sha256. A model overwritten with other weights is not taken for the old one."""
     if info.revision is not None and _is_hub(name):
         return {"name": info.name, "revision": info.revision}
+    if storage.is_s3(name):
+        uri = name.rstrip("/")
+        stamps = storage.listing(uri)
+        loaded = set(_select([u[len(uri) + 1:] for u in stamps]))
+        return {"name": info.name, "files": of_files({u: s for u, s in stamps.items() if u[len(uri) + 1:] in loaded},
+                                                     uri)}
     content = hashlib.sha256()
     for rel in sorted(_select(os.listdir(path))):
         with open(os.path.join(path, rel), "rb") as f:

@@ -10,7 +10,7 @@ import pytest
 
 from mieb_ray import storage
 from mieb_ray.demo_data.models import make_tiny_clip
-from mieb_ray.encode.model import load_info, resolve
+from mieb_ray.encode.model import default_cache_dir, describe, load_info, resolve
 from mieb_ray.errors import UserError
 
 
@@ -54,3 +54,26 @@ def test_s3_prefix_without_a_model_is_a_user_error(s3, tmp_path):
         with pytest.raises(UserError) as caught:
             resolve(uri, cache_dir=str(tmp_path))
         assert "\n" not in str(caught.value) and uri in str(caught.value)
+
+
+def test_a_job_describes_an_s3_model_from_its_small_files_and_knows_when_its_weights_change(s3, tiny, tmp_path,
+                                                                                          monkeypatch):
+    """The driver (a cluster's head) reads the config, tokenizer and processor files; the model's identity is its
+    files' sizes and times, as an input table's: the weights are downloaded only where they encode."""
+    storage.reset_clients()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    client = s3.client()
+    for name in os.listdir(tiny):
+        client.upload_file(os.path.join(tiny, name), s3.bucket, f"models/described/{name}")
+    uri = f"s3://{s3.bucket}/models/described"
+
+    info, made_by = describe(uri)
+    (folder,) = os.listdir(default_cache_dir())
+    small = {f for f in os.listdir(tiny) if f.endswith(".json")}
+    assert set(os.listdir(os.path.join(default_cache_dir(), folder))) == small | {".mieb-ray-complete"}
+    assert info == load_info(tiny, uri, None)
+    assert describe(uri)[1] == made_by  # nothing changed: the same identity
+    client.put_object(Bucket=s3.bucket, Key="models/described/README.md", Body=b"a card: not a file it loads")
+    assert describe(uri)[1] == made_by
+    client.put_object(Bucket=s3.bucket, Key="models/described/model.safetensors", Body=b"other weights")
+    assert describe(uri)[1] != made_by  # overwritten: another model
