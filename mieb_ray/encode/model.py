@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from filelock import FileLock
 
 from mieb_ray import hubfs, storage
 from mieb_ray.encode import families
@@ -198,23 +199,27 @@ def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
     final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
     if os.path.exists(os.path.join(final, _COMPLETE)):
         return final
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".download-", dir=cache_dir)
-    try:
-        for rel in files:
-            dest = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with storage.open_input(prefix + rel) as src, open(dest, "wb") as dst:
-                shutil.copyfileobj(src, dst, 16 << 20)
-        with open(os.path.join(tmp, _COMPLETE), "w") as f:
-            json.dump({"uri": storage.display(uri), "files": files}, f)
+    os.makedirs(os.path.join(cache_dir, ".locks"), exist_ok=True)
+    # the node's other encoders wait for this download rather than make their own
+    with FileLock(os.path.join(cache_dir, ".locks", os.path.basename(final) + ".lock")):
+        if os.path.exists(os.path.join(final, _COMPLETE)):
+            return final
+        tmp = tempfile.mkdtemp(prefix=".download-", dir=cache_dir)
         try:
-            os.rename(tmp, final)  # atomic: a reader sees no directory or a complete one
-        except OSError:
-            if not os.path.exists(os.path.join(final, _COMPLETE)):  # not a concurrent download that won
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            for rel in files:
+                dest = os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with storage.open_input(prefix + rel) as src, open(dest, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+            with open(os.path.join(tmp, _COMPLETE), "w") as f:
+                json.dump({"uri": storage.display(uri), "files": files}, f)
+            try:
+                os.rename(tmp, final)  # atomic: a reader sees no directory or a complete one
+            except OSError:
+                if not os.path.exists(os.path.join(final, _COMPLETE)):  # not a concurrent download that won
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

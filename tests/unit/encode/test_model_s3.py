@@ -30,7 +30,7 @@ def test_resolve_from_s3_downloads_once(s3, tiny, tmp_path, monkeypatch):
     cache = str(tmp_path / "cache")
 
     path = resolve(uri, cache_dir=cache)
-    assert os.path.dirname(path) == cache and sorted(os.listdir(cache)) == [os.path.basename(path)]
+    assert os.path.dirname(path) == cache and sorted(os.listdir(cache)) == [".locks", os.path.basename(path)]
     assert set(os.listdir(path)) == set(os.listdir(tiny)) | {".mieb-ray-complete"}
     for name in os.listdir(tiny):
         assert open(os.path.join(path, name), "rb").read() == open(os.path.join(tiny, name), "rb").read()
@@ -68,7 +68,7 @@ def test_a_job_describes_an_s3_model_from_its_small_files_and_knows_when_its_wei
     uri = f"s3://{s3.bucket}/models/described"
 
     info, made_by = describe(uri)
-    (folder,) = os.listdir(default_cache_dir())
+    (folder,) = set(os.listdir(default_cache_dir())) - {".locks"}
     small = {f for f in os.listdir(tiny) if f.endswith(".json")}
     assert set(os.listdir(os.path.join(default_cache_dir(), folder))) == small | {".mieb-ray-complete"}
     assert info == load_info(tiny, uri, None)
@@ -77,3 +77,32 @@ def test_a_job_describes_an_s3_model_from_its_small_files_and_knows_when_its_wei
     assert describe(uri)[1] == made_by
     client.put_object(Bucket=s3.bucket, Key="models/described/model.safetensors", Body=b"other weights")
     assert describe(uri)[1] != made_by  # overwritten: another model
+
+
+def test_the_encoders_of_one_node_download_an_s3_model_once_between_them(s3, tiny, tmp_path, monkeypatch):
+    """Eight GPU encoders on a node start at once: one downloads the model, the others wait for it (each
+    downloaded all of it, and seven copies were thrown away)."""
+    import threading
+    import time
+
+    storage.reset_clients()
+    client = s3.client()
+    for name in os.listdir(tiny):
+        client.upload_file(os.path.join(tiny, name), s3.bucket, f"models/shared/{name}")
+    uri, cache = f"s3://{s3.bucket}/models/shared", str(tmp_path / "cache")
+    opened, real_open = [], storage.open_input
+
+    def slow_open(path):  # a download long enough for every encoder to start meanwhile
+        opened.append(path)
+        time.sleep(0.3)
+        return real_open(path)
+
+    monkeypatch.setattr(storage, "open_input", slow_open)
+    paths = []
+    encoders = [threading.Thread(target=lambda: paths.append(resolve(uri, cache_dir=cache))) for _ in range(4)]
+    for encoder in encoders:
+        encoder.start()
+    for encoder in encoders:
+        encoder.join()
+    assert len(paths) == 4 and len(set(paths)) == 1
+    assert sorted(os.path.basename(p) for p in opened) == sorted(os.listdir(tiny))  # each file once
