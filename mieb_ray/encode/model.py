@@ -1,9 +1,9 @@
 """Models: find one (local dir, s3:// prefix or hub repo), describe it from its config alone, and encode with it.
 
-The driver calls `describe` once, before any Ray work, so a wrong name fails in one line and the hub revision is
-fixed for the whole job (a hub model's weights are listed there, not downloaded: the encoders load them); actors
-then `resolve(info.name, info.revision)` on their own node (the node's cache, or one download) and build one
-`Encoder` each.
+The driver calls `describe` before any Ray work, so a wrong name fails in one line and the hub revision is fixed
+for the whole job (`pinned`, where a run describes it more than once); a hub or S3 model's weights are listed
+there, not downloaded. Actors then `resolve(info.name, info.revision)` on their own node (the node's cache, or one
+download the node's other encoders wait for) and build one `Encoder` each.
 
 Hub pinning: a hub name without --revision uses its PINNED commit when it has one, else the hub's current
 `main`, with a warning; either way ModelInfo.revision records the commit actually loaded, so the output names
@@ -82,7 +82,7 @@ def _is_hub(name: str) -> bool:
 
 def describe(name: str, revision: str | None = None, modality: str = "image") -> tuple[ModelInfo, dict]:
     """What a job's driver needs of a model: its info (a model that cannot do the job fails here, in one line) and
-    its identity. A hub model's weights are only listed: the encoders download them on their own nodes."""
+    its identity. A hub or S3 model's weights are only listed: the encoders download them on their own nodes."""
     path = resolve(name, revision, weights=False)
     info = load_info(path, name, revision, modality=modality)
     return info, identity(name, path, info)
@@ -172,12 +172,16 @@ def _snapshot(repo: str, revision: str | None, cache_dir: str | None, local_file
 
 def _select(paths: list[str], weights: list[str] | None = None) -> list[str]:
     """The files a model needs from a listing: the small ones plus one weight format."""
-    small = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in _SMALL)]
+    small = _small(paths)
     for pats in [weights] if weights else _WEIGHTS:
         found = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in pats)]
         if found:
             return small + found
     return []
+
+
+def _small(paths: list[str]) -> list[str]:
+    return [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in _SMALL)]
 
 
 def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
@@ -194,7 +198,7 @@ def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
             else f"no bucket '{bucket}'"
         raise UserError(f"{what} at {storage.display(uri)}")
     if not weights:
-        files = [f for f in files if any(fnmatch.fnmatch(f, pat) for pat in _SMALL)]
+        files = _small(files)
     version = json.dumps([[f, *stamps[prefix + f]] for f in sorted(files)])
     final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
     if os.path.exists(os.path.join(final, _COMPLETE)):
