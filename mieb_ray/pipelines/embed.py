@@ -154,9 +154,9 @@ def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict
     (None: RunContext())."""
     config.check()
     where = placement_of(config, ctx)
-    info, model = describe(config.model, config.revision, modality=config.modality)  # a hub name: its pinned commit
+    info, made_by = describe(config.model, config.revision, modality=config.modality)  # a hub name: its commit
     job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log,
-              identity=_identity(config, info, model), reuse=config.reuse)
+              identity=_identity(config, info, made_by), reuse=config.reuse)
     if (reused := job.reusable()) is not None:
         return reused
     with tasks.using(where.mode, where.ctx):  # the plan's tar indexing too
@@ -210,10 +210,10 @@ def placement_of(config: EmbedConfig, ctx: RunContext | None = None) -> placemen
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def _identity(config: EmbedConfig, info, model: dict) -> dict:
-    """What decides the embeddings (runtime/identity.py): the model, the input, and the settings that change a
-    row's vector; not the shard size or the pools."""
-    return {"format": formats.EMBEDDINGS.stamp(), "model": model,
+def _identity(config: EmbedConfig, info, made_by: dict) -> dict:
+    """What decides the embeddings (runtime/identity.py): the model (made_by: its identity), the input, and the
+    settings that change a row's vector; not the shard size or the pools."""
+    return {"format": formats.EMBEDDINGS.stamp(), "model": made_by,
             "input": identity.of_input(config.input), "modality": config.modality,
             "columns": [config.key_column, config.columns.data, *config.columns.carry], "dtype": config.dtype,
             "raw": config.raw, "precision": config.precision,
