@@ -126,9 +126,12 @@ def test_a_hub_model_is_downloaded_by_the_nodes_that_encode_not_by_the_driver(cl
                       "--cpus-per-worker", "0.5", env_vars={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0"})
     finally:
         server.stop()
-    encoders = cluster.actor_nodes("EncodeStage", done) - {None}  # an actor the job ended before placing: none
-    assert encoders <= {cluster.node_id(n) for n in ("node_a", "node_b")} and encoders
-    assert server.downloads().count("model.safetensors") == len(encoders), (server.downloads(), encoders)
+    # Each node that loads the model reads its config.json once, from its own cache after: the driver's head, and
+    # each worker node where an encoder started (Ray's state API does not name the node of an actor the job
+    # ended while it was still loading, so the nodes are counted here). The weights: the worker nodes' alone.
+    got = server.downloads()
+    assert 1 <= got.count("model.safetensors") == got.count("config.json") - 1 <= 2, got
+    assert cluster.actor_nodes("EncodeStage", done) - {None} <= {cluster.node_id(n) for n in ("node_a", "node_b")}
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["model"]["revision"] == fakehub.commit("someone/tiny-clip")
     assert manifest["counts"]["errors"] == 0 and manifest["counts"]["total"] > 0
