@@ -128,9 +128,10 @@ def test_a_hub_model_is_downloaded_by_the_nodes_that_encode_not_by_the_driver(cl
         server.stop()
     # Each node that loads the model reads its config.json once, from its own cache after: the driver's head, and
     # each worker node where an encoder started (Ray's state API does not name the node of an actor the job
-    # ended while it was still loading, so the nodes are counted here). The weights: the worker nodes' alone.
+    # ended while it was still loading, so the nodes are counted here). The weights: the worker nodes' alone (an
+    # actor the job ends between its config and its weights downloads one and not the other).
     got = server.downloads()
-    assert 1 <= got.count("model.safetensors") == got.count("config.json") - 1 <= 2, got
+    assert 1 <= got.count("model.safetensors") <= got.count("config.json") - 1 <= 2, got
     assert cluster.actor_nodes("EncodeStage", done) - {None} <= {cluster.node_id(n) for n in ("node_a", "node_b")}
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["model"]["revision"] == fakehub.commit("someone/tiny-clip")
