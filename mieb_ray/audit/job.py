@@ -55,7 +55,7 @@ def audit(config: AuditConfig, log=print, ctx: RunContext | None = None) -> dict
     """Run the audit on Ray or in this process; return the manifest. ctx: the command's Ray (None: RunContext())."""
     config.check()
     if config.model:  # a model that cannot embed images fails now, not after the hashing
-        config = dataclasses.replace(config, revision=pinned(config.model, config.revision))
+        config = dataclasses.replace(config, revision=pinned(config.model, config.revision)[0])
     ctx = ctx or RunContext()  # one for every stage: the Ray the hashing brought up is the near search's
     if config.train_embeddings:  # before any hashing: embeddings of two models are refused at once
         for note in embeddings.check_inputs({"train": config.train_embeddings, "eval": config.against_embeddings},

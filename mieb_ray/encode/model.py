@@ -88,10 +88,12 @@ def describe(name: str, revision: str | None = None, modality: str = "image") ->
     return info, identity(name, path, info)
 
 
-def pinned(name: str, revision: str | None = None) -> str | None:
-    """The revision a run that describes the model more than once (eval, audit) uses throughout, after the model is
-    checked: a hub model's commit now (without --revision, its main at this moment), else `revision`."""
-    return describe(name, revision)[0].revision or revision
+def pinned(name: str, revision: str | None = None) -> tuple[str | None, dict]:
+    """For a run that describes the model more than once (eval, audit), after the model is checked: the revision
+    it uses throughout (a hub model's commit now, without --revision its main at this moment; else `revision`),
+    and the model's identity."""
+    info, made_by = describe(name, revision)
+    return info.revision or revision, made_by
 
 
 def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None,
@@ -141,8 +143,7 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: b
     except (HfHubHTTPError, OSError, ValueError) as exc:  # offline without a cached copy, the hub failing
         # huggingface_hub's retries that ran out say "cannot find the requested files in the local cache"
         cause = hubfs.transient_cause(exc)
-        why = f"the hub kept failing: {described(cause)}" if cause else \
-            next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        why = f"the hub kept failing: {described(cause)}" if cause else first_line(exc)
         raise UserError(f"model {repo} is not a local directory and cannot be fetched from the "
                         f"Hugging Face hub{at}: {why}") from exc
     except LookupError:
@@ -319,7 +320,7 @@ def _image_config(path: str, shown: str, required: bool) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         if not required:
             return None
-        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        first = first_line(exc)
         raise UserError(f"model {shown}: its image preprocessing cannot be reproduced: {first}") from None
     return config
 
@@ -335,7 +336,7 @@ def load_tokenizer(path: str, shown: str):
         fix = "pip install sentencepiece" if "sentencepiece" in first.lower() else "install the package it names"
         raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first} ({fix})") from None
     except (OSError, ValueError) as exc:
-        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        first = first_line(exc)
         raise UserError(f"model {shown}'s tokenizer cannot be loaded: {first}") from None
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from mieb_ray import __version__, flags, formats, storage
-from mieb_ray.encode.model import describe, pinned
+from mieb_ray.encode.model import pinned
 from mieb_ray.errors import UserError
 from mieb_ray.evals import embed_cache, protocol, registry, results_repo, run_report
 from mieb_ray.evals.mteb_suite import has_texts
@@ -103,8 +103,10 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     t0, ctx = time.time(), ctx or RunContext()  # one for every suite: the Ray the first brought up is the next ones'
     config = EvalConfig(out, **settings)
     flags.check(config)
+    model = None  # --model's identity
     if config.model:
-        config = dataclasses.replace(config, revision=pinned(config.model, config.revision))
+        revision, model = pinned(config.model, config.revision)
+        config = dataclasses.replace(config, revision=revision)
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     _check_inputs(config, selected, scorers)
     log(f"[eval] {_tasks(sum(len(names) for _, names in selected))} ("
@@ -115,7 +117,7 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
     if config.results_dir:  # written last: a folder that cannot be made fails now, not after the scoring
         storage.check_output(config.results_dir)
     planned = {suite.name: {"tasks": names} for suite, names in selected}
-    done = job.earlier(planned, _settings(options, config))
+    done = job.earlier(planned, _settings(options, config, model))
     results, keep, scored_from, manifest, made = {}, set(), None, {}, []
     where = {suite.name: storage.join(out, suite.name) if several else out for suite, _ in selected}
     inputs = _embedded(config, [(s.name, scorer) for (s, _), scorer in zip(selected, scorers) if s.name not in done],
@@ -211,13 +213,11 @@ def _scored(config: EvalConfig, scorer: protocol.EvalSuite, where: str, several:
     return {"files": scored.files, "images": inputs[0], "manifest": manifest}
 
 
-def _settings(options: registry.Options, config: EvalConfig) -> dict:
+def _settings(options: registry.Options, config: EvalConfig, model: dict | None) -> dict:
     """What a suite scored by an earlier run must have been scored from to count on --resume: the same data and
-    options, and the same embeddings (by their identity) or the same model (its commit or files)."""
-    made_by = None
-    if config.model:
-        made_by = describe(config.model, config.revision)[1]
-    return {"version": __version__, "sources": storage.display(options.sources), "model": made_by,
+    options, and the same embeddings (by their identity) or the same model (`model`: its identity, its commit or
+    files)."""
+    return {"version": __version__, "sources": storage.display(options.sources), "model": model,
             "images": [identity.of_input(r) for r in embeddings.roots(config.images)] if config.images else None,
             "texts": [identity.of_input(r) for r in embeddings.roots(config.texts)] if config.texts else None,
             "exclude": identity.of_input(options.exclude) if options.exclude else None,
