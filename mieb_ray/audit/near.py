@@ -35,10 +35,11 @@ def _embeddings(config: AuditConfig, plan: Plan, log, ctx: RunContext | None = N
     # images that do not decode are the audit's error rows already: they must not stop the embedding
     pool = PoolRequest(config.workers, config.gpus_per_worker, config.cpus_per_worker)
     root = storage.join(config.out, "embeddings")
-    train_out = embed_table(plan.train.uris[0], "key", storage.join(root, "train"), config.model, config.revision,
-                            "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
-    return train_out, [embed_table(uri, "key", storage.join(root, f"against-{n}"), config.model, config.revision,
-                                   "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
+    train_out = embed_table(plan.train.uris[0], plan.train.columns(0).key, storage.join(root, "train"), config.model,
+                            config.revision, "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
+    # each table keyed as the hashing keyed it: BioVITA's corpus by its photo ids
+    return train_out, [embed_table(uri, plan.against.columns(n).key, storage.join(root, f"against-{n}"), config.model,
+                                   config.revision, "image", log, pool, config.executor, max_error_rate=1.0, ctx=ctx)
                        for n, uri in enumerate(plan.against.uris)]
 
 

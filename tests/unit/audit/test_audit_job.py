@@ -149,6 +149,32 @@ def test_against_the_mieb_eval_splits_then_a_clean_build(ray_local, tmp_path):
     assert "mieb-ray audit" in card and f"leaves out the {len(flagged):,} train rows" in card
 
 
+def test_near_against_mieb_keys_each_table_as_its_hashes_do(tmp_path, tiny_clip):
+    """--against mieb with a model: BioVITA's corpus is keyed by its photo ids, the eval splits by their keys; each
+    is embedded by its own key, and BioVITA's near pairs are a brute-force search's of those embeddings."""
+    from mieb_ray.evals import biovita_data
+
+    mirror, threshold = str(tmp_path / "mirror"), 0.9
+    make_mirror(mirror, rows=3, datasets=["dtd"], eval_rows=2)
+    make_biovita_mirror(mirror)
+    train = str(tmp_path / "train")
+    build(BuildConfig(mirror, train, datasets=["dtd"], executor="local"), log=lambda _: None)
+    out = str(tmp_path / "audit")
+    audit(AuditConfig(train, ("mieb",), out, sources=mirror, model=tiny_clip, threshold=threshold),
+          log=lambda _: None)
+    ids = [i for f in biovita_data.corpus_files(mirror, biovita_data.SUBSETS[0])
+           for i in pq.read_table(f, columns=["id"])["id"].to_pylist()]
+    keys, train_vectors = embeddings.read_all(os.path.join(out, "embeddings", "train"))
+    assert sorted(keys) == [f"dtd/{i}" for i in range(3)]
+    eval_keys, vectors = embeddings.read_all(os.path.join(out, "embeddings", "against-1"))
+    assert sorted(eval_keys) == sorted(map(str, ids))
+    got = {(r["eval_key"], r["train_key"]): r["score"] for r in pq.read_table(os.path.join(out, "contamination.parquet"))
+           .to_pylist() if r["method"] == "near" and r["eval_task"] == biovita_data.TASK}
+    sure, _ = assert_top_pairs_close(got, vectors.astype(np.float64) @ train_vectors.T.astype(np.float64), eval_keys,
+                                     keys, NEAR_K, threshold, atol=1e-6)
+    assert sure > 0
+
+
 def test_resume_hashes_only_what_is_left(ray_local, planted, tmp_path, monkeypatch):
     out = str(tmp_path / "audit")
     config = AuditConfig(planted["train"], tuple(planted["against"]), out)
