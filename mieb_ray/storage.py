@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -26,6 +27,7 @@ import uuid
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+from filelock import FileLock
 
 # the store's errors, here too as storage.StorageError and storage.TransientStorageError
 from mieb_ray.errors import StorageError, TransientStorageError, UserError, described, first_line, redact  # noqa: F401
@@ -207,6 +209,38 @@ def file_sizes(uris: list[str], what: str = "embedding shard") -> list[int]:
 def read_text(uri: str) -> str:
     with open_input(uri) as f:
         return f.read().decode("utf-8")
+
+
+def cache_dir(kind: str) -> str:
+    """This machine's folder for local copies of remote files of one kind: $XDG_CACHE_HOME (~/.cache)/mieb-ray/kind."""
+    return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "mieb-ray", kind)
+
+
+def local_copy(uri: str, files: dict[str, tuple], cache: str) -> str:
+    """A folder of this machine holding `files` ({path under the prefix `uri`: its listing stamp}) as they are there
+    now: downloaded once per machine and version of those files (their sizes and times: files overwritten there
+    are fetched again). The machine's other processes wait for a download under way rather than make their own,
+    and see no folder or a complete one (renamed into place)."""
+    uri = uri.rstrip("/")
+    version = json.dumps([[f, *files[f]] for f in sorted(files)])
+    final = os.path.join(cache, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
+    if os.path.isdir(final):
+        return final
+    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)
+    with FileLock(os.path.join(cache, ".locks", os.path.basename(final) + ".lock")):
+        if os.path.isdir(final):
+            return final
+        tmp = tempfile.mkdtemp(prefix=".download-", dir=cache)
+        try:
+            for rel in files:
+                dest = os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with open_input(f"{uri}/{rel}") as src, open(dest, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def check_output(uri: str) -> None:

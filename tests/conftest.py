@@ -1,6 +1,6 @@
 """Session fixtures: one S3 server, one local Ray, one fixture mirror of the 23 sources.
 
-Every cache (Ray, HF) stays inside pytest's temp dir. The S3 environment is set before Ray starts
+Every cache (Ray, HF, mieb-ray's) stays inside pytest's temp dir. The S3 environment is set before Ray starts
 so that Ray's workers inherit it.
 """
 
@@ -18,7 +18,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # before any test module imports `datasets`, which reads its cache's place once, at import: a cache outside the
 # session would serve a folder's old contents to a test that rewrote it (its fingerprint does not see the files)
 HF_HOME = tempfile.mkdtemp(prefix="mieb-ray-tests-hf-")
-os.environ.update(HF_HOME=HF_HOME, HF_DATASETS_CACHE=os.path.join(HF_HOME, "datasets"), HF_HUB_OFFLINE="1")
+os.environ.update(HF_HOME=HF_HOME, HF_DATASETS_CACHE=os.path.join(HF_HOME, "datasets"), HF_HUB_OFFLINE="1",
+                  XDG_CACHE_HOME=os.path.join(HF_HOME, "xdg"))  # mieb-ray's copies of S3 models and mirrors
 # the tests' support package (tests/support/: the fake hub, the GPU stand-ins) importable in every process the tests
 # start: Ray's nodes and workers, the command-line runs
 TESTS = os.path.dirname(os.path.abspath(__file__))

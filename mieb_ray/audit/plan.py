@@ -149,7 +149,7 @@ def against_side(config: AuditConfig, log, ctx: RunContext | None = None) -> Sid
     lacking = mteb_suite.missing_data(names, config.sources)
     if lacking:
         log(f"[audit] warning: {len(lacking)} of the {len(names)} MIEB tasks mteb scores are not audited against: "
-            f"{storage.display(config.sources)} holds no data of {', '.join(lacking[:3])}"
+            f"{storage.display(config.sources)} holds no data of {', '.join(list(lacking)[:3])}"
             + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""))
     found = [n for n in names if n not in lacking]
     table = mteb_suite.eval_images(found, config.sources, storage.join(config.out, "eval-data", "mteb"), log,

@@ -23,13 +23,10 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from filelock import FileLock
 
 from mieb_ray import hubfs, storage
 from mieb_ray.encode import families
@@ -52,7 +49,6 @@ PINNED = {
 # else PyTorch pickles; never both (the openai repos also carry TF and Flax copies of the same weights).
 _SMALL = ["*.json", "*.txt", "*.model"]
 _WEIGHTS = (["*.safetensors"], ["pytorch_model*.bin"])
-_COMPLETE = ".mieb-ray-complete"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -73,7 +69,7 @@ class ModelInfo:
 
 
 def default_cache_dir() -> str:
-    return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "mieb-ray", "models")
+    return storage.cache_dir("models")
 
 
 def _is_hub(name: str) -> bool:
@@ -186,46 +182,18 @@ def _small(paths: list[str]) -> list[str]:
 
 
 def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
-    """Download the prefix once per machine and version of its files (their sizes and times: a model overwritten
-    there is fetched again); later calls (every actor on the node) list it and download nothing. weights=False:
-    the small files only (a folder of their own)."""
+    """The prefix's model files on this machine (storage.local_copy: once per machine and version of its files;
+    every actor on the node lists it and downloads nothing). weights=False: the small files only (a copy of
+    their own)."""
     uri = uri.rstrip("/")
-    prefix = uri + "/"
-    stamps = storage.listing(uri)
-    files = _select([u[len(prefix):] for u in stamps])
+    stamps = {u[len(uri) + 1:]: stamp for u, stamp in storage.listing(uri).items()}
+    files = _select(list(stamps))
     if not files:
         bucket = uri[len("s3://"):].split("/", 1)[0]
         what = "no model files (*.safetensors or pytorch_model*.bin)" if storage.exists(f"s3://{bucket}") \
             else f"no bucket '{bucket}'"
         raise UserError(f"{what} at {storage.display(uri)}")
-    if not weights:
-        files = _small(files)
-    version = json.dumps([[f, *stamps[prefix + f]] for f in sorted(files)])
-    final = os.path.join(cache_dir, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
-    if os.path.exists(os.path.join(final, _COMPLETE)):
-        return final
-    os.makedirs(os.path.join(cache_dir, ".locks"), exist_ok=True)
-    # the node's other encoders wait for this download rather than make their own
-    with FileLock(os.path.join(cache_dir, ".locks", os.path.basename(final) + ".lock")):
-        if os.path.exists(os.path.join(final, _COMPLETE)):
-            return final
-        tmp = tempfile.mkdtemp(prefix=".download-", dir=cache_dir)
-        try:
-            for rel in files:
-                dest = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with storage.open_input(prefix + rel) as src, open(dest, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 16 << 20)
-            with open(os.path.join(tmp, _COMPLETE), "w") as f:
-                json.dump({"uri": storage.display(uri), "files": files}, f)
-            try:
-                os.rename(tmp, final)  # atomic: a reader sees no directory or a complete one
-            except OSError:
-                if not os.path.exists(os.path.join(final, _COMPLETE)):  # not a concurrent download that won
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return storage.local_copy(uri, {f: stamps[f] for f in (files if weights else _small(files))}, cache_dir)
 
 
 def identity(name: str, path: str, info: ModelInfo) -> dict:

@@ -64,12 +64,10 @@ ENGINE_DOCS = 50_000  # a retrieval corpus of this many docs (one chunk of mteb'
 
 def load_task(name: str, sources: str):
     """mteb's task, reading its data from the hub (`hf`) or from the mirror root/<its hub path> (a local folder is
-    resolved as the hub resolves the repo: datasets' own rules; the revision is the mirror's); a load that fails,
-    in one line."""
+    resolved as the hub resolves the repo: datasets' own rules; the revision is the mirror's; a folder on S3 is
+    copied to the machine that loads it first); a load that fails, in one line."""
     import mteb
 
-    if sources != HF and storage.is_s3(sources):
-        raise UserError(f"{name}: mteb's loaders read the hub or a local mirror, not {storage.display(sources)}")
     task = _own(mteb.get_task(name))
     if sources != HF:
         _redirect(task, sources)
@@ -106,7 +104,7 @@ def _redirect(task, root: str) -> None:
     hub = (type(task).metadata.dataset or {}).get("path")  # the class's: a sub-task may have been redirected already
     if hub:
         task.metadata = type(task).metadata.model_copy(deep=True)
-        task.metadata.dataset["path"] = os.path.join(root, hub)
+        task.metadata.dataset["path"] = storage.join(root, hub)
 
 
 def inputs(loader, payload: bool = True):
@@ -316,6 +314,8 @@ def _one_line(name: str, task, sources: str, load):
     where = "the hub" if sources == HF else storage.display(path)
 
     def load_data(*args, **kwargs):
+        if storage.is_s3(path):  # mteb's loaders read local folders
+            task.metadata.dataset["path"] = _local_copy(path)
         try:
             with _resolved_once(), hubfs.bounded_client() if sources == HF else nullcontext():
                 return load(*args, **kwargs)
@@ -326,6 +326,13 @@ def _one_line(name: str, task, sources: str, load):
             raise UserError(f"{name}: mteb cannot load its data from {where}: {described(exc)}") from exc
 
     return load_data
+
+
+def _local_copy(folder: str) -> str:
+    """A mirror's folder on S3 on this machine: copied once per machine and version of its files (storage.local_copy),
+    so that the collect and score passes of a task, on one node, read it once."""
+    files = {uri[len(folder) + 1:]: stamp for uri, stamp in storage.listing(folder).items()}
+    return storage.local_copy(folder, files, storage.cache_dir("mirrors"))
 
 
 @contextmanager
@@ -426,15 +433,17 @@ def has_texts(name: str) -> bool:
     return "text" in mteb_task(name).metadata.modalities
 
 
-def missing_data(names: list[str], sources: str) -> list[str]:
-    """The tasks whose data a mirror lacks (a folder of their hub path, or of a sub-task's); none on the hub."""
+def missing_data(names: list[str], sources: str) -> dict[str, str]:
+    """{task: the folder of its hub path (or of a sub-task's) that a mirror lacks}; none on the hub."""
     if sources == HF:
-        return []
-    lacking = []
+        return {}
+    lacking = {}
     for name in names:
-        task = load_task(name, sources)
-        if any(not os.path.isdir(t.metadata.dataset["path"]) for t in _holding_data(task)):
-            lacking.append(name)
+        for task in _holding_data(load_task(name, sources)):
+            path = task.metadata.dataset["path"]
+            if not (storage.exists(path) if storage.is_s3(path) else os.path.isdir(path)):
+                lacking[name] = storage.display(path)
+                break
     return lacking
 
 
@@ -497,6 +506,11 @@ class MtebSuite:
 
     def __init__(self, names: list[str], sources: str, exclude: str | None = None):
         self.names, self.sources, self.exclude = list(names), sources, exclude
+        if lacking := missing_data(self.names, sources):  # before any work: not after the other suites ran
+            listed = ", ".join(f"{name} ({path})" for name, path in list(lacking.items())[:3])
+            more = f" and {len(lacking) - 3} more tasks" if len(lacking) > 3 else ""
+            raise UserError(f"the mirror holds no data of {listed}{more}: it holds each task's hub repo at "
+                            "<mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
         self.needs_texts = any(has_texts(n) for n in names)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}

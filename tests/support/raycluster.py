@@ -80,9 +80,10 @@ class RayCluster:
         # as cluster.yaml starts its nodes: room for the idle workers a node's pool and tasks take turns with
         cpus = int(next(a.split("=")[1] for a in args if a.startswith("--num-cpus=")))
         env = {**self.env, "RAY_num_workers_soft_limit": str(worker_soft_limit(cpus))}
-        # Hugging Face caches of its own, as on its own machine: what one node downloaded, another has not
+        # Hugging Face caches and mieb-ray's of its own, as on its own machine: what one node downloaded, another
+        # has not
         hf = os.path.join(self.tmp, f"hf-{name}")
-        env.update(HF_HOME=hf, HF_DATASETS_CACHE=os.path.join(hf, "datasets"))
+        env.update(HF_HOME=hf, HF_DATASETS_CACHE=os.path.join(hf, "datasets"), XDG_CACHE_HOME=os.path.join(hf, "xdg"))
         seen = log.tell()
         process = subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *ports],
                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

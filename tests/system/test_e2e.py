@@ -1,7 +1,8 @@
 """Users' path end to end: a real Ray cluster of three nodes (a head and two workers, support/raycluster.py), a real
 S3 server (SeaweedFS), and the jobs through `ray job submit --working-dir .`: build -> embed, their work spread over
 both worker nodes, then the outputs on S3; eval: MIEB(lite) by name, its 51 tasks, with BioVITA (which embeds
-texts too), outputs on S3; and an eval from the hub (a server in its image) whose nodes each download a task once.
+texts too), the mirror and the outputs on S3; audit against MIEB, everything on S3; and an eval from the hub (a
+server in its image) whose nodes each download a task once.
 
 Credentials reach the jobs the way they do on AWS, from the nodes' environment, never through the job's
 runtime env, so they appear in no job metadata and no log (checked).
@@ -10,6 +11,7 @@ runtime env, so they appear in no job metadata and no log (checked).
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -153,11 +155,10 @@ def assert_no_secret(cluster, s3, done: list, keys: list[str]) -> None:
 
 
 def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
-    """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster, with BioVITA beside them and the
-    outputs on S3: the 23 sources' eval splits and the other tasks' inputs (read by mteb's loaders from a mirror in
-    their hub layouts) embedded on the worker nodes, each unique input once, and every task's TaskResult written
-    as mteb reads it back."""
-    import hashlib
+    """MIEB(lite), its 51 tasks, by name through `ray job submit` on the cluster, with BioVITA beside them, the
+    mirror and the outputs on S3: the 23 sources' eval splits and the other tasks' inputs (read by mteb's loaders
+    from the mirror's folders in their hub layouts, copied to the nodes that load them) embedded on the worker
+    nodes, each unique input once, and every task's TaskResult written as mteb reads it back."""
 
     import mteb
     import pyarrow.parquet as pq
@@ -168,16 +169,17 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     from mieb_ray.evals import benchmarks, biovita_data, registry
     from mieb_ray.io import embeddings, parquet
 
-    mirror, out = tmp_path / "mirror", tmp_path / "out"  # the nodes share this machine's disk; the outputs go to S3
+    mirror, out = tmp_path / "mirror", tmp_path / "out"  # made here, read by the job from S3
     make_mirror(mirror, rows=8, eval_rows=4)
     make_biovita_mirror(mirror)
     writers = {**tasks_misc.TASKS, **sts.TASKS, **compositionality.TASKS, **retrieval.TASKS}
     for write in dict.fromkeys(writers[t] for t in benchmarks.LITE if t in writers):
         write(str(mirror))
     client, bucket = s3.client(), s3.bucket
+    upload(client, bucket, str(mirror), "lite-mirror")
     done = submit(cluster.dashboard_url, "jobs/eval.py", "--tasks", "MIEB(lite),BioVITAT2IReranking", "--sources",
-                  str(mirror), "--model", tiny_clip, "--out", f"s3://{bucket}/lite", "--gpus-per-worker", "0",
-                  "--cpus-per-worker", "0.5")
+                  f"s3://{bucket}/lite-mirror", "--model", tiny_clip, "--out", f"s3://{bucket}/lite",
+                  "--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
     assert f"[eval] {len(benchmarks.LITE) + 1} tasks in " in done.stdout
     assert "[eval] on Ray (a cluster was asked for (RAY_ADDRESS)" in done.stdout  # a job stays on its cluster
     workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
@@ -211,7 +213,68 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
         for folder in folders:  # BioVITA's taxon texts among them: the text path of the embed job
             made = json.loads((folder / "_manifest.json").read_text())
             assert made["config"]["modality"] == kind[:-1] and made["counts"]["errors"] == 0, folder
+    assert not mirror_copies(cluster, "head") and mirror_copies(cluster, "node_a") | mirror_copies(cluster, "node_b")
     assert_no_secret(cluster, s3, [done], ["lite/biovita/BioVITAT2IReranking.json"])
+
+
+def mirror_copies(cluster, node: str) -> set[str]:
+    """The copies of an S3 mirror's folders a node made for mteb's loaders (its own cache, as on its own machine)."""
+    folder = os.path.join(cluster.tmp, f"hf-{node}", "xdg", "mieb-ray", "mirrors")
+    return set(os.listdir(folder)) - {".locks"} if os.path.isdir(folder) else set()
+
+
+def test_an_audit_against_mieb_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
+    """`audit --against mieb --model` through `ray job submit`, with the mirror, the train table, the model and the
+    outputs on S3: the train rows that copy a test image of a task mteb scores (read by mteb's loaders on the
+    worker nodes) found by the hashes as a comparison of the bytes finds them; the near detector over every eval
+    table, BioVITA's corpus keyed by its photo ids among them; the work on the worker nodes."""
+    import io
+
+    import pyarrow.parquet as pq
+    from support.hub_tasks import sts, tasks_misc
+
+    from mieb_ray.demo_data.biovita import make_biovita_mirror
+    from mieb_ray.demo_data.mirror import make_mirror
+    from mieb_ray.evals import biovita_data
+    from mieb_ray.pipelines.build import BuildConfig, build
+
+    mirror, client, root = tmp_path / "mirror", s3.client(), f"s3://{s3.bucket}/audit-e2e"
+    sts.write_sts13(str(mirror))
+    tasks_misc.write_fgvc_aircraft(str(mirror))
+    make_biovita_mirror(str(mirror))
+    test_images = {}  # each task's test images, read from its repo's files, independently of mteb
+    for task, repo in {"STS13VisualSTS": "mteb/rendered-sts13", "FGVCAircraft": "mteb/FGVCAircraft"}.items():
+        for path in (mirror / repo).rglob("test-*.parquet"):
+            table = pq.read_table(path)
+            for column in {"image", "sentence1", "sentence2"} & set(table.column_names):
+                for value in table[column].to_pylist():
+                    test_images.setdefault(value["bytes"], set()).add(task)
+    copies = [next(b for b, holders in test_images.items() if holders == {task})
+              for task in ("STS13VisualSTS", "FGVCAircraft")]
+    make_mirror(str(mirror), rows=len(copies), datasets=["dtd"], eval_rows=1,
+                image_bytes=lambda source, i: copies[i])  # dtd's train row i copies an mteb task's test image
+    upload(client, s3.bucket, str(mirror), "audit-e2e/mirror")
+    upload(client, s3.bucket, tiny_clip, "audit-e2e/tiny-clip")
+    build(BuildConfig(str(mirror), f"{root}/train", datasets=["dtd"], executor="local"), log=lambda _: None)
+
+    done = submit(cluster.dashboard_url, "jobs/audit.py", "--train", f"{root}/train", "--against", "mieb",
+                  "--sources", f"{root}/mirror", "--model", f"{root}/tiny-clip", "--threshold", "0.5",
+                  "--out", f"{root}/audit", "--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
+    assert "[audit] done:" in done.stdout
+    body = client.get_object(Bucket=s3.bucket, Key="audit-e2e/audit/contamination.parquet")["Body"].read()
+    pairs = pq.read_table(io.BytesIO(body)).to_pylist()
+    want = {(f"dtd/{i}", "sha256:" + hashlib.sha256(b).hexdigest(), task) for i, b in enumerate(copies)
+            for task in test_images[b]}
+    assert {(p["train_key"], p["eval_key"], p["eval_task"]) for p in pairs
+            if p["method"] == "exact" and p["eval_task"] != "DTDZeroShot/DTD"} == want
+    ids = {str(i) for f in biovita_data.corpus_files(str(mirror), biovita_data.SUBSETS[0])
+           for i in pq.read_table(f, columns=["id"])["id"].to_pylist()}
+    near = {p["eval_key"] for p in pairs if p["method"] == "near" and p["eval_task"] == biovita_data.TASK}
+    assert near and near <= ids
+    workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
+    assert cluster.actor_nodes("EncodeStage", done) <= workers and cluster.actor_nodes("EncodeStage", done)
+    assert not mirror_copies(cluster, "head") and mirror_copies(cluster, "node_a") | mirror_copies(cluster, "node_b")
+    assert_no_secret(cluster, s3, [done], ["audit-e2e/audit/_manifest.json"])
 
 
 def test_an_eval_from_the_hub_downloads_each_file_once_within_the_jobs_bound(cluster, tiny_clip, tmp_path):

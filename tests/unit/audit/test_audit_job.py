@@ -168,8 +168,9 @@ def test_near_against_mieb_keys_each_table_as_its_hashes_do(tmp_path, tiny_clip)
     assert sorted(keys) == [f"dtd/{i}" for i in range(3)]
     eval_keys, vectors = embeddings.read_all(os.path.join(out, "embeddings", "against-1"))
     assert sorted(eval_keys) == sorted(map(str, ids))
-    got = {(r["eval_key"], r["train_key"]): r["score"] for r in pq.read_table(os.path.join(out, "contamination.parquet"))
-           .to_pylist() if r["method"] == "near" and r["eval_task"] == biovita_data.TASK}
+    rows = pq.read_table(os.path.join(out, "contamination.parquet")).to_pylist()
+    got = {(r["eval_key"], r["train_key"]): r["score"] for r in rows
+           if r["method"] == "near" and r["eval_task"] == biovita_data.TASK}
     sure, _ = assert_top_pairs_close(got, vectors.astype(np.float64) @ train_vectors.T.astype(np.float64), eval_keys,
                                      keys, NEAR_K, threshold, atol=1e-6)
     assert sure > 0

@@ -31,7 +31,7 @@ def test_resolve_from_s3_downloads_once(s3, tiny, tmp_path, monkeypatch):
 
     path = resolve(uri, cache_dir=cache)
     assert os.path.dirname(path) == cache and sorted(os.listdir(cache)) == [".locks", os.path.basename(path)]
-    assert set(os.listdir(path)) == set(os.listdir(tiny)) | {".mieb-ray-complete"}
+    assert set(os.listdir(path)) == set(os.listdir(tiny))
     for name in os.listdir(tiny):
         assert open(os.path.join(path, name), "rb").read() == open(os.path.join(tiny, name), "rb").read()
     info = load_info(path, uri, None)
@@ -40,12 +40,12 @@ def test_resolve_from_s3_downloads_once(s3, tiny, tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise AssertionError("the second resolve must not touch S3")
 
-    marker = os.path.join(path, ".mieb-ray-complete")
-    before = os.stat(marker).st_mtime_ns
+    weights = os.path.join(path, "model.safetensors")
+    before = os.stat(weights).st_mtime_ns
     monkeypatch.setattr(storage, "list_files", offline)
     monkeypatch.setattr(storage, "open_input", offline)
     assert resolve(uri + "/", cache_dir=cache) == path
-    assert os.stat(marker).st_mtime_ns == before
+    assert os.stat(weights).st_mtime_ns == before
 
 
 def test_s3_prefix_without_a_model_is_a_user_error(s3, tmp_path):
@@ -70,7 +70,7 @@ def test_a_job_describes_an_s3_model_from_its_small_files_and_knows_when_its_wei
     info, made_by = describe(uri)
     (folder,) = set(os.listdir(default_cache_dir())) - {".locks"}
     small = {f for f in os.listdir(tiny) if f.endswith(".json")}
-    assert set(os.listdir(os.path.join(default_cache_dir(), folder))) == small | {".mieb-ray-complete"}
+    assert set(os.listdir(os.path.join(default_cache_dir(), folder))) == small
     assert info == load_info(tiny, uri, None)
     assert describe(uri)[1] == made_by  # nothing changed: the same identity
     client.put_object(Bucket=s3.bucket, Key="models/described/README.md", Body=b"a card: not a file it loads")

@@ -160,24 +160,60 @@ def test_normalised_embeddings_are_refused_in_one_line(two_tasks, tmp_path):
                      log=lambda *a: None, images=normalised, executor="local")
 
 
-def test_a_task_whose_mirror_folder_is_missing_is_one_line(two_tasks, tmp_path, monkeypatch):
-    """With a model (its collect pass loads the task first) and from precomputed embeddings (mteb's evaluate loads
-    it), naming the folder as given."""
+def test_a_mirror_without_a_tasks_data_is_one_line_before_any_work(two_tasks, mirror, tmp_path, monkeypatch):
+    """With a model and from precomputed embeddings, before any other suite works (a zero-shot task chosen too),
+    naming the folder as given; a folder there that holds no data file: mteb's own load, in one line."""
     from mieb_ray.evals import job
 
     root, model, _ = two_tasks
     ours(["STS13VisualSTS"], root, model, str(tmp_path / "made"))
     (images,) = [os.path.join(_model_dir(tmp_path / "made"), d) for d in os.listdir(_model_dir(tmp_path / "made"))]
-    (tmp_path / "mirror").mkdir()
+    shutil.copytree(mirror[0], tmp_path / "mirror")  # the 23 sources, no mteb task
     monkeypatch.chdir(tmp_path)  # a relative --sources, as typed
-    line = "STS13VisualSTS: mteb cannot load its data from mirror/mteb/rendered-sts13: FileNotFoundError: "
+    line = ("the mirror holds no data of STS13VisualSTS (mirror/mteb/rendered-sts13): it holds each task's hub repo "
+            "at <mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
     with pytest.raises(UserError) as exc:
-        ours(["STS13VisualSTS"], "mirror", model, str(tmp_path / "out"))
-    assert str(exc.value).startswith(line)
+        ours(["CIFAR10ZeroShot", "STS13VisualSTS"], "mirror", model, str(tmp_path / "out"))
+    assert str(exc.value) == line and not (tmp_path / "out").exists()  # the zero-shot suite built nothing
     with pytest.raises(UserError) as exc:
         job.evaluate(registry.select("STS13VisualSTS"), registry.Options("mirror"), str(tmp_path / "given"),
                      log=lambda *a: None, images=images, executor="local")
-    assert str(exc.value).startswith(line)
+    assert str(exc.value) == line and not (tmp_path / "given").exists()
+    (tmp_path / "mirror" / "mteb" / "rendered-sts13").mkdir(parents=True)
+    with pytest.raises(UserError) as exc:
+        ours(["STS13VisualSTS"], "mirror", model, str(tmp_path / "out"))
+    assert str(exc.value).startswith("STS13VisualSTS: mteb cannot load its data from mirror/mteb/rendered-sts13: "
+                                     "EmptyDatasetError: ")
+
+
+def test_a_mirror_on_s3_is_copied_once_per_machine_and_scores_as_mteb_does(two_tasks, s3, tmp_path, monkeypatch):
+    """mteb's loaders read local folders: a task's folder on S3 is copied to the machine that loads it, once for
+    the collect and score passes of every task holding it and for later runs, again once its files change."""
+    from mieb_ray import storage
+
+    root, model, _ = two_tasks
+    storage.reset_clients()  # made for this server's environment
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    client, prefix = s3.client(), "mteb-mirror"
+    files = {os.path.relpath(os.path.join(d, f), root): os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs}
+    for rel, path in files.items():
+        client.upload_file(path, s3.bucket, f"{prefix}/{rel}")
+    mirror, opened, real_open = f"s3://{s3.bucket}/{prefix}", [], storage.open_input
+    monkeypatch.setattr(storage, "open_input",
+                        lambda uri: (uri.startswith(mirror) and opened.append(uri), real_open(uri))[1])
+    names = ["STS13VisualSTS", "STS15VisualSTS"]
+    got = ours(names, mirror, model, str(tmp_path / "out"))
+    for name in names:
+        assert_same_scores(got[name], mteb_result(name, root, model))
+    assert sorted(opened) == sorted(f"{mirror}/{rel}" for rel in files)  # each file once
+    copies = tmp_path / "xdg" / "mieb-ray" / "mirrors"
+    assert len(os.listdir(copies)) == 3  # a folder per task, and the locks
+    ours(names, mirror, model, str(tmp_path / "again"))
+    assert len(opened) == len(files)  # a later run: the copies as they were
+    rel = next(r for r in files if "rendered-sts13" in r)
+    client.upload_file(files[rel], s3.bucket, f"{prefix}/{rel}")  # written again: another version
+    ours(["STS13VisualSTS"], mirror, model, str(tmp_path / "changed"))
+    assert opened[len(files):] == [f"{mirror}/{rel}"] and len(os.listdir(copies)) == 4
 
 
 def test_benchmark_names_are_mtebs():
