@@ -226,20 +226,23 @@ def local_copy(uri: str, files: dict[str, tuple], cache: str) -> str:
     final = os.path.join(cache, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
     if os.path.isdir(final):
         return final
-    os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)
-    with FileLock(os.path.join(cache, ".locks", os.path.basename(final) + ".lock")):
-        if os.path.isdir(final):
-            return final
-        tmp = tempfile.mkdtemp(prefix=".download-", dir=cache)
-        try:
-            for rel in files:
-                dest = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with open_input(f"{uri}/{rel}") as src, open(dest, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 16 << 20)
-            os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)
+        with FileLock(os.path.join(cache, ".locks", os.path.basename(final) + ".lock")):
+            if os.path.isdir(final):
+                return final
+            tmp = tempfile.mkdtemp(prefix=".download-", dir=cache)
+            try:
+                for rel in files:
+                    dest = os.path.join(tmp, rel)
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with open_input(f"{uri}/{rel}") as src, open(dest, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 16 << 20)
+                os.rename(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:  # this machine's side (a full disk, a cache it cannot write) or a read cut short
+        raise StorageError(f"cannot copy {display(uri)} into {cache}: {described(exc)}") from exc
     return final
 
 

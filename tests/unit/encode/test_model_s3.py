@@ -56,6 +56,21 @@ def test_s3_prefix_without_a_model_is_a_user_error(s3, tmp_path):
         assert "\n" not in str(caught.value) and uri in str(caught.value)
 
 
+def test_a_model_that_cannot_be_copied_to_this_machine_is_one_line(s3, tiny, tmp_path):
+    """A cache this machine cannot write (here a file where its folder would go), as a full disk: one line naming
+    the model and the cache, and no folder taken for a complete copy."""
+    storage.reset_clients()
+    client = s3.client()
+    for name in os.listdir(tiny):
+        client.upload_file(os.path.join(tiny, name), s3.bucket, f"models/nowhere/{name}")
+    (tmp_path / "file").write_text("")
+    uri, cache = f"s3://{s3.bucket}/models/nowhere", str(tmp_path / "file" / "cache")
+    with pytest.raises(UserError) as caught:
+        resolve(uri, cache_dir=cache)
+    assert str(caught.value).startswith(f"cannot copy {uri} into {cache}: NotADirectoryError: ")
+    assert "\n" not in str(caught.value)
+
+
 def test_a_job_describes_an_s3_model_from_its_small_files_and_knows_when_its_weights_change(s3, tiny, tmp_path,
                                                                                           monkeypatch):
     """The driver (a cluster's head) reads the config, tokenizer and processor files; the model's identity is its
