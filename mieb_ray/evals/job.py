@@ -109,6 +109,8 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         config = dataclasses.replace(config, revision=revision)
     scorers = scorers or [suite.make(names, options) for suite, names in selected]
     _check_inputs(config, selected, scorers)
+    for scorer in scorers:
+        protocol.check(scorer)
     log(f"[eval] {_tasks(sum(len(names) for _, names in selected))} ("
         f"{', '.join(f'{suite.name} {len(names)}' for suite, names in selected)}) -> {storage.display(out)}")
     several = len(selected) > 1

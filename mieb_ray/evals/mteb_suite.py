@@ -506,11 +506,6 @@ class MtebSuite:
 
     def __init__(self, names: list[str], sources: str, exclude: str | None = None):
         self.names, self.sources, self.exclude = list(names), sources, exclude
-        if lacking := missing_data(self.names, sources):  # before any work: not after the other suites ran
-            listed = ", ".join(f"{name} ({path})" for name, path in list(lacking.items())[:3])
-            more = f" and {len(lacking) - 3} more tasks" if len(lacking) > 3 else ""
-            raise UserError(f"the mirror holds no data of {listed}{more}: it holds each task's hub repo at "
-                            "<mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
         self.needs_texts = any(has_texts(n) for n in names)
         self.out: str | None = None  # where embed() wrote the tasks' item tables (None: embeddings were given)
         self.counts: dict[str, dict[str, int]] = {}
@@ -523,6 +518,14 @@ class MtebSuite:
 
     def task_names(self) -> list[str]:
         return list(self.names)
+
+    def check_data(self) -> None:
+        """A mirror without a task's folder, before any suite works (not after the others ran)."""
+        if lacking := missing_data(self.names, self.sources):
+            listed = ", ".join(f"{name} ({path})" for name, path in list(lacking.items())[:3])
+            more = f" and {len(lacking) - 3} more tasks" if len(lacking) > 3 else ""
+            raise UserError(f"the mirror holds no data of {listed}{more}: it holds each task's hub repo at "
+                            "<mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
 
     def start_plan(self, out: str, cache: embed_cache.Cache, executor: str = "auto",
                    ctx: RunContext | None = None) -> None:

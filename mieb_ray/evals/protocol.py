@@ -149,6 +149,13 @@ class Plan:
     inputs: Callable[[embed_cache.Indexes], tuple[str, str | None]]  # the cache's outputs -> (images, texts)
 
 
+def check(suite: EvalSuite) -> None:
+    """What the suite checks of its data before any suite works, after the flags and inputs are checked (the mteb
+    suite: that a mirror holds its tasks' folders); a problem, in one line."""
+    if hasattr(suite, "check_data"):
+        suite.check_data()
+
+
 def start(suite: EvalSuite, out: str, cache: embed_cache.Cache, executor: str = "auto",
           ctx: RunContext | None = None) -> None:
     """Start what the suite's plan runs on its own (the mteb suite's task loads, on Ray), so that it runs while the
