@@ -114,6 +114,7 @@ def run(todo: list[int], stages: list[Stage], mode: str, on_rows=None,
 
 def _on_ray(todo: list[int], stages: list[Stage], ctx: RunContext | None = None) -> Iterator[dict]:
     import ray
+    from ray.data.block import BlockAccessor
 
     cluster.ray_up(ctx)
     with data_context(ctx), surfaced():
@@ -131,8 +132,17 @@ def _on_ray(todo: list[int], stages: list[Stage], ctx: RunContext | None = None)
                                     compute=stage.pool.strategy(), **options)
             else:
                 ds = ds.map_batches(stage.fn, fn_kwargs=stage.kwargs, **options)
-        for row in ds.iter_rows():
-            yield int(row["unit"]), json.loads(row["result"])
+        # the results read here, block by block: iter_rows' prefetching threads would outlive an interrupted job
+        # and touch Ray after the command shut it down, which ends the process (exit 1, its message unsaid)
+        bundles = ds.iter_internal_ref_bundles()
+        try:
+            for bundle in bundles:
+                for ref in bundle.block_refs:
+                    table = BlockAccessor.for_block(ray.get(ref)).to_arrow()
+                    for unit, result in zip(table["unit"].to_pylist(), table["result"].to_pylist()):
+                        yield int(unit), json.loads(result)
+        finally:  # the job ends (done, an error, an interrupt): Ray Data's executor stops now, while Ray is up
+            del bundles
 
 
 def _raising_at_first_call(cls: type) -> type:
