@@ -524,7 +524,7 @@ class MtebSuite:
         if lacking := missing_data(self.names, self.sources):
             listed = ", ".join(f"{name} ({path})" for name, path in list(lacking.items())[:3])
             more = f" and {len(lacking) - 3} more tasks" if len(lacking) > 3 else ""
-            raise UserError(f"the mirror holds no data of {listed}{more}: it holds each task's hub repo at "
+            raise UserError(f"the mirror holds no data of {listed}{more}: a mirror holds each task's hub repo at "
                             "<mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
 
     def start_plan(self, out: str, cache: embed_cache.Cache, executor: str = "auto",

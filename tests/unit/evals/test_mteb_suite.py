@@ -170,8 +170,8 @@ def test_a_mirror_without_a_tasks_data_is_one_line_before_any_work(two_tasks, mi
     (images,) = [os.path.join(_model_dir(tmp_path / "made"), d) for d in os.listdir(_model_dir(tmp_path / "made"))]
     shutil.copytree(mirror[0], tmp_path / "mirror")  # the 23 sources, no mteb task
     monkeypatch.chdir(tmp_path)  # a relative --sources, as typed
-    line = ("the mirror holds no data of STS13VisualSTS (mirror/mteb/rendered-sts13): it holds each task's hub repo "
-            "at <mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
+    line = ("the mirror holds no data of STS13VisualSTS (mirror/mteb/rendered-sts13): a mirror holds each task's "
+            "hub repo at <mirror>/<its hub path>, in the hub's layout (docs/evals.md)")
     with pytest.raises(UserError) as exc:
         ours(["CIFAR10ZeroShot", "STS13VisualSTS"], "mirror", model, str(tmp_path / "out"))
     assert str(exc.value) == line and not (tmp_path / "out").exists()  # the zero-shot suite built nothing
