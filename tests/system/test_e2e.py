@@ -159,7 +159,6 @@ def test_mieb_lite_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
     mirror and the outputs on S3: the 23 sources' eval splits and the other tasks' inputs (read by mteb's loaders
     from the mirror's folders in their hub layouts, copied to the nodes that load them) embedded on the worker
     nodes, each unique input once, and every task's TaskResult written as mteb reads it back."""
-
     import mteb
     import pyarrow.parquet as pq
     from support.hub_tasks import compositionality, retrieval, sts, tasks_misc
