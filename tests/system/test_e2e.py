@@ -222,25 +222,22 @@ def mirror_copies(cluster, node: str) -> set[str]:
     return set(os.listdir(folder)) - {".locks"} if os.path.isdir(folder) else set()
 
 
-def test_an_audit_against_mieb_through_ray_job_submit(cluster, s3, tiny_clip, tmp_path):
-    """`audit --against mieb --model` through `ray job submit`, with the mirror, the train table, the model and the
-    outputs on S3: the train rows that copy a test image of a task mteb scores (read by mteb's loaders on the
-    worker nodes) found by the hashes as a comparison of the bytes finds them; the near detector over every eval
-    table, BioVITA's corpus keyed by its photo ids among them; the work on the worker nodes."""
+def test_an_audit_against_mieb_through_ray_job_submit(cluster, s3, tmp_path):
+    """`audit --against mieb` through `ray job submit`, with the mirror, the train table and the outputs on S3: the
+    train rows that copy a test image of a task mteb scores (read by mteb's loaders on the worker nodes, from the
+    mirror's folders copied there) found as a comparison of the bytes finds them. (For the suite's time, no
+    BioVITA corpus and no near detector here, which embeds each table with the model: test_audit_job.py.)"""
     import io
 
     import pyarrow.parquet as pq
     from support.hub_tasks import sts, tasks_misc
 
-    from mieb_ray.demo_data.biovita import make_biovita_mirror
     from mieb_ray.demo_data.mirror import make_mirror
-    from mieb_ray.evals import biovita_data
     from mieb_ray.pipelines.build import BuildConfig, build
 
     mirror, client, root = tmp_path / "mirror", s3.client(), f"s3://{s3.bucket}/audit-e2e"
     sts.write_sts13(str(mirror))
     tasks_misc.write_fgvc_aircraft(str(mirror))
-    make_biovita_mirror(str(mirror))
     test_images = {}  # each task's test images, read from its repo's files, independently of mteb
     for task, repo in {"STS13VisualSTS": "mteb/rendered-sts13", "FGVCAircraft": "mteb/FGVCAircraft"}.items():
         for path in (mirror / repo).rglob("test-*.parquet"):
@@ -253,12 +250,10 @@ def test_an_audit_against_mieb_through_ray_job_submit(cluster, s3, tiny_clip, tm
     make_mirror(str(mirror), rows=len(copies), datasets=["dtd"], eval_rows=1,
                 image_bytes=lambda source, i: copies[i])  # dtd's train row i copies an mteb task's test image
     upload(client, s3.bucket, str(mirror), "audit-e2e/mirror")
-    upload(client, s3.bucket, tiny_clip, "audit-e2e/tiny-clip")
     build(BuildConfig(str(mirror), f"{root}/train", datasets=["dtd"], executor="local"), log=lambda _: None)
 
     done = submit(cluster.dashboard_url, "jobs/audit.py", "--train", f"{root}/train", "--against", "mieb",
-                  "--sources", f"{root}/mirror", "--model", f"{root}/tiny-clip", "--threshold", "0.5",
-                  "--out", f"{root}/audit", "--gpus-per-worker", "0", "--cpus-per-worker", "0.5")
+                  "--sources", f"{root}/mirror", "--out", f"{root}/audit")
     assert "[audit] done:" in done.stdout
     body = client.get_object(Bucket=s3.bucket, Key="audit-e2e/audit/contamination.parquet")["Body"].read()
     pairs = pq.read_table(io.BytesIO(body)).to_pylist()
@@ -266,12 +261,6 @@ def test_an_audit_against_mieb_through_ray_job_submit(cluster, s3, tiny_clip, tm
             for task in test_images[b]}
     assert {(p["train_key"], p["eval_key"], p["eval_task"]) for p in pairs
             if p["method"] == "exact" and p["eval_task"] != "DTDZeroShot/DTD"} == want
-    ids = {str(i) for f in biovita_data.corpus_files(str(mirror), biovita_data.SUBSETS[0])
-           for i in pq.read_table(f, columns=["id"])["id"].to_pylist()}
-    near = {p["eval_key"] for p in pairs if p["method"] == "near" and p["eval_task"] == biovita_data.TASK}
-    assert near and near <= ids
-    workers = {cluster.node_id(n) for n in ("node_a", "node_b")}
-    assert cluster.actor_nodes("EncodeStage", done) <= workers and cluster.actor_nodes("EncodeStage", done)
     assert not mirror_copies(cluster, "head") and mirror_copies(cluster, "node_a") | mirror_copies(cluster, "node_b")
     assert_no_secret(cluster, s3, [done], ["audit-e2e/audit/_manifest.json"])
 
