@@ -165,6 +165,12 @@ def listing(uri: str) -> dict[str, tuple[int, int | None]]:
             if i.type == pafs.FileType.File}
 
 
+def files_under(uri: str) -> dict[str, tuple[int, int | None]]:
+    """listing() of a prefix, keyed by each file's path under it."""
+    cut = len(uri.rstrip("/")) + 1
+    return {file[cut:]: stamp for file, stamp in listing(uri).items()}
+
+
 def list_files(uri: str) -> list[str]:
     """Every file under `uri`, recursively, as URIs with the same scheme; [] when it does not exist."""
     return list(listing(uri))
@@ -217,7 +223,7 @@ def cache_dir(kind: str) -> str:
 
 
 def local_copy(uri: str, files: dict[str, tuple], cache: str) -> str:
-    """A folder of this machine holding `files` ({path under the prefix `uri`: its listing stamp}) as they are there
+    """A folder of this machine holding `files` (of files_under(uri): path under the prefix, stamp) as they are there
     now: downloaded once per machine and version of those files (their sizes and times: files overwritten there
     are fetched again). The machine's other processes wait for a download under way rather than make their own,
     and see no folder or a complete one (renamed into place)."""

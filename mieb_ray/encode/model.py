@@ -186,7 +186,7 @@ def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
     every actor on the node lists it and downloads nothing). weights=False: the small files only (a copy of
     their own)."""
     uri = uri.rstrip("/")
-    stamps = {u[len(uri) + 1:]: stamp for u, stamp in storage.listing(uri).items()}
+    stamps = storage.files_under(uri)
     files = _select(list(stamps))
     if not files:
         bucket = uri[len("s3://"):].split("/", 1)[0]
@@ -204,10 +204,8 @@ def identity(name: str, path: str, info: ModelInfo) -> dict:
         return {"name": info.name, "revision": info.revision}
     if storage.is_s3(name):
         uri = name.rstrip("/")
-        stamps = storage.listing(uri)
-        loaded = set(_select([u[len(uri) + 1:] for u in stamps]))
-        return {"name": info.name, "files": of_files({u: s for u, s in stamps.items() if u[len(uri) + 1:] in loaded},
-                                                     uri)}
+        stamps = storage.files_under(uri)
+        return {"name": info.name, "files": of_files({f"{uri}/{f}": stamps[f] for f in _select(list(stamps))}, uri)}
     content = hashlib.sha256()
     for rel in sorted(_select(os.listdir(path))):
         with open(os.path.join(path, rel), "rb") as f:

@@ -314,8 +314,9 @@ def _one_line(name: str, task, sources: str, load):
     where = "the hub" if sources == HF else storage.display(path)
 
     def load_data(*args, **kwargs):
-        if storage.is_s3(path):  # mteb's loaders read local folders
-            task.metadata.dataset["path"] = _local_copy(path)
+        if storage.is_s3(path):  # mteb's loaders read local folders: this node's copy, made once per version
+            task.metadata.dataset["path"] = storage.local_copy(path, storage.files_under(path),
+                                                               storage.cache_dir("mirrors"))
         try:
             with _resolved_once(), hubfs.bounded_client() if sources == HF else nullcontext():
                 return load(*args, **kwargs)
@@ -326,13 +327,6 @@ def _one_line(name: str, task, sources: str, load):
             raise UserError(f"{name}: mteb cannot load its data from {where}: {described(exc)}") from exc
 
     return load_data
-
-
-def _local_copy(folder: str) -> str:
-    """A mirror's folder on S3 on this machine: copied once per machine and version of its files (storage.local_copy),
-    so that the collect and score passes of a task, on one node, read it once."""
-    files = {uri[len(folder) + 1:]: stamp for uri, stamp in storage.listing(folder).items()}
-    return storage.local_copy(folder, files, storage.cache_dir("mirrors"))
 
 
 @contextmanager
