@@ -20,7 +20,7 @@ import numpy as np
 
 from mieb_ray import formats, storage
 from mieb_ray.evals import metrics, run_report, split_rows
-from mieb_ray.evals.protocol import EmbedInputs, task_result
+from mieb_ray.evals.protocol import EmbedInputs, task_result, unscorable
 from mieb_ray.evals.source_task import SourceTask
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
@@ -112,7 +112,7 @@ class ClusteringSuite:
             if self.flags is not None:  # the same clustering of the images the audit did not flag
                 keys = [f"{wanted[t][1]}{i}" for i in range(len(p.labels))]
                 keep = np.array([k not in self.flags.eval for k in keys], bool)
-                clean.append((_cluster.remote(evaluated, p.labels, keep),
+                clean.append((_cluster.remote(evaluated, p.labels, keep) if keep.any() else None,
                               {"images": int(keep.sum()), "left_out": {"eval": Flags.left_out(self.flags.eval, keys)},
                                "audit": storage.display(self.exclude)}))
         log(f"[eval] {len(planned)} clustering tasks, {sum(len(p.labels) for p in planned):,} images, "
@@ -131,8 +131,10 @@ class ClusteringSuite:
             result["mieb_ray"] = {"images": len(p.labels), "clusters": len(set(p.labels))}
             if pending.clean:
                 ref, about = pending.clean[len(results)]
-                clean = tasks.get(ref)
-                result["mieb_ray"]["clean"] = {**clean, "main_score": clean["nmi"], **about}
+                clean = tasks.get(ref) if ref is not None else None
+                result["mieb_ray"]["clean"] = ({**clean, "main_score": clean["nmi"], **about} if clean else
+                                               unscorable(p.task.name, f"the audit flagged all {len(p.labels):,} "
+                                                          "eval images", about))
             results[p.task.name] = result
         log(f"[eval] {len(results)} clustering tasks scored in {time.time() - pending.start:.1f}s")
         return results

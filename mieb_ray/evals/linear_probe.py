@@ -29,7 +29,7 @@ from mieb_ray import formats, storage
 from mieb_ray.evals import run_report, split_rows
 from mieb_ray.evals.metrics import classification
 from mieb_ray.evals.probe_tasks import MAX_ITER, SEED, ProbeTask, samples, train_rows
-from mieb_ray.evals.protocol import EmbedInputs, task_result
+from mieb_ray.evals.protocol import EmbedInputs, task_result, unscorable
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
 from mieb_ray.pipelines.build import build_eval_splits
@@ -182,9 +182,13 @@ class LinearProbeSuite:
         drawn = samples(kept_labels, p.task.samples_per_label, p.task.experiments)
         eval_keys = [f"{p.task.key_prefix()}{i}" for i in range(len(p.eval_labels))]
         keep = np.array([k not in self.flags.eval for k in eval_keys], bool)
+        why = (f"the audit flagged all {len(keep):,} eval images" if not keep.any() else
+               f"the audit flagged all {len(rows):,} train rows" if not kept else
+               "the audit left train rows of one label (a logistic regression needs two)"
+               if len(set(kept_labels)) < 2 else None)
         return {"drawn": [kept_rows[d].tolist() for d in drawn], "train_labels": [[kept_labels[i] for i in d]
                                                                                    for d in drawn],
-                "keep": keep, "eval_labels": [y for y, k in zip(p.eval_labels, keep) if k],
+                "keep": keep, "eval_labels": [y for y, k in zip(p.eval_labels, keep) if k], "unscorable": why,
                 "left_out": {"eval": Flags.left_out(self.flags.eval, eval_keys),
                              "train": Flags.left_out(self.flags.train, train_keys)}}
 
@@ -221,9 +225,10 @@ class LinearProbeSuite:
             position = {int(i): n for n, i in enumerate(p.union)}
             at = [np.array([position[i] for i in drawn], np.int64) for drawn in p.drawn]
             fits.append([_fit.remote(train, evaluated, a, y, p.eval_labels) for a, y in zip(at, p.train_labels)])
-            if p.clean is not None:  # the same fits without what the audit flagged
+            if p.clean is not None:  # the same fits without what the audit flagged, where that can be fit
                 at = [np.array([position[i] for i in drawn], np.int64) for drawn in p.clean["drawn"]]
-                clean.append([_fit.remote(train, evaluated, a, y, p.clean["eval_labels"], p.clean["keep"])
+                clean.append([] if p.clean["unscorable"] else
+                             [_fit.remote(train, evaluated, a, y, p.clean["eval_labels"], p.clean["keep"])
                               for a, y in zip(at, p.clean["train_labels"])])
         log(f"[eval] {len(shards)} image shards in {len(blocks)} blocks; "
             f"{sum(len(f) for f in fits)} fits ({len(planned)} tasks x their experiments)")
@@ -244,10 +249,12 @@ class LinearProbeSuite:
                                   "experiments": p.task.experiments, "samples_per_label": p.task.samples_per_label}
             if p.clean is not None:
                 cleaned = tasks.get(pending.clean[len(results)])
-                result["mieb_ray"]["clean"] = {**average(cleaned), "scores_per_experiment": cleaned,
-                                               "main_score": average(cleaned)["accuracy"],
-                                               "eval_images": len(p.clean["eval_labels"]),
-                                               "left_out": p.clean["left_out"], "audit": storage.display(self.exclude)}
+                about = {"eval_images": len(p.clean["eval_labels"]), "left_out": p.clean["left_out"],
+                         "audit": storage.display(self.exclude)}
+                result["mieb_ray"]["clean"] = (
+                    unscorable(p.task.name, p.clean["unscorable"], about) if p.clean["unscorable"] else
+                    {**average(cleaned), "scores_per_experiment": cleaned, "main_score": average(cleaned)["accuracy"],
+                     **about})
             results[p.task.name] = result
         log(f"[eval] {len(results)} linear-probe tasks fit and scored in {time.time() - pending.start:.1f}s")
         return results

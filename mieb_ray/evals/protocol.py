@@ -79,6 +79,13 @@ def task_result(task: str, revision: str, split: str, entries: list[dict], secon
             "evaluation_phases": phases}
 
 
+def unscorable(task: str, why: str, about: dict) -> dict:
+    """A task's clean block where what the audit left cannot be scored (say, every eval image flagged): an error
+    line in the place of its clean scores, beside what was left out; the run goes on (evals/summary.py counts the
+    task at its main score)."""
+    return {**about, "error": f"cannot score {task} without the flagged rows: {why}"}
+
+
 def text_vectors(uri: str, texts: list[str], what: str) -> tuple[int, np.ndarray]:
     """The dim and the (n, d) float32 embeddings of `texts` from an embed output keyed by the text (in a task)."""
     tables = [embeddings.open_shard(u) for u in embeddings.shard_uris(uri)]

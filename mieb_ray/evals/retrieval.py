@@ -31,7 +31,7 @@ import numpy as np
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.evals import metrics, run_report, split_rows
-from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
+from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors, unscorable
 from mieb_ray.evals.source_task import SourceTask
 from mieb_ray.io import embeddings, reader
 from mieb_ray.io.contamination import Flags
@@ -246,6 +246,9 @@ class RetrievalSuite:
         searches = []
         for keep, about in runs:
             m = n if keep is None else int(keep.sum())
+            if not m:  # every row flagged: no clean run to search (collect says why)
+                searches += [_Search(t, 0, [], about) for t in self.tasks]
+                continue
             images_kept = _kept.remote(figures, keep)
             for t in self.tasks:
                 texts_kept = _kept.remote(captions[t.queries], keep)
@@ -258,6 +261,11 @@ class RetrievalSuite:
     def collect(self, pending: _Pending, log) -> dict[str, dict]:
         results = {}
         for s in pending.searches:
+            if s.about and not s.rows:  # the clean run of a task scored above, with nothing left to search
+                results[s.task.name]["mieb_ray"]["clean"] = unscorable(
+                    s.task.name, f"the audit flagged all {results[s.task.name]['mieb_ray']['queries']:,} rows",
+                    s.about)
+                continue
             parts = tasks.get(s.summaries)
             got = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in
                    ("rank", "max", "std", "diff1")}

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from mieb_ray import formats, storage
 from mieb_ray.captions import ClassTable
 from mieb_ray.errors import UserError
-from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors
+from mieb_ray.evals.protocol import EmbedInputs, task_result, text_table, text_vectors, unscorable
 from mieb_ray.evals.zeroshot_report import render
 from mieb_ray.evals.zeroshot_scoring import (
     PROMPT_SETS,
@@ -284,10 +284,13 @@ class ZeroShotSuite:
         if self.flags is not None:  # each image's prediction stands alone: the clean scores are those of the rest
             keys = [f"{p.task.key_prefix()}{i}" for i in range(n)]
             keep = np.array([k not in self.flags.eval for k in keys], bool)
-            clean = metrics(labels[keep], cols["mteb_pred"][keep], cols["mteb_pos"][keep])
-            result["mieb_ray"]["clean"] = {**clean, "main_score": clean["accuracy"], "images": int(keep.sum()),
-                                           "left_out": {"eval": Flags.left_out(self.flags.eval, keys)},
-                                           "audit": storage.display(self.exclude)}
+            about = {"images": int(keep.sum()), "left_out": {"eval": Flags.left_out(self.flags.eval, keys)},
+                     "audit": storage.display(self.exclude)}
+            if keep.any():
+                clean = metrics(labels[keep], cols["mteb_pred"][keep], cols["mteb_pos"][keep])
+                result["mieb_ray"]["clean"] = {**clean, "main_score": clean["accuracy"], **about}
+            else:
+                result["mieb_ray"]["clean"] = unscorable(p.task.name, f"the audit flagged all {n:,} eval images", about)
         return result
 
     # -- what to write

@@ -3,6 +3,7 @@ one set of embeddings, each suite's outputs equal to its own command's (eval-bio
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -246,3 +247,47 @@ def test_what_a_suites_plan_runs_on_its_own_starts_before_any_suite_plans(tiny_c
     got = job._embedded(config, todo, {name: str(tmp_path / name) for name, _ in todo}, print, RunContext())
     assert events == ["loading: start", "building: plan", "loading: plan"]
     assert got == {"building": ("building", None), "loading": ("loading", None)}
+
+
+def test_a_task_left_with_nothing_to_score_clean_says_why_and_the_run_goes_on(tiny_clip, tmp_path):
+    """An audit that flagged every eval image of the tasks mieb-ray scores by hand (zero-shot, linear probe,
+    clustering, SciMMIR retrieval): nothing is left to score them clean (mteb fails on an empty split), so each
+    clean block is an error line beside the images left out, the task's own scores are those of a run without
+    --exclude, and the run ends (it ended in sklearn's traceback, after all the embedding). A linear probe whose
+    train rows the audit left of one label only cannot be fit clean either."""
+    from support.contamination import audit_output
+
+    mirror = str(tmp_path / "mirror")
+    make_mirror(mirror, rows=20, eval_rows=5, datasets=["cifar10", "scimmir"])
+    names = ("CIFAR10ZeroShot", "CIFAR10", "CIFAR10Clustering", "SciMMIRI2TRetrieval", "SciMMIRT2IRetrieval")
+
+    out = tmp_path / "out"
+
+    def run(*flags: str, tasks: tuple = names) -> dict:  # one output: the embeddings of the first run are reused
+        assert main(["eval", "--tasks", ",".join(tasks), "--sources", mirror, "--model", tiny_clip, "--out", str(out),
+                     "--executor", "local", "--overwrite", *flags]) == 0
+        return {p.stem: json.loads(p.read_text()) for p in out.glob("**/*.json") if p.stem in names}
+
+    official = run()
+    every = audit_output(tmp_path / "audit-every", [(f"elsewhere/{i}", f"{slug}/test/{i}", "exact") for i in range(5)
+                                              for slug in ("cifar10", "scimmir")])
+    flagged = run("--exclude", every)
+    assert sorted(flagged) == sorted(names)
+    for name, result in flagged.items():
+        assert result["scores"] == official[name]["scores"], name
+        clean = result["mieb_ray"]["clean"]
+        rows = "rows" if name.startswith("SciMMIR") else "eval images"
+        assert clean["error"] == f"cannot score {name} without the flagged rows: the audit flagged all 5 {rows}"
+        assert clean["left_out"]["eval"] == {"any": 5, "exact": 5} and "main_score" not in clean, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"]["CIFAR10"]["clean_error"] == \
+        "cannot score CIFAR10 without the flagged rows: the audit flagged all 5 eval images"
+
+    labels = [y for path in sorted(glob.glob(f"{mirror}/mteb/cifar10/data/train-*.parquet"))
+              for y in pq.read_table(path)["label"].to_pylist()]
+    one_label = audit_output(tmp_path / "audit-one-label", [(f"cifar10/{i}", "elsewhere/0", "pdq")
+                                                      for i, y in enumerate(labels) if y != labels[0]])
+    clean = run("--exclude", one_label, tasks=("CIFAR10",))["CIFAR10"]["mieb_ray"]["clean"]
+    assert clean["error"] == "cannot score CIFAR10 without the flagged rows: the audit left train rows of one label " \
+                             "(a logistic regression needs two)"
+    assert clean["left_out"]["train"] == {"any": len(labels) - labels.count(labels[0]), "pdq": 18}
