@@ -109,6 +109,15 @@ def suite_kind(suite: str) -> Kind:
     return Kind(f"mieb-{suite.replace('_', '-')}-eval", 1)
 
 
+def job_of(manifest: dict | None) -> str | None:
+    """The command that wrote an output, from its manifest's format (None: not one of mieb-ray's)."""
+    name = (manifest or {}).get("format")
+    jobs = {MIEB_TRAIN.name: "build", EMBEDDINGS.name: "embed", AUDIT.name: "audit", EVAL.name: "eval"}
+    if isinstance(name, str) and name.startswith("mieb-") and name.endswith("-eval"):
+        return "eval"  # one suite's output
+    return jobs.get(name)
+
+
 def result_file(task: str) -> str:
     """A task's TaskResult, as mteb's `TaskResult.to_disk` writes it."""
     return f"{task}.json"

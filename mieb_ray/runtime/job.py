@@ -65,7 +65,7 @@ class Job:
     def start(self) -> None:
         """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
         one removed with --overwrite (else earlier() decides, once it knows this run's settings)."""
-        output.prepare(self.out, self.overwrite, self.what)
+        output.prepare(self.out, self.overwrite, self.what, self.name)
         if self.overwrite:
             for uri in self._unfinished():
                 storage.delete(uri)

@@ -18,7 +18,7 @@ import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
-from mieb_ray import storage
+from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
 from mieb_ray.runtime import identity
 
@@ -89,14 +89,20 @@ class Progress:
         storage.delete_tree(storage.join(self.out, storage.PROGRESS))
 
 
-def prepare(out: str, overwrite: bool, what: str) -> None:
+def prepare(out: str, overwrite: bool, what: str, job: str) -> None:
     """Before any work: the output is writable (one line if not), a killed run's staging files are gone, and
-    a complete output is refused, or with --overwrite made incomplete and its files removed."""
+    a complete output is refused, or with --overwrite made incomplete and its files removed; one that another
+    command (`job` is this one's) wrote is refused even then: --overwrite replaces a build with a build, never
+    embeddings or results with a build."""
     storage.check_output(out)
     storage.remove_staging(out)
     old = storage.read_manifest(out)
     if old is None:
         return
+    theirs = formats.job_of(old)
+    if theirs not in (None, job):
+        raise UserError(f"{storage.display(out)} holds the output of mieb-ray {theirs} ({old['format']}), not of "
+                        f"mieb-ray {job}: choose another --out (--overwrite never replaces another command's output)")
     if not overwrite:
         raise UserError(f"{storage.display(out)} already holds {what} ({storage.MANIFEST}); "
                         "pass --overwrite to replace it")

@@ -87,3 +87,30 @@ def test_an_interrupted_command_is_told_to_resume_only_if_it_can(monkeypatch, tm
                                                   "again with --resume to finish"
     assert main(["demo", "--out", str(tmp_path / "d")]) == 130
     assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; demo has no --resume: run it again"
+
+
+def test_overwrite_never_replaces_another_commands_output(tiny_clip, tmp_path, capsys):
+    """--overwrite replaces a command's own earlier output. Pointed at another command's (an embed's --out at the
+    table it encodes, an eval's at the embeddings it would read), it is refused in one line and nothing there is
+    touched: it used to delete the manifest and files of whatever was there, then write beside the rest."""
+    from mieb_ray.demo_data.mirror import make_mirror
+
+    mirror, train, emb = str(tmp_path / "mirror"), str(tmp_path / "train"), str(tmp_path / "emb")
+    make_mirror(mirror, rows=3, datasets=["dtd"], eval_rows=2)
+    local = ("--executor", "local")
+    assert main(["build", "--sources", mirror, "--out", train, "--datasets", "dtd", *local]) == 0
+    assert main(["embed", "--input", train, "--out", emb, "--model", tiny_clip, *local]) == 0
+    before = {p: p.read_bytes() for p in tmp_path.glob("[te][rm]*/**/*") if p.is_file()}
+    capsys.readouterr()
+    for argv, there, theirs, ours in (
+            (["embed", "--input", train, "--out", train, "--model", tiny_clip], train, "build (mieb-train)", "embed"),
+            (["build", "--sources", mirror, "--out", emb, "--datasets", "dtd"], emb, "embed (mieb-embeddings)",
+             "build"),
+            (["audit", "--train", train, "--against", "self", "--out", train], train, "build (mieb-train)", "audit"),
+            (["eval", "--tasks", "DTDZeroShot", "--sources", mirror, "--model", tiny_clip, "--out", emb], emb,
+             "embed (mieb-embeddings)", "eval")):
+        assert main([*argv, "--overwrite", *local]) == 1, argv
+        assert capsys.readouterr().err == (f"mieb-ray: error: {there} holds the output of mieb-ray {theirs}, not of "
+                                           f"mieb-ray {ours}: choose another --out (--overwrite never replaces "
+                                           "another command's output)\n")
+    assert {p: p.read_bytes() for p in tmp_path.glob("[te][rm]*/**/*") if p.is_file()} == before and before
