@@ -161,8 +161,11 @@ def listing(uri: str) -> dict[str, tuple[int, int | None]]:
         if not _remote_error(exc):
             raise
         raise StorageError(f"cannot list {uri}: {_describe(exc)}") from exc
-    return {prefix + i.path[len(path):]: (i.size, i.mtime_ns) for i in sorted(infos, key=lambda i: i.path)
-            if i.type == pafs.FileType.File}
+    files = {prefix + i.path[len(path):]: (i.size, i.mtime_ns) for i in sorted(infos, key=lambda i: i.path)
+             if i.type == pafs.FileType.File}
+    if not files and is_s3(uri):  # nothing there: a prefix yet to be written, or a mistyped bucket name
+        _check_bucket(uri)
+    return files
 
 
 def files_under(uri: str) -> dict[str, tuple[int, int | None]]:
@@ -177,13 +180,17 @@ def list_files(uri: str) -> list[str]:
 
 
 def exists(uri: str) -> bool:
+    """Whether a file or folder is there (one line when its bucket is not: a mistyped name is said as such)."""
     fs, path = filesystem(uri)
     try:
-        return fs.get_file_info(path).type != pafs.FileType.NotFound
+        found = fs.get_file_info(path).type != pafs.FileType.NotFound
     except Exception as exc:
         if not _remote_error(exc):
             raise
         raise StorageError(f"cannot reach {uri}: {_describe(exc)}") from exc
+    if not found and is_s3(uri):
+        _check_bucket(uri)
+    return found
 
 
 def open_input(uri: str):
@@ -262,11 +269,15 @@ def check_output(uri: str) -> None:
         if not os.access(uri, os.W_OK):
             raise StorageError(f"cannot write in the output folder {display(uri)}: permission denied")
         return
-    bucket = uri[len("s3://"):].split("/", 1)[0]
     probe_s3()
-    fs = _s3()
+    _check_bucket(uri)
+
+
+def _check_bucket(uri: str) -> None:
+    """One line when the bucket of an s3:// URI does not exist or cannot be reached."""
+    bucket = uri[len("s3://"):].split("/", 1)[0]
     try:
-        info = fs.get_file_info(bucket)
+        info = _s3().get_file_info(bucket)
     except OSError as exc:
         raise StorageError(f"cannot reach bucket '{bucket}': {_describe(exc)}") from exc
     if info.type == pafs.FileType.NotFound:

@@ -188,11 +188,8 @@ def _from_s3(uri: str, cache_dir: str, weights: bool = True) -> str:
     uri = uri.rstrip("/")
     stamps = storage.files_under(uri)
     files = _select(list(stamps))
-    if not files:
-        bucket = uri[len("s3://"):].split("/", 1)[0]
-        what = "no model files (*.safetensors or pytorch_model*.bin)" if storage.exists(f"s3://{bucket}") \
-            else f"no bucket '{bucket}'"
-        raise UserError(f"{what} at {storage.display(uri)}")
+    if not files:  # (a missing bucket is said by the listing)
+        raise UserError(f"no model files (*.safetensors or pytorch_model*.bin) at {storage.display(uri)}")
     return storage.local_copy(uri, {f: stamps[f] for f in (files if weights else _small(files))}, cache_dir)
 
 

@@ -114,3 +114,24 @@ def test_overwrite_never_replaces_another_commands_output(tiny_clip, tmp_path, c
                                            f"mieb-ray {ours}: choose another --out (--overwrite never replaces "
                                            "another command's output)\n")
     assert {p: p.read_bytes() for p in tmp_path.glob("[te][rm]*/**/*") if p.is_file()} == before and before
+
+
+def test_an_s3_input_in_a_bucket_that_does_not_exist_is_named_as_such(s3, mirror, tiny_clip, tmp_path, capsys):
+    """A mistyped bucket is the likeliest reason an S3 input holds nothing: every command says so, in one line,
+    before any work (it said "no files under s3://...", that the mirror held no data of a task, or that --exclude
+    was not an audit output)."""
+    from mieb_ray import storage
+
+    storage.reset_clients()  # made once per process: these use the S3 server's settings
+    gone, out, local = "s3://no-such-bucket/x", str(tmp_path / "out"), ("--executor", "local")
+    zeroshot = ["eval", "--tasks", "CIFAR10ZeroShot", "--out", out]
+    for argv in (["build", "--sources", gone, "--out", out],
+                 ["embed", "--input", gone, "--model", tiny_clip, "--out", out],
+                 ["audit", "--train", gone, "--against", "self", "--out", out],
+                 [*zeroshot, "--sources", gone, "--model", tiny_clip],
+                 ["eval", "--tasks", "STS13VisualSTS", "--sources", gone, "--model", tiny_clip, "--out", out],
+                 [*zeroshot, "--sources", mirror[0], "--model", gone],
+                 [*zeroshot, "--sources", mirror[0], "--model", tiny_clip, "--exclude", gone]):
+        assert main([*argv, *local]) == 1, argv
+        assert capsys.readouterr().err == f"mieb-ray: error: bucket 'no-such-bucket' does not exist at {s3.endpoint}\n"
+        assert not os.path.exists(out)

@@ -50,10 +50,13 @@ def test_resolve_from_s3_downloads_once(s3, tiny, tmp_path, monkeypatch):
 
 def test_s3_prefix_without_a_model_is_a_user_error(s3, tmp_path):
     storage.reset_clients()
-    for uri in (f"s3://{s3.bucket}/models/nothing-here", "s3://no-such-bucket-mieb/model"):
+    for uri, says in ((f"s3://{s3.bucket}/models/nothing-here", "no model files (*.safetensors or pytorch_model*.bin) "
+                       f"at s3://{s3.bucket}/models/nothing-here"),
+                      ("s3://no-such-bucket-mieb/model",
+                       f"bucket 'no-such-bucket-mieb' does not exist at {s3.endpoint}")):
         with pytest.raises(UserError) as caught:
             resolve(uri, cache_dir=str(tmp_path))
-        assert "\n" not in str(caught.value) and uri in str(caught.value)
+        assert str(caught.value) == says
 
 
 def test_a_model_that_cannot_be_copied_to_this_machine_is_one_line(s3, tiny, tmp_path):
