@@ -109,13 +109,14 @@ def suite_kind(suite: str) -> Kind:
     return Kind(f"mieb-{suite.replace('_', '-')}-eval", 1)
 
 
-def job_of(manifest: dict | None) -> str | None:
-    """The command that wrote an output, from its manifest's format (None: not one of mieb-ray's)."""
+def other_command(manifest: dict | None, job: str) -> str | None:
+    """"mieb-ray embed (mieb-embeddings)" where an output's manifest says that another command than `job` (build,
+    embed, audit, eval) wrote it; None for `job`'s own outputs and for what is not mieb-ray's."""
     name = (manifest or {}).get("format")
     jobs = {MIEB_TRAIN.name: "build", EMBEDDINGS.name: "embed", AUDIT.name: "audit", EVAL.name: "eval"}
-    if isinstance(name, str) and name.startswith("mieb-") and name.endswith("-eval"):
-        return "eval"  # one suite's output
-    return jobs.get(name)
+    theirs = "eval" if isinstance(name, str) and name.startswith("mieb-") and name.endswith("-eval") \
+        else jobs.get(name)  # (a suite's own output: mieb-<suite>-eval)
+    return f"mieb-ray {theirs} ({name})" if theirs not in (None, job) else None
 
 
 def result_file(task: str) -> str:

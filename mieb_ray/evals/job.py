@@ -172,6 +172,8 @@ def _check_inputs(config: EvalConfig, selected, scorers) -> None:
                                                           "both)" if needing else ""))
     if not config.model and needing and not config.texts:
         raise UserError(f"{_text_task(selected)} needs --text-embeddings too")
+    for root in embeddings.roots(config.images or "") + embeddings.roots(config.texts or ""):
+        embeddings.shards(root)  # one line, before any work, for what is not embeddings (a build's table)
     if config.images and config.texts:
         for root in embeddings.roots(config.images):
             for text_root in embeddings.roots(config.texts):

@@ -18,6 +18,8 @@ from mieb_ray.errors import UserError
 
 def _manifest(audit: str) -> dict:
     manifest = storage.read_manifest(audit)
+    if theirs := formats.other_command(manifest, "audit"):
+        raise UserError(f"--exclude {storage.display(audit)} holds the output of {theirs}, not of mieb-ray audit")
     if not formats.AUDIT.holds(manifest):
         raise UserError(f"--exclude {storage.display(audit)} is not a complete audit output (no {storage.MANIFEST} "
                         "of mieb-ray audit)")

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.formats import EMBEDDING_ERROR_SCHEMA, SHARD_SUFFIXES
+from mieb_ray.formats import EMBEDDING_ERROR_SCHEMA, SHARD_SUFFIXES, other_command
 
 
 def shard_table(schema_: pa.Schema, keys: list[str], embeddings: np.ndarray, carry: dict[str, list]) -> pa.Table:
@@ -235,6 +235,8 @@ def shards(root: str) -> tuple[list[str], str | None]:
         found = [shards(r) for r in roots(root)]
         return [s for uris, _ in found for s in uris], "; ".join(n for _, n in found if n) or None
     manifest = storage.read_manifest(root)
+    if theirs := other_command(manifest, "embed"):
+        raise UserError(f"{storage.display(root)} holds the output of {theirs}, not embeddings (mieb-ray embed's)")
     paths = _listed(manifest)
     if paths is not None:
         return [p if "://" in p or p.startswith("/") else storage.join(root, p) for p in paths], None

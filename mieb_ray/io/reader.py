@@ -282,7 +282,10 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
         if not storage.exists(root):
             raise UserError(f"no such input: {storage.display(root)}")
         uris = [root]
-    elif built := _built(storage.read_manifest(root) or {}):
+    elif theirs := formats.other_command(manifest := storage.read_manifest(root), "build"):
+        raise UserError(f"{storage.display(root)} holds the output of {theirs}, not a table of images or texts (a "
+                        "build's output, or Parquet files or WebDataset tars)")
+    elif built := _built(manifest or {}):
         fmt, shards = built
         return fmt, [InputFile(storage.join(root, s["path"]), s["path"], s["rows"]) for s in shards]
     else:

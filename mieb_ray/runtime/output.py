@@ -99,10 +99,9 @@ def prepare(out: str, overwrite: bool, what: str, job: str) -> None:
     old = storage.read_manifest(out)
     if old is None:
         return
-    theirs = formats.job_of(old)
-    if theirs not in (None, job):
-        raise UserError(f"{storage.display(out)} holds the output of mieb-ray {theirs} ({old['format']}), not of "
-                        f"mieb-ray {job}: choose another --out (--overwrite never replaces another command's output)")
+    if theirs := formats.other_command(old, job):
+        raise UserError(f"{storage.display(out)} holds the output of {theirs}, not of mieb-ray {job}: choose another "
+                        "--out (--overwrite never replaces another command's output)")
     if not overwrite:
         raise UserError(f"{storage.display(out)} already holds {what} ({storage.MANIFEST}); "
                         "pass --overwrite to replace it")

@@ -3,6 +3,7 @@ failed run leaves no empty output folder behind."""
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -89,31 +90,69 @@ def test_an_interrupted_command_is_told_to_resume_only_if_it_can(monkeypatch, tm
     assert capsys.readouterr().err.strip() == "mieb-ray: interrupted; demo has no --resume: run it again"
 
 
-def test_overwrite_never_replaces_another_commands_output(tiny_clip, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def outputs(tiny_clip, tmp_path_factory) -> dict[str, str]:
+    """One output of each command that reads another's: a build (mieb-train), its image embeddings, an audit of it
+    against itself; and the mirror the build read."""
+    from mieb_ray.demo_data.mirror import make_mirror
+
+    root = tmp_path_factory.mktemp("outputs")
+    made = {name: str(root / name) for name in ("mirror", "train", "emb", "audit")}
+    make_mirror(made["mirror"], rows=3, datasets=["dtd"], eval_rows=2)
+    local = ("--executor", "local")
+    assert main(["build", "--sources", made["mirror"], "--out", made["train"], "--datasets", "dtd", *local]) == 0
+    assert main(["embed", "--input", made["train"], "--out", made["emb"], "--model", tiny_clip, *local]) == 0
+    assert main(["audit", "--train", made["train"], "--against", "self", "--out", made["audit"], *local]) == 0
+    return made
+
+
+def files(outputs: dict[str, str]) -> dict:
+    return {p: open(p, "rb").read() for name in ("train", "emb", "audit")
+            for p in glob.glob(f"{outputs[name]}/**/*", recursive=True) if os.path.isfile(p)}
+
+
+def test_overwrite_never_replaces_another_commands_output(outputs, tiny_clip, capsys):
     """--overwrite replaces a command's own earlier output. Pointed at another command's (an embed's --out at the
     table it encodes, an eval's at the embeddings it would read), it is refused in one line and nothing there is
     touched: it used to delete the manifest and files of whatever was there, then write beside the rest."""
-    from mieb_ray.demo_data.mirror import make_mirror
-
-    mirror, train, emb = str(tmp_path / "mirror"), str(tmp_path / "train"), str(tmp_path / "emb")
-    make_mirror(mirror, rows=3, datasets=["dtd"], eval_rows=2)
-    local = ("--executor", "local")
-    assert main(["build", "--sources", mirror, "--out", train, "--datasets", "dtd", *local]) == 0
-    assert main(["embed", "--input", train, "--out", emb, "--model", tiny_clip, *local]) == 0
-    before = {p: p.read_bytes() for p in tmp_path.glob("[te][rm]*/**/*") if p.is_file()}
+    train, emb, before = outputs["train"], outputs["emb"], files(outputs)
     capsys.readouterr()
     for argv, there, theirs, ours in (
             (["embed", "--input", train, "--out", train, "--model", tiny_clip], train, "build (mieb-train)", "embed"),
-            (["build", "--sources", mirror, "--out", emb, "--datasets", "dtd"], emb, "embed (mieb-embeddings)",
-             "build"),
+            (["build", "--sources", outputs["mirror"], "--out", emb, "--datasets", "dtd"], emb,
+             "embed (mieb-embeddings)", "build"),
             (["audit", "--train", train, "--against", "self", "--out", train], train, "build (mieb-train)", "audit"),
-            (["eval", "--tasks", "DTDZeroShot", "--sources", mirror, "--model", tiny_clip, "--out", emb], emb,
-             "embed (mieb-embeddings)", "eval")):
-        assert main([*argv, "--overwrite", *local]) == 1, argv
+            (["eval", "--tasks", "DTDZeroShot", "--sources", outputs["mirror"], "--model", tiny_clip, "--out", emb],
+             emb, "embed (mieb-embeddings)", "eval")):
+        assert main([*argv, "--overwrite", "--executor", "local"]) == 1, argv
         assert capsys.readouterr().err == (f"mieb-ray: error: {there} holds the output of mieb-ray {theirs}, not of "
                                            f"mieb-ray {ours}: choose another --out (--overwrite never replaces "
                                            "another command's output)\n")
-    assert {p: p.read_bytes() for p in tmp_path.glob("[te][rm]*/**/*") if p.is_file()} == before and before
+    assert files(outputs) == before and before
+
+
+def test_an_output_given_where_another_commands_is_read_is_named_as_such(outputs, tiny_clip, tmp_path, capsys):
+    """Embeddings given as a table, a table as embeddings or as an audit: one line saying whose output it is,
+    before any work (they failed as "no .parquet or .tar files under ...", as an audit's duplicates.parquet without
+    an image column, as "not an Arrow IPC file" after the eval had built its split, as "no _manifest.json of
+    mieb-ray audit")."""
+    train, emb, audit, mirror = outputs["train"], outputs["emb"], outputs["audit"], outputs["mirror"]
+    table = "not a table of images or texts (a build's output, or Parquet files or WebDataset tars)"
+    out, local = str(tmp_path / "out"), ("--executor", "local")
+    for argv, says in (
+            (["embed", "--input", emb, "--model", tiny_clip], f"{emb} holds the output of mieb-ray embed "
+                                                               f"(mieb-embeddings), {table}"),
+            (["embed", "--input", audit, "--model", tiny_clip], f"{audit} holds the output of mieb-ray audit "
+                                                                 f"(mieb-audit), {table}"),
+            (["audit", "--train", train, "--against", emb], f"{emb} holds the output of mieb-ray embed "
+                                                             f"(mieb-embeddings), {table}"),
+            (["eval", "--tasks", "CIFAR10Clustering", "--sources", mirror, "--image-embeddings", train],
+             f"{train} holds the output of mieb-ray build (mieb-train), not embeddings (mieb-ray embed's)"),
+            (["build", "--sources", mirror, "--exclude", emb], f"--exclude {emb} holds the output of mieb-ray embed "
+                                                                "(mieb-embeddings), not of mieb-ray audit")):
+        assert main([*argv, "--out", out, *local]) == 1, argv
+        assert capsys.readouterr().err == f"mieb-ray: error: {says}\n"
+        assert not os.path.exists(out)
 
 
 def test_an_s3_input_in_a_bucket_that_does_not_exist_is_named_as_such(s3, mirror, tiny_clip, tmp_path, capsys):
