@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mieb_ray import __version__, formats, storage
@@ -25,7 +26,8 @@ from mieb_ray.evals import biovita_data as biovita
 from mieb_ray.evals import protocol
 from mieb_ray.evals.biovita_report import render
 from mieb_ray.evals.protocol import EmbedInputs
-from mieb_ray.io import embeddings
+from mieb_ray.io import contamination, embeddings
+from mieb_ray.io.contamination import Flags
 from mieb_ray.runtime import tasks
 from mieb_ray.runtime.cluster import RunContext
 from mieb_ray.topk import engine
@@ -89,10 +91,18 @@ def _corpus(data: str, name: str):
 
 @tasks.remote(num_cpus=1)
 def _candidates(data: str, name: str, query_ids: list[str], candidate_taxa: list[list[str]],
-                blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str], gallery: int):
-    """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs; best photos are found for
-    the report's first `gallery` queries only."""
+                blocks: list[tuple[int, int]], lookup: engine.KeyLookup, vocabulary: list[str], gallery: int,
+                drop: frozenset[str] = frozenset()):
+    """Per query block: candidate taxon ids and the top_ranked pools as CSR of docs, without the photos `drop`
+    names (the clean run's: as mteb's cleaning drops them from the corpus and the top-ranked lists); best photos
+    are found for the report's first `gallery` queries only."""
     indptr, positions = biovita.pool_positions(data, name, query_ids, lookup.keys)  # doc = corpus position
+    if drop:
+        gone = pc.is_in(lookup.keys, value_set=pa.array(sorted(drop), pa.string())).to_numpy(zero_copy_only=False)
+        kept = ~gone[positions]
+        query = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        indptr = np.r_[0, np.cumsum(np.bincount(query[kept], minlength=len(indptr) - 1))].astype(np.int64)
+        positions = positions[kept]
     indptr, docs = biovita.pool_csr(indptr, positions, len(lookup.docs))
     groups = biovita.candidate_groups(candidate_taxa, vocabulary)
     out = [Candidates(groups[a:b], indptr[a:b + 1] - indptr[a], docs[indptr[a]:indptr[b]],
@@ -129,6 +139,8 @@ class _Run:
     results: list  # refs: per query block, (scores, docs) (q, 100)
     photos: object  # ref: the corpus size
     start: float
+    flagged: frozenset[str] = frozenset()  # with --exclude: the corpus ids the audit flagged
+    clean: _Run | None = None  # and the same search without them (None: none flagged)
 
 
 class BioVITASuite:
@@ -139,11 +151,13 @@ class BioVITASuite:
     needs_texts = True
 
     def __init__(self, sources: str, subsets: tuple[str, ...] = biovita.SUBSETS, query_block: int = 256,
-                 partitions: int | None = None, gallery: int = 12):
+                 partitions: int | None = None, gallery: int = 12, exclude: str | None = None):
         """sources: "hf" or a mirror root; query_block: queries per score task; partitions: taxon-aligned corpus
-        partitions (None: the engine's default); gallery: query cards per subset in the report."""
+        partitions (None: the engine's default); gallery: query cards per subset in the report; exclude: an audit
+        output, whose flagged photos (by corpus id) a second search leaves out (mieb_ray.clean)."""
         self.sources, self.subsets, self.query_block, self.partitions = sources, subsets, query_block, partitions
-        self.gallery = gallery
+        self.gallery, self.exclude = gallery, exclude
+        self.flags = Flags.load(exclude) if exclude else None
 
     def task_names(self) -> list[str]:
         return [biovita.TASK]
@@ -177,12 +191,21 @@ class BioVITASuite:
         start = time.time() - self.t_score
         lookup, vocabulary, n_photos = _corpus.remote(self.sources, q.name)
         lay = engine.layout(image_shards, lookup=lookup, partitions=self.partitions)
+        run = self._search(q, lay, lookup, vocabulary, n_photos, texts, start)
+        if self.flags is not None:
+            run.flagged = frozenset(i for i in biovita.read_corpus(self.sources, q.name)[0] if i in self.flags.eval)
+        if run.flagged:  # the same layout searched again, its pools without them (a query's rank does not depend
+            run.clean = self._search(q, lay, lookup, vocabulary, n_photos, texts, start, run.flagged)  # on others)
+        return run
+
+    def _search(self, q: biovita.Queries, lay, lookup, vocabulary, n_photos, texts: str, start: float,
+                drop: frozenset[str] = frozenset()) -> _Run:
         n = len(q.query_ids)
         blocks = [(a, min(a + self.query_block, n)) for a in range(0, n, self.query_block)]
         vectors = _query_vectors.options(num_returns=len(blocks) + 1).remote(
             texts, [q.query_texts[a:b] for a, b in blocks], f"{q.name} query texts")
         data = _candidates.options(num_returns=len(blocks)).remote(
-            self.sources, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, self.gallery)
+            self.sources, q.name, q.query_ids, q.candidate_taxa, blocks, lookup, vocabulary, self.gallery, drop)
         data = data if len(blocks) > 1 else [data]
         return _Run(q, lay, vectors[0], engine.search(lay, vectors[1:], CandidateMax(), data), n_photos, start)
 
@@ -234,8 +257,37 @@ class BioVITASuite:
             "text_embeddings": {"uri": storage.display(self.texts), "model": models["text"]},
             "queries": {n: len(r.queries.query_ids) for n, r in runs.items()},
         }
+        if self.flags is not None:
+            result["mieb_ray"]["clean"] = self._clean(runs, result)
         log(f"[eval] task score (mean top-1) {task_score:.4f}; scoring {seconds:.2f}s")
         return {biovita.TASK: result}
+
+    def _clean(self, runs: dict[str, _Run], result: dict) -> dict:
+        """The task's clean block: its scores per subset without the flagged photos (its own where none was), in
+        mteb's layout as the mteb suite's are, their main score, the photos left out."""
+        first = next(iter(runs))  # the subsets share one corpus of photos
+        about = {"left_out": {"eval": Flags.left_out(self.flags.eval, biovita.read_corpus(self.sources, first)[0])},
+                 "audit": storage.display(self.exclude)}
+        audited = contamination.audited_tasks(self.exclude)
+        if audited is not None and biovita.TASK not in audited:  # no clean score where nobody looked
+            return protocol.unscorable(biovita.TASK, f"the audit at {storage.display(self.exclude)} read none of its "
+                                       "photos (an audit against other tables): audit --against mieb again", about)
+        scores = {}
+        for name, run in runs.items():
+            if run.clean is None:  # nothing of this subset flagged: its scores stand
+                scores[name] = dict(self.scores[name])
+                continue
+            q = run.queries  # those that keep a positive: mteb drops a query whose every relevant photo is gone
+            kept = np.array([any(d not in run.flagged for d in q.qrels[i]) for i in q.query_ids], bool)
+            if not kept.any():
+                return protocol.unscorable(biovita.TASK, f"the audit flagged every relevant photo of {name}'s "
+                                           "queries", about)
+            best = np.concatenate([s for s, _ in tasks.get(run.clean.results)])
+            correct = np.array([cands.index(t) for cands, t in zip(q.candidate_taxa, q.correct_taxa)])
+            scores[name] = subset_scores(best[kept], correct[kept])[0]
+        clean = task_result(scores, 0.0, [])["scores"]
+        return {"main_score": float(np.mean([s["taxon_top_1_accuracy"] for s in scores.values()])),
+                "scores": clean, **about}
 
     def write(self, out: str, results: dict[str, dict], runs: dict[str, _Run], log) -> tuple[list[str], dict]:
         _write_ranks(out, self.per_query)

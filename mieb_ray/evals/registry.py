@@ -71,7 +71,8 @@ PARTITIONS = Setting("--partitions", "count", None, "BioVITA's taxon-aligned cor
 
 SUITES = (
     Suite("biovita", (biovita_data.TASK,),
-          lambda names, o: BioVITASuite(o.sources, query_block=o.get(QUERY_BLOCK), partitions=o.get(PARTITIONS)),
+          lambda names, o: BioVITASuite(o.sources, query_block=o.get(QUERY_BLOCK), partitions=o.get(PARTITIONS),
+                                        exclude=o.exclude),
           settings=(QUERY_BLOCK, PARTITIONS)),
     _suite("zeroshot", TASKS,
            lambda names, o: ZeroShotSuite(select_tasks(names), o.sources, exclude=o.exclude)),

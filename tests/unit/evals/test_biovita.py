@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from support.biovita import describe, load_subset
+from support.biovita import Subset, describe, load_subset
 from support.embedding_fixtures import make_biovita_embeddings
 from support.evaluation import run_suite
 from support.mteb_reference import mteb_scores, rank_bounds
@@ -41,7 +41,8 @@ def lookup(uri: str) -> dict[str, np.ndarray]:
     return dict(zip(*embeddings.read_all(uri)))
 
 
-_SUITE = ("subsets", "query_block", "partitions", "gallery")  # BioVITASuite's settings; the rest the eval job's
+# BioVITASuite's settings; the rest the eval job's
+_SUITE = ("subsets", "query_block", "partitions", "gallery", "exclude")
 
 
 def evaluate(data, images, texts, out, log=print, **settings):
@@ -73,6 +74,51 @@ def test_scores_equal_mteb(ray_local, data, tmp_path, grid):
     assert set(want["task_result"]) <= set(ours)
     assert {k for k in ours["scores"]["test"][0]} <= set(mteb_entry)
     assert ours["task_name"] == "BioVITAT2IReranking" and ours["dataset_revision"] == biovita.REVISION
+
+
+def without(s: Subset, photos: set[str]) -> Subset:
+    """The subset as the hub would lay it out without these photos: not in the corpus, the top-ranked pools or the
+    qrels (mteb's evaluation then drops a query left with no positive)."""
+    kept = [i for i, c in enumerate(s.corpus_ids) if c not in photos]
+    return Subset(s.name, [s.corpus_ids[i] for i in kept], [s.corpus_taxa[i] for i in kept], s.query_ids,
+                  s.query_texts, s.correct_taxa, s.candidate_taxa, [[d for d in p if d not in photos]
+                                                                    for p in s.top_ranked],
+                  {q: {d: r for d, r in docs.items() if d not in photos} for q, docs in s.qrels.items()})
+
+
+def test_clean_scores_equal_mteb_on_the_subsets_without_the_flagged_photos(ray_local, data, tmp_path):
+    """--exclude with an audit that flagged some of BioVITA's photos (keyed by corpus id, as the audit keys its
+    corpus): the clean scores per subset are mteb's on the subsets without those photos, a query whose every
+    relevant photo was flagged dropped as mteb drops it; the official scores stand. (BioVITA had no clean block:
+    photos the audit flagged were silently scored, and the clean means counted it as clean.)"""
+    from support.contamination import audit_output
+
+    root, _ = data
+    images, texts = str(tmp_path / "img"), str(tmp_path / "txt")
+    make_biovita_embeddings(root, images, texts, grid=256)  # exact cosines: mteb's numbers on any CPU
+    subsets = {name: load_subset(root, name) for name in biovita.SUBSETS}
+    first = subsets[biovita.SUBSETS[0]]
+    gone = set(first.qrels[first.query_ids[0]]) | set(first.top_ranked[1][::3]) | set(first.corpus_ids[::9])
+    audit = audit_output(tmp_path / "audit", [(f"train/{i}", k, "near") for i, k in enumerate(sorted(gone))],
+                         audited=[biovita.TASK])
+    settings = dict(query_block=7, partitions=3, log=lambda _: None)
+    result = evaluate(root, images, texts, str(tmp_path / "out"), exclude=audit, **settings)
+    want = mteb_scores({n: without(s, gone) for n, s in subsets.items()}, lookup(texts), lookup(images))
+    clean = result["mieb_ray"]["clean"]
+    got = {e["hf_subset"]: e for e in clean["scores"]["test"]}
+    for name in biovita.SUBSETS:
+        for key in TAXON_KEYS + ["main_score"]:
+            assert got[name][key] == round(want[name][key], 6), (name, key)
+    assert clean["main_score"] == pytest.approx(want["task_score"], abs=1e-12)
+    assert clean["left_out"]["eval"] == {"any": len(gone), "near": len(gone)}
+    official = mteb_scores(subsets, lookup(texts), lookup(images))
+    assert {e["hf_subset"]: e["main_score"] for e in result["scores"]["test"]} == \
+        {n: round(official[n]["main_score"], 6) for n in biovita.SUBSETS} != {n: got[n]["main_score"] for n in got}
+
+    every = audit_output(tmp_path / "every", [(f"train/{i}", k, "exact") for i, k in enumerate(first.corpus_ids)])
+    clean = evaluate(root, images, texts, str(tmp_path / "out-every"), exclude=every, **settings)["mieb_ray"]["clean"]
+    assert clean["error"] == "cannot score BioVITAT2IReranking without the flagged rows: the audit flagged every " \
+                             f"relevant photo of {biovita.SUBSETS[0]}'s queries" and "scores" not in clean
 
 
 def assert_ranks_within_mteb(out: Path, subsets: dict, got: dict, want: dict, atol: float = 1e-6) -> None:
