@@ -3,6 +3,7 @@ command inside quiet()."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -23,7 +24,8 @@ _RAY_LINE = re.compile(rb"^(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWE] \d+ \d+\
 def quiet():
     """A job prints its own lines and Ray's errors, nothing else (--verbose keeps the rest). Ray's Python loggers,
     Ray Data's and the workers' output are runtime/cluster.py's; here, the tqdm bars of transformers and the hub
-    (the workers' too: hubfs.WORKER_ENV) and of `datasets` (mteb's maps in this process), Python's warnings, and
+    (the workers' too: hubfs.WORKER_ENV) and of `datasets` (mteb's maps in this process), the hub client's retry
+    notices (huggingface_hub's warnings: its retries of a request, in this process), Python's warnings, and
     the lines of Ray core's C++ log and the raylets' warnings that its driver writes straight to the stdout and
     stderr descriptors (among them an actor pool's 'restart will fail', an E line that is no error of the job: a
     failure reaches the job as an exception). Everything else passes, in order."""
@@ -33,9 +35,15 @@ def quiet():
         sys.modules["transformers"].utils.logging.disable_progress_bar()
     if "datasets" in sys.modules:
         sys.modules["datasets"].disable_progress_bars()
-    with _filtered(2, sys.stderr), _filtered(1, sys.stdout), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # libraries' warnings (sklearn's on a class never predicted): not the job's
-        yield
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry notices: a request that fails for good reaches the job as an error
+    try:
+        with _filtered(2, sys.stderr), _filtered(1, sys.stdout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # libraries' warnings (sklearn's on a class never predicted): not the job's
+            yield
+    finally:
+        hub_log.setLevel(level)
 
 
 @contextmanager

@@ -79,6 +79,47 @@ def test_a_hub_model_the_hub_cannot_give_is_one_line_within_seconds(tmp_path):
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_mtebs_tasks_from_a_hub_it_cannot_reach_are_one_line_within_seconds(tiny_clip, tmp_path):
+    """`eval` of a task mteb loads, with nothing listening where the hub should be: the hub client retried each
+    file for half a minute, printing its retries, before mteb's error."""
+    quiet_hub = {k: v for k, v in env().items() if k != "HF_HUB_OFFLINE"}
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "mieb_ray", "eval", "--tasks", "STS13VisualSTS", "--model", tiny_clip,
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                          env={**quiet_hub, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 1 and time.time() - t0 < 20 and done.stdout == ""
+    assert done.stderr.splitlines() == ["mieb-ray: error: mteb's tasks read the Hugging Face hub, and cannot reach the "
+                                        "Hugging Face hub http://127.0.0.1:9: connection refused (with their data in "
+                                        "this machine's cache, set HF_HUB_OFFLINE=1)"]
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_the_hub_clients_retry_notices_are_held_back(tmp_path):
+    """huggingface_hub logs each retry of a request as a warning ("... thrown while requesting GET ...", "Retrying in
+    1s [Retry 1/5]."); a job says how its hub requests went itself (hubfs.summary), and a request that fails for
+    good reaches it as an error. Outside quiet(), as under --verbose, they show."""
+    script = """
+import datasets  # as the hub client's loggers are when a job runs: `datasets` gives them a stderr handler
+from huggingface_hub.utils import http_backoff
+from mieb_ray.runtime.quiet import quiet
+
+def request():
+    try:
+        http_backoff("GET", "http://127.0.0.1:9/x", max_retries=1, base_wait_time=0.01, max_wait_time=0.01)
+    except Exception:
+        print("[eval] failed")
+
+with quiet():
+    request()
+request()
+"""
+    online = {k: v for k, v in env().items() if k != "HF_HUB_OFFLINE"}  # offline, the client sends nothing
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=online)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[eval] failed\n[eval] failed\n"
+    assert done.stderr.count("Retrying in 0.01s [Retry 1/1].") == 1  # the second request's, outside quiet()
+
+
 def test_raylet_notices_are_filtered_on_stdout_as_on_stderr(tmp_path):
     """Ray's driver prints a raylet's warnings with print_to_stdstream to sys.stdout (is_err False), its C++ log to
     the stderr descriptor: both are held back, the job's own lines on both pass, in order."""
