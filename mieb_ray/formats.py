@@ -113,9 +113,10 @@ def other_command(manifest: dict | None, job: str) -> str | None:
     """"mieb-ray embed (mieb-embeddings)" where an output's manifest says that another command than `job` (build,
     embed, audit, eval) wrote it; None for `job`'s own outputs and for what is not mieb-ray's."""
     name = (manifest or {}).get("format")
-    jobs = {MIEB_TRAIN.name: "build", EMBEDDINGS.name: "embed", AUDIT.name: "audit", EVAL.name: "eval"}
-    theirs = "eval" if isinstance(name, str) and name.startswith("mieb-") and name.endswith("-eval") \
-        else jobs.get(name)  # (a suite's own output: mieb-<suite>-eval)
+    if not isinstance(name, str):  # another tool's manifest, or none
+        return None
+    jobs = {MIEB_TRAIN.name: "build", EMBEDDINGS.name: "embed", AUDIT.name: "audit"}
+    theirs = "eval" if name.startswith("mieb-") and name.endswith("-eval") else jobs.get(name)  # EVAL, suite_kind's
     return f"mieb-ray {theirs} ({name})" if theirs not in (None, job) else None
 
 

@@ -164,7 +164,7 @@ def listing(uri: str) -> dict[str, tuple[int, int | None]]:
     files = {prefix + i.path[len(path):]: (i.size, i.mtime_ns) for i in sorted(infos, key=lambda i: i.path)
              if i.type == pafs.FileType.File}
     if not files and is_s3(uri):  # nothing there: a prefix yet to be written, or a mistyped bucket name
-        _check_bucket(uri)
+        _check_bucket(uri, sure=False)
     return files
 
 
@@ -189,7 +189,7 @@ def exists(uri: str) -> bool:
             raise
         raise StorageError(f"cannot reach {uri}: {_describe(exc)}") from exc
     if not found and is_s3(uri):
-        _check_bucket(uri)
+        _check_bucket(uri, sure=False)
     return found
 
 
@@ -273,12 +273,15 @@ def check_output(uri: str) -> None:
     _check_bucket(uri)
 
 
-def _check_bucket(uri: str) -> None:
-    """One line when the bucket of an s3:// URI does not exist or cannot be reached."""
+def _check_bucket(uri: str, sure: bool = True) -> None:
+    """One line when the bucket of an s3:// URI does not exist or cannot be reached. sure=False: only when S3 says
+    it does not exist (credentials may allow a prefix's objects and not the bucket's own request)."""
     bucket = uri[len("s3://"):].split("/", 1)[0]
     try:
         info = _s3().get_file_info(bucket)
     except OSError as exc:
+        if not sure:
+            return
         raise StorageError(f"cannot reach bucket '{bucket}': {_describe(exc)}") from exc
     if info.type == pafs.FileType.NotFound:
         endpoint = f" at {_endpoint()}" if _endpoint() else ""
