@@ -119,6 +119,12 @@ def test_clean_scores_equal_mteb_on_the_subsets_without_the_flagged_photos(ray_l
     clean = evaluate(root, images, texts, str(tmp_path / "out-every"), exclude=every, **settings)["mieb_ray"]["clean"]
     assert clean["error"] == "cannot score BioVITAT2IReranking without the flagged rows: the audit flagged every " \
                              f"relevant photo of {biovita.SUBSETS[0]}'s queries" and "scores" not in clean
+    # an audit that never read BioVITA's photos: no clean score equal to its own
+    elsewhere = audit_output(tmp_path / "elsewhere", [("train/0", "cifar10/test/0", "exact")], audited=["CIFAR10"])
+    clean = evaluate(root, images, texts, str(tmp_path / "out-elsewhere"), exclude=elsewhere,
+                     **settings)["mieb_ray"]["clean"]
+    assert clean["error"] == f"cannot score BioVITAT2IReranking without the flagged rows: the audit at {elsewhere} " \
+                             "read none of its photos (an audit against other tables): audit --against mieb again"
 
 
 def assert_ranks_within_mteb(out: Path, subsets: dict, got: dict, want: dict, atol: float = 1e-6) -> None:
