@@ -258,16 +258,15 @@ class BioVITASuite:
             "queries": {n: len(r.queries.query_ids) for n, r in runs.items()},
         }
         if self.flags is not None:
-            result["mieb_ray"]["clean"] = self._clean(runs, result)
+            result["mieb_ray"]["clean"] = self._clean(runs)
         log(f"[eval] task score (mean top-1) {task_score:.4f}; scoring {seconds:.2f}s")
         return {biovita.TASK: result}
 
-    def _clean(self, runs: dict[str, _Run], result: dict) -> dict:
+    def _clean(self, runs: dict[str, _Run]) -> dict:
         """The task's clean block: its scores per subset without the flagged photos (its own where none was), in
         mteb's layout as the mteb suite's are, their main score, the photos left out."""
-        first = next(iter(runs))  # the subsets share one corpus of photos
-        about = {"left_out": {"eval": Flags.left_out(self.flags.eval, biovita.read_corpus(self.sources, first)[0])},
-                 "audit": storage.display(self.exclude)}
+        flagged = sorted(set().union(*(r.flagged for r in runs.values())))  # the subsets share one corpus
+        about = {"left_out": {"eval": Flags.left_out(self.flags.eval, flagged)}, "audit": storage.display(self.exclude)}
         audited = contamination.audited_tasks(self.exclude)
         if audited is not None and biovita.TASK not in audited:  # no clean score where nobody looked
             return protocol.unscorable(biovita.TASK, f"the audit at {storage.display(self.exclude)} read none of its "
