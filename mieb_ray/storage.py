@@ -35,6 +35,7 @@ from mieb_ray.hubfs import HubFileSystem
 
 MANIFEST = "_manifest.json"  # an output's manifest, written last: without it, the output is unfinished
 PROGRESS = "_progress"  # an unfinished output's records of the units it committed (runtime/output.py)
+LEASE = "_lease.json"  # which run is writing the output now (runtime/lease.py)
 
 
 PROBE_TIMEOUT = 3.0  # seconds to resolve and connect to an S3 endpoint before its first use

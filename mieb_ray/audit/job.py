@@ -63,29 +63,30 @@ def audit(config: AuditConfig, log=print, ctx: RunContext | None = None) -> dict
             log(f"[audit] warning: {note}")
     job = Job("audit", config.out, "a complete audit", re.compile(rf"^{hashes.DIR}/"), config.resume,
               config.overwrite, log)
-    job.start()
-    train, against = plan.train_side(config), plan.against_side(config, log, ctx)
-    size = train.size() + against.size()
-    where = placement.choose(config.executor, f"{size / 2 ** 20:,.0f} MiB of tables, more than "
-                             f"{LOCAL_BYTES >> 20} MiB" if size > LOCAL_BYTES else None,
-                             f"{size / 2 ** 20:,.1f} MiB of tables", ctx)
-    log(f"[audit] {where.describe()}")
-    with tasks.using(where.mode, where.ctx):
-        work = plan.cut(train, against)
-        done = job.earlier({u.name: u.unit.identity for u in work.units}, work.settings())
-        log(f"[audit] {work.rows:,} rows: {len(work.of('train'))} train units, {len(work.of('against'))} eval "
-            f"units, {work.partitions} join partitions; {len(done)} units already hashed")
-        hashed = hashes.hash_all(config.out, work, job, done, where.mode, where.ctx)
-        if config.alone:
-            return _copies(config, job, hashed, where.cpus(), log)
-        joined, errors, groups = join.pairs(hashed, log)
-        similar, more = pdq.pairs(hashed, where.cpus(), log)
-        found, near_info = [joined, similar], {}
-        if config.near:
-            close, near_info = near.pairs(config, work, hashed, log, where.ctx)
-            found.append(close)
-        findings = outputs.Findings(matches.sort_pairs(pa.concat_tables(found)), groups + more, errors, near_info)
-        return outputs.write_pairs(config, job, work, hashed, findings, log)
+    with job:  # its hold on the output ends with the run, however it ends
+        job.start()
+        train, against = plan.train_side(config), plan.against_side(config, log, ctx)
+        size = train.size() + against.size()
+        where = placement.choose(config.executor, f"{size / 2 ** 20:,.0f} MiB of tables, more than "
+                                 f"{LOCAL_BYTES >> 20} MiB" if size > LOCAL_BYTES else None,
+                                 f"{size / 2 ** 20:,.1f} MiB of tables", ctx)
+        log(f"[audit] {where.describe()}")
+        with tasks.using(where.mode, where.ctx):
+            work = plan.cut(train, against)
+            done = job.earlier({u.name: u.unit.identity for u in work.units}, work.settings())
+            log(f"[audit] {work.rows:,} rows: {len(work.of('train'))} train units, {len(work.of('against'))} eval "
+                f"units, {work.partitions} join partitions; {len(done)} units already hashed")
+            hashed = hashes.hash_all(config.out, work, job, done, where.mode, where.ctx)
+            if config.alone:
+                return _copies(config, job, hashed, where.cpus(), log)
+            joined, errors, groups = join.pairs(hashed, log)
+            similar, more = pdq.pairs(hashed, where.cpus(), log)
+            found, near_info = [joined, similar], {}
+            if config.near:
+                close, near_info = near.pairs(config, work, hashed, log, where.ctx)
+                found.append(close)
+            findings = outputs.Findings(matches.sort_pairs(pa.concat_tables(found)), groups + more, errors, near_info)
+            return outputs.write_pairs(config, job, work, hashed, findings, log)
 
 
 def _copies(config: AuditConfig, job: Job, hashed: HashFiles, cpus: float, log) -> dict:

@@ -115,44 +115,45 @@ def evaluate(selected: list[tuple[registry.Suite, list[str]]], options: registry
         f"{', '.join(f'{suite.name} {len(names)}' for suite, names in selected)}) -> {storage.display(out)}")
     several = len(selected) > 1
     job = Job("eval", out, "complete eval results", OURS, config.resume, config.overwrite, log)
-    job.start()
-    if config.results_dir:  # written last: a folder that cannot be made fails now, not after the scoring
-        storage.check_output(config.results_dir)
-    planned = {suite.name: {"tasks": names} for suite, names in selected}
-    done = job.earlier(planned, _settings(options, config, model))
-    results, keep, scored_from, manifest, made = {}, set(), None, {}, []
-    where = {suite.name: storage.join(out, suite.name) if several else out for suite, _ in selected}
-    inputs = _embedded(config, [(s.name, scorer) for (s, _), scorer in zip(selected, scorers) if s.name not in done],
-                       where, log, ctx)
-    for (suite, names), scorer in zip(selected, scorers):
-        folder = f"{suite.name}/" if several else ""
-        record = done.get(suite.name)
-        if record is None:
-            record = _scored(config, scorer, where[suite.name], several, log, inputs[suite.name], ctx)
-            job.progress.record(suite.name, planned[suite.name], record)
-        else:
-            log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
-        results |= {n: json.loads(storage.read_text(storage.join(where[suite.name], formats.result_file(n))))
-                    for n in names}
-        keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
-        scored_from, manifest = scored_from or record["images"], record["manifest"]
-        made.append(manifest.get("embeddings"))
-    made_by = protocol.merged(made)
-    if several or formats.REPORT not in keep:  # the run's page and summary.json, unless its one suite wrote its own
-        links = {n: f"{suite.name}/{formats.REPORT}" for suite, names in selected for n in names
-                 if f"{suite.name}/{formats.REPORT}" in keep}
-        pages = run_report.write(out, results, embeddings.model_of(scored_from), made_by, links)
-        keep |= set(pages)
-        manifest = {**manifest, "files": [*manifest["files"], *pages]}
-    if several:  # then its manifest, last
-        manifest = {**formats.EVAL.stamp(), "version": __version__, "tasks": list(results),
-                    "suites": {suite.name: suite.name for suite, _ in selected}, "files": pages,
-                    "embeddings": made_by, "seconds": round(time.time() - t0, 3)}
-    job.finish(manifest, keep)
-    if config.results_dir:
-        results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
-    log(f"[eval] {_tasks(len(results))} in {time.time() - t0:.1f}s -> {storage.display(out)}")
-    return results
+    with job:  # its hold on the output ends with the run, however it ends
+        job.start()
+        if config.results_dir:  # written last: a folder that cannot be made fails now, not after the scoring
+            storage.check_output(config.results_dir)
+        planned = {suite.name: {"tasks": names} for suite, names in selected}
+        done = job.earlier(planned, _settings(options, config, model))
+        results, keep, scored_from, manifest, made = {}, set(), None, {}, []
+        where = {suite.name: storage.join(out, suite.name) if several else out for suite, _ in selected}
+        todo = [(s.name, scorer) for (s, _), scorer in zip(selected, scorers) if s.name not in done]
+        inputs = _embedded(config, todo, where, log, ctx)
+        for (suite, names), scorer in zip(selected, scorers):
+            folder = f"{suite.name}/" if several else ""
+            record = done.get(suite.name)
+            if record is None:
+                record = _scored(config, scorer, where[suite.name], several, log, inputs[suite.name], ctx)
+                job.progress.record(suite.name, planned[suite.name], record)
+            else:
+                log(f"[eval] {suite.name}: scored by the run being resumed ({', '.join(names)})")
+            results |= {n: json.loads(storage.read_text(storage.join(where[suite.name], formats.result_file(n))))
+                        for n in names}
+            keep |= {folder + f for f in record["files"]} | ({folder + storage.MANIFEST} if several else set())
+            scored_from, manifest = scored_from or record["images"], record["manifest"]
+            made.append(manifest.get("embeddings"))
+        made_by = protocol.merged(made)
+        if several or formats.REPORT not in keep:  # the run's page and summary.json, unless its one suite wrote its own
+            links = {n: f"{suite.name}/{formats.REPORT}" for suite, names in selected for n in names
+                     if f"{suite.name}/{formats.REPORT}" in keep}
+            pages = run_report.write(out, results, embeddings.model_of(scored_from), made_by, links)
+            keep |= set(pages)
+            manifest = {**manifest, "files": [*manifest["files"], *pages]}
+        if several:  # then its manifest, last
+            manifest = {**formats.EVAL.stamp(), "version": __version__, "tasks": list(results),
+                        "suites": {suite.name: suite.name for suite, _ in selected}, "files": pages,
+                        "embeddings": made_by, "seconds": round(time.time() - t0, 3)}
+        job.finish(manifest, keep)
+        if config.results_dir:
+            results_repo.write(config.results_dir, scored_from, results, config.trained_on_mieb_train, log)
+        log(f"[eval] {_tasks(len(results))} in {time.time() - t0:.1f}s -> {storage.display(out)}")
+        return results
 
 
 def _tasks(n: int) -> str:

@@ -145,41 +145,42 @@ def build(config: BuildConfig, log=print, ctx: RunContext | None = None) -> dict
     if (reused := job.reusable()) is not None:
         return reused
     check_sources(selected, config.sources, config.split, log)
-    job.start()
-    settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
-                "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
-                "version": __version__, "format_version": formats.MIEB_TRAIN.version,
-                "exclude": _exclusion(config, exclude)}
+    with job:  # its hold on the output ends with the run, however it ends
+        job.start()
+        settings = {"sources": storage.display(config.sources), "datasets": [s.slug for s in selected],
+                    "format": config.fmt, "rows_per_shard": config.rows_per_shard, "split": config.split,
+                    "version": __version__, "format_version": formats.MIEB_TRAIN.version,
+                    "exclude": _exclusion(config, exclude)}
 
-    t0 = time.time()
-    units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
-    # a unit is kept on resume only if its source's files are those it was built from
-    units = [dataclasses.replace(u, input=made_of["inputs"][u.source]) for u in units]
-    log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
-        f"in {time.time() - t0:.1f}s")
-    built = job.earlier({u.name: u.identity for u in units}, settings)
-    if config.resume:
-        log(f"[build] resuming: {len(built)} of {len(units)} units already built")
-    if exclude is not None:
-        log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)} "
-            f"({', '.join(config.exclude_detectors)})")
-    todo = [i for i, u in enumerate(units) if u.name not in built]
-    rows = sum(u.hi - u.lo for u in units)
-    where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
-                             else None, f"about {rows:,} rows", ctx)
-    log(f"[build] {where.describe()}")
-    stage = Stage(ShardBuilder, dict(units=units, tables=tables, out=config.out, fmt=config.fmt,
-                                     progress=job.progress, exclude=_by_dataset(exclude)))
-    if where.mode == "ray" and todo:
-        pool = cpu_pool(read_cluster(where.ctx), config.cpus_per_worker, config.workers, cap=len(todo),
-                        what="shard builders")
-        log(f"[build] {pool.why}")
-        stage = dataclasses.replace(stage, num_cpus=pool.num_cpus, pool=pool)
-    results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units), ctx=where.ctx))
-    manifest = _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
-    if hub is not None:
-        log(f"[build] {hubfs.summary(hub)}")
-    return manifest
+        t0 = time.time()
+        units, tables = _plan(selected, config.sources, config.rows_per_shard, config.split)
+        # a unit is kept on resume only if its source's files are those it was built from
+        units = [dataclasses.replace(u, input=made_of["inputs"][u.source]) for u in units]
+        log(f"[build] planned {len(units)} units over {len(selected)} datasets ({config.split}) "
+            f"in {time.time() - t0:.1f}s")
+        built = job.earlier({u.name: u.identity for u in units}, settings)
+        if config.resume:
+            log(f"[build] resuming: {len(built)} of {len(units)} units already built")
+        if exclude is not None:
+            log(f"[build] leaving out the {len(exclude):,} train rows flagged by {storage.display(config.exclude)} "
+                f"({', '.join(config.exclude_detectors)})")
+        todo = [i for i, u in enumerate(units) if u.name not in built]
+        rows = sum(u.hi - u.lo for u in units)
+        where = placement.choose(config.executor, f"{rows:,} rows, more than {LOCAL_ROWS:,}" if rows > LOCAL_ROWS
+                                 else None, f"about {rows:,} rows", ctx)
+        log(f"[build] {where.describe()}")
+        stage = Stage(ShardBuilder, dict(units=units, tables=tables, out=config.out, fmt=config.fmt,
+                                         progress=job.progress, exclude=_by_dataset(exclude)))
+        if where.mode == "ray" and todo:
+            pool = cpu_pool(read_cluster(where.ctx), config.cpus_per_worker, config.workers, cap=len(todo),
+                            what="shard builders")
+            log(f"[build] {pool.why}")
+            stage = dataclasses.replace(stage, num_cpus=pool.num_cpus, pool=pool)
+        results = list(built.values()) + list(job.run(todo, [stage], where.mode, total=len(units), ctx=where.ctx))
+        manifest = _manifest(config, selected, results, job, _exclusion(config, exclude), t0, log)
+        if hub is not None:
+            log(f"[build] {hubfs.summary(hub)}")
+        return manifest
 
 
 def _identity(config: BuildConfig, selected: list[Source], exclusion: dict | None) -> dict:

@@ -159,7 +159,7 @@ def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict
               identity=_identity(config, info, made_by), reuse=config.reuse)
     if (reused := job.reusable()) is not None:
         return reused
-    with tasks.using(where.mode, where.ctx):  # the plan's tar indexing too
+    with job, tasks.using(where.mode, where.ctx):  # the plan's tar indexing too; the job's hold on its output
         plan = _plan(config, where.mode, info, job.identity)
         job.start()
         results = job.earlier({u.name: u.identity for u in plan.units}, plan.settings)
@@ -176,7 +176,7 @@ def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict
         stages, on_rows = _ray_stages(config, plan, job, todo, log, where.ctx) if where.mode == "ray" \
             else _local_stages(config, plan, job, todo, log)
         results.update((r["path"], r) for r in job.run(todo, stages, where.mode, on_rows=on_rows, ctx=where.ctx))
-    return _manifest(config, plan, [results[n] for n in sorted(results)], job, where.mode, log)
+        return _manifest(config, plan, [results[n] for n in sorted(results)], job, where.mode, log)
 
 
 def embed_table(source: str, key: str, target: str, model: str, revision: str | None, modality: str, log=print,

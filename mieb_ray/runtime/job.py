@@ -5,8 +5,8 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
 
     reusable() with `reuse`: a complete output of the same identity, to return as it is; one of another identity
               is to be replaced (runtime/identity.py: the one reuse rule)
-    start()   the output checked and writable, a complete one refused without --overwrite, an unfinished one
-              removed with --overwrite
+    start()   the output checked and writable, and held by this run (runtime/lease.py: one run at a time), a
+              complete one refused without --overwrite, an unfinished one removed with --overwrite
     earlier() once the plan gives the settings: an unfinished output continued with --resume (the units whose
               progress record an earlier run committed with these settings), refused without it, and refused
               with it when the settings or units differ, saying how: hours of work are never replaced by mistake
@@ -16,6 +16,7 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
     finish()  the error-rate check, files of this job's kind that this run did not make removed (an interrupted
               run's other shard sizes), the manifest written last with the job's identity, then the progress
               records dropped
+A job is a context manager: however the run ends, its hold on the output ends with it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mieb_ray import storage
 from mieb_ray.errors import UserError
 from mieb_ray.runtime import identity, output, units, watch
 from mieb_ray.runtime.cluster import RunContext, ray_up
+from mieb_ray.runtime.lease import Lease
 from mieb_ray.runtime.output import Progress
 
 TICK_SECONDS = 5.0
@@ -45,7 +47,15 @@ class Job:
         self.resume, self.overwrite, self.log = resume or reuse, overwrite, log
         self.identity, self.reuse = identity, reuse
         self.progress: Progress | None = None  # once the plan gives the settings (earlier)
+        self.lease: Lease | None = None  # from start() to the end of the run
         self.t0 = time.time()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lease is not None:
+            self.lease.release()
 
     def reusable(self) -> dict | None:
         """With `reuse`, first: the manifest of a complete output of this identity, which the job returns as it is
@@ -65,7 +75,7 @@ class Job:
     def start(self) -> None:
         """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
         one removed with --overwrite (else earlier() decides, once it knows this run's settings)."""
-        output.prepare(self.out, self.overwrite, self.what, self.name)
+        self.lease = output.prepare(self.out, self.overwrite, self.what, self.name)
         if self.overwrite:
             for uri in self._unfinished():
                 storage.delete(uri)
@@ -106,7 +116,7 @@ class Job:
     def _unfinished(self) -> list[str]:
         root = self.out.rstrip("/") + "/"
         return [u for u in storage.list_files(self.out)
-                if u.startswith(root + storage.PROGRESS + "/") or self.ours.match(u[len(root):])]
+                if u.startswith(root + storage.PROGRESS + "/") or output.is_ours(self.ours, u[len(root):])]
 
     def run(self, todo: list[int], stages: list[units.Stage], mode: str, total: int | None = None,
             on_rows=None, ctx: RunContext | None = None) -> list[dict]:
@@ -151,7 +161,13 @@ class Job:
 
     def finish(self, manifest: dict, keep: set[str]) -> dict:
         """Remove the files of this job's kind that are not in `keep` (relative paths), write the manifest, drop
-        the progress records; the manifest as a reader will see it."""
+        the progress records; the manifest as a reader will see it. Refused if another run took the output over
+        (this run's lease went unrenewed for lease.STALE_SECONDS)."""
+        if other := self.lease.held_by_another():
+            raise UserError(f"{storage.display(self.out)} was taken over by {other} while this run's hold on it "
+                            "lapsed: this run's manifest was not written")
         output.remove_stale(self.out, keep, self.ours)
-        return output.finish(self.out, manifest | ({"identity": self.identity} if self.identity else {}),
-                             self.progress)
+        written = output.finish(self.out, manifest | ({"identity": self.identity} if self.identity else {}),
+                                self.progress)
+        self.lease.release()
+        return written

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import UserError
-from mieb_ray.runtime import identity
+from mieb_ray.runtime import identity, lease
 
 
 @contextlib.contextmanager
@@ -89,12 +89,22 @@ class Progress:
         storage.delete_tree(storage.join(self.out, storage.PROGRESS))
 
 
-def prepare(out: str, overwrite: bool, what: str, job: str) -> None:
-    """Before any work: the output is writable (one line if not), a killed run's staging files are gone, and
-    a complete output is refused, or with --overwrite made incomplete and its files removed; one that another
-    command (`job` is this one's) wrote is refused even then: --overwrite replaces a build with a build, never
-    embeddings or results with a build."""
+def prepare(out: str, overwrite: bool, what: str, job: str) -> lease.Lease:
+    """Before any work: the output is writable (one line if not) and no other run is writing it (this run's lease
+    on it is returned), a killed run's staging files are gone, and a complete output is refused, or with
+    --overwrite made incomplete and its files removed; one that another command (`job` is this one's) wrote is
+    refused even then: --overwrite replaces a build with a build, never embeddings or results with a build."""
     storage.check_output(out)
+    held = lease.take(out, job)
+    try:
+        _replaceable(out, overwrite, what, job)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def _replaceable(out: str, overwrite: bool, what: str, job: str) -> None:
     storage.remove_staging(out)
     old = storage.read_manifest(out)
     if old is None:
@@ -110,13 +120,19 @@ def prepare(out: str, overwrite: bool, what: str, job: str) -> None:
         storage.delete(storage.join(out, path))
 
 
+def is_ours(pattern: re.Pattern, rel: str) -> bool:
+    """Whether `rel` (a path in an output) is a file of the kind `pattern` says a job makes: never the lease, which
+    is the run's, not the output's (an eval's results are any `*.json` at its root)."""
+    return rel != storage.LEASE and pattern.match(rel) is not None
+
+
 def remove_stale(out: str, keep: set[str], pattern: re.Pattern) -> None:
     """Delete the files matching `pattern` (relative paths) that this run did not make: an interrupted run's
     shards of other names (another shard size, another input)."""
     root = out.rstrip("/") + "/"
     for uri in storage.list_files(out):
         rel = uri[len(root):]
-        if pattern.match(rel) and rel not in keep:
+        if is_ours(pattern, rel) and rel not in keep:
             storage.delete(uri)
 
 

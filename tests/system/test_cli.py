@@ -4,7 +4,11 @@ failed run leaves no empty output folder behind."""
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -174,3 +178,47 @@ def test_an_s3_input_in_a_bucket_that_does_not_exist_is_named_as_such(s3, mirror
         assert main([*argv, *local]) == 1, argv
         assert capsys.readouterr().err == f"mieb-ray: error: bucket 'no-such-bucket' does not exist at {s3.endpoint}\n"
         assert not os.path.exists(out)
+
+
+def test_a_second_run_into_an_output_being_written_is_refused_and_the_first_finishes_whole(outputs, tiny_clip,
+                                                                                          tmp_path):
+    """`ray job submit` stopped with Ctrl-C leaves its job running; the user submits again with --overwrite or
+    --resume. That run used to delete what the first had committed while the first went on writing: now it is
+    refused in one line, and the first (paused meanwhile, then let go) ends with every row once, each file as its
+    manifest says."""
+    images = [r for f in sorted(glob.glob(f"{outputs['train']}/**/*.parquet", recursive=True))
+              for r in pq.read_table(f, columns=["image"])["image"].to_pylist()]
+    keys, table = [f"k{i:02d}" for i in range(60)], tmp_path / "table"
+    table.mkdir()
+    for n, key in enumerate(keys):  # a file a unit: many units, each committed on its own
+        pq.write_table(pa.table({"key": [key], "image": [images[n % len(images)]]}), table / f"{key}.parquet")
+    out, argv = tmp_path / "emb", ["--input", str(table), "--model", tiny_clip, "--executor", "local"]
+    first = subprocess.Popen([sys.executable, "-m", "mieb_ray", "embed", "--out", str(out), *argv],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not glob.glob(f"{out}/_progress/*.json") and first.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)  # a unit committed, more to come
+        assert first.poll() is None and glob.glob(f"{out}/_progress/*.json")
+        before = {p: open(p, "rb").read() for p in glob.glob(f"{out}/**/*", recursive=True) if os.path.isfile(p)}
+        for flag in ("--overwrite", "--resume"):
+            second = subprocess.run([sys.executable, "-m", "mieb_ray", "embed", "--out", str(out), *argv, flag],
+                                    capture_output=True, text=True, timeout=120)
+            assert second.returncode == 1 and re.fullmatch(
+                rf"mieb-ray: error: {re.escape(str(out))} is being written by another run of mieb-ray embed \(pid "
+                rf"{first.pid} on this machine, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC\): wait for it to end, or "
+                r"stop it \(ray job stop, or kill its process\); --resume and --overwrite leave an output alone while "
+                r"another run writes it", second.stderr.splitlines()[-1]), second.stderr[-2000:]
+        assert {p: open(p, "rb").read() for p in before} == before  # untouched
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=120) == 0, first.stdout.read()[-2000:]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    embedded = [k for s in manifest["shards"] for k in pa.ipc.open_file(str(out / s["path"])).read_all()["key"]
+                .to_pylist()]
+    assert sorted(embedded) == keys
+    for shard in manifest["shards"]:
+        assert hashlib.sha256((out / shard["path"]).read_bytes()).hexdigest() == shard["sha256"]
+    assert sorted(os.listdir(out)) == sorted({"_manifest.json", *{s["path"].split("/")[0] for s in
+                                                                     manifest["shards"]}})

@@ -5,15 +5,20 @@ manifest last; a unit that never comes back is an error, one that comes twice co
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from mieb_ray import storage
 from mieb_ray.errors import UserError
-from mieb_ray.runtime import units
+from mieb_ray.runtime import lease, units
 from mieb_ray.runtime.job import Job
+from mieb_ray.runtime.lease import holder
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,43 +26,114 @@ pytestmark = pytest.mark.timeout(300)
 def test_a_job_refuses_to_replace_work_by_mistake(tmp_path):
     out = tmp_path / "out"
     ours = re.compile(r"^\d+\.txt$")
-    job = Job("test", str(out), "a complete test", ours)
-    job.start()
-    job.earlier({}, {"v": 1})
-    job.progress.record("u0", {"lo": 0}, {"rows": 1})
-    (out / "0.txt").write_text("x")
-    plain = Job("test", str(out), "a complete test", ours)
-    plain.start()
-    with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\); pass --resume to "
-                                        r"continue it or --overwrite to start again$"):
-        plain.earlier({"u0": {"lo": 0}}, {"v": 1})
-    with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\), started with other "
-                                        r"settings \(v 1 -> 2\); pass --resume"):
-        plain.earlier({"u0": {"lo": 0}}, {"v": 2})
-    resumed = Job("test", str(out), "a complete test", ours, resume=True)
-    resumed.start()
-    assert resumed.earlier({"u0": {"lo": 0}, "u1": {"lo": 1}}, {"v": 1}) == {"u0": {"rows": 1}}
-    assert resumed.earlier({"u0": {"lo": 5}}, {"v": 1}) == {}  # its input changed: made again
-    with pytest.raises(UserError, match=r"started with other settings: v 1 -> 2; pass --resume with its settings"):
-        resumed.earlier({"u0": {"lo": 0}}, {"v": 2})
-    with pytest.raises(UserError, match=r"started with other settings: 1 of its units are not in this run's plan "
-                                        r"\(e\.g\. u0\); pass"):  # other --datasets: its work is never orphaned
-        resumed.earlier({"u9": {"lo": 0}}, {"v": 1})
+    with Job("test", str(out), "a complete test", ours) as job:  # a run that stopped midway
+        job.start()
+        job.earlier({}, {"v": 1})
+        job.progress.record("u0", {"lo": 0}, {"rows": 1})
+        (out / "0.txt").write_text("x")
+    with Job("test", str(out), "a complete test", ours) as plain:
+        plain.start()
+        with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\); pass --resume to "
+                                            r"continue it or --overwrite to start again$"):
+            plain.earlier({"u0": {"lo": 0}}, {"v": 1})
+        with pytest.raises(UserError, match=r"out holds an unfinished run of test \(2 files\), started with other "
+                                            r"settings \(v 1 -> 2\); pass --resume"):
+            plain.earlier({"u0": {"lo": 0}}, {"v": 2})
+    with Job("test", str(out), "a complete test", ours, resume=True) as resumed:
+        resumed.start()
+        assert resumed.earlier({"u0": {"lo": 0}, "u1": {"lo": 1}}, {"v": 1}) == {"u0": {"rows": 1}}
+        assert resumed.earlier({"u0": {"lo": 5}}, {"v": 1}) == {}  # its input changed: made again
+        with pytest.raises(UserError, match=r"started with other settings: v 1 -> 2; pass --resume with its "
+                                            r"settings"):
+            resumed.earlier({"u0": {"lo": 0}}, {"v": 2})
+        with pytest.raises(UserError, match=r"started with other settings: 1 of its units are not in this run's "
+                                            r"plan \(e\.g\. u0\); pass"):  # other --datasets: never orphaned
+            resumed.earlier({"u9": {"lo": 0}}, {"v": 1})
     assert (out / "0.txt").exists() and (out / storage.PROGRESS / "u0.json").exists()  # refusals change nothing
-    again = Job("test", str(out), "a complete test", ours, overwrite=True)
-    again.start()  # the unfinished run's files are gone
-    assert not (out / "0.txt").exists() and not (out / storage.PROGRESS).exists()
-    again.earlier({}, {"v": 1})
-    (out / "1.txt").write_text("x")
-    (out / "7.txt").write_text("stale")
-    with pytest.raises(UserError, match=r"^3 of 10 rows could not be made \(x: 3\), more than --max-error-rate 0.1; "
-                                        r"see .*out/_errors$"):
-        again.check_errors(3, 7, 0.1, "made", "x: 3")
-    again.check_errors(1, 9, 0.1, "made")
-    assert again.finish({"format": "test"}, {"1.txt"}) == {"format": "test"}
+    with Job("test", str(out), "a complete test", ours, overwrite=True) as again:
+        again.start()  # the unfinished run's files are gone
+        assert not (out / "0.txt").exists() and not (out / storage.PROGRESS).exists()
+        again.earlier({}, {"v": 1})
+        (out / "1.txt").write_text("x")
+        (out / "7.txt").write_text("stale")
+        with pytest.raises(UserError, match=r"^3 of 10 rows could not be made \(x: 3\), more than --max-error-rate "
+                                            r"0.1; see .*out/_errors$"):
+            again.check_errors(3, 7, 0.1, "made", "x: 3")
+        again.check_errors(1, 9, 0.1, "made")
+        assert again.finish({"format": "test"}, {"1.txt"}) == {"format": "test"}
     assert sorted(p.name for p in out.iterdir()) == ["1.txt", storage.MANIFEST]  # the stale file removed
-    with pytest.raises(UserError, match="already holds a complete test"):
-        Job("test", str(out), "a complete test", ours).start()
+    with pytest.raises(UserError, match="already holds a complete test"), \
+            Job("test", str(out), "a complete test", ours) as done:
+        done.start()
+
+
+def test_an_output_another_run_is_writing_is_left_alone(tmp_path):
+    """One run at a time per output (runtime/lease.py): a second run is refused with --resume and --overwrite too,
+    touching nothing, until the first ends however it ends; a run whose process is gone holds nothing."""
+    out, ours = tmp_path / "out", re.compile(r"^\d+\.txt$")
+    with Job("embed", str(out), "embeddings", ours) as first:
+        first.start()
+        first.earlier({}, {"v": 1})
+        (out / "0.txt").write_text("x")
+        for flags in ({}, {"resume": True}, {"overwrite": True}):
+            with pytest.raises(UserError, match=rf"^{re.escape(str(out))} is being written by another run of "
+                                                rf"mieb-ray embed \(pid {os.getpid()} on this machine, since "
+                                                r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC\): wait for it to end, or stop "
+                                                r"it \(ray job stop, or kill its process\); --resume and --overwrite "
+                                                r"leave an output alone while another run writes it$"), \
+                    Job("embed", str(out), "embeddings", ours, **flags) as second:
+                second.start()
+        assert (out / "0.txt").read_text() == "x"
+        left = (out / storage.LEASE).read_text()
+    (out / storage.LEASE).write_text(left)  # as if S3 had been down when the run ended: its lease left behind
+    # the run ended (an error here): the output is free, an unfinished run now as a stopped run leaves it
+    with pytest.raises(UserError, match="pass --resume"), Job("embed", str(out), "embeddings", ours) as third:
+        third.start()
+        third.earlier({}, {"v": 1})
+    # a driver SIGKILLed: its process gone, its next run goes on at once
+    held = "from mieb_ray.runtime import lease; import os, sys; lease.take(sys.argv[1], 'embed'); os._exit(0)"
+    subprocess.run([sys.executable, "-c", held, str(out)], check=True, timeout=120)
+    assert json.loads((out / storage.LEASE).read_text())["job"] == "embed"  # left behind
+    with Job("embed", str(out), "embeddings", ours, overwrite=True) as fourth:
+        fourth.start()
+        fourth.earlier({}, {"v": 1})
+        fourth.finish({"format": "test"}, set())
+    assert sorted(p.name for p in out.iterdir()) == [storage.MANIFEST]
+
+
+def test_a_run_that_lost_its_hold_writes_no_manifest(tmp_path):
+    """A driver on another machine that went unheard for lease.STALE_SECONDS was taken for dead, and another
+    run took the output over: the first, coming back, must not write its manifest over the other's files."""
+    out = tmp_path / "out"
+    with Job("embed", str(out), "embeddings", re.compile("^$")) as job:
+        job.start()
+        job.earlier({}, {"v": 1})
+        (out / storage.LEASE).write_text(json.dumps({"job": "embed", "run": "other", "host": "gpu-7", "pid": 12,
+                                                     "started_at": 1.0, "since": time.time(), "seen": time.time()}))
+        with pytest.raises(UserError, match=r"out was taken over by another run of mieb-ray embed \(pid 12 on host "
+                                            r"gpu-7, last heard from 0 s ago, since .*\) while this run's hold on it "
+                                            r"lapsed: this run's manifest was not written$"):
+            job.finish({"format": "test"}, set())
+    assert not (out / storage.MANIFEST).exists()
+    assert json.loads((out / storage.LEASE).read_text())["run"] == "other"  # its lease is not this run's to drop
+
+
+def test_who_holds_an_output():
+    """lease.holder: a live process of this machine holds it; one of another machine until it goes unheard for
+    STALE_SECONDS (its clock is not this one's to read: only how long since its last beat was written)."""
+    here = {"job": "build", "host": "head", "pid": 40, "started_at": 7.5, "since": 0.0, "seen": 1000.0}
+    alive, gone = (lambda pid: 7.5), (lambda pid: None)
+    assert holder(here, 1000.0 + 3600, "head", alive) == \
+        "another run of mieb-ray build (pid 40 on this machine, since 1970-01-01 00:00:00 UTC)"
+    assert holder(here, 1000.0, "head", gone) is None
+    assert holder(here, 1000.0, "head", lambda pid: 9.0) is None  # the pid is another process's now
+    there = {**here, "host": "gpu-7"}
+    assert holder(there, 1000.0 + lease.STALE_SECONDS, "head", gone) == \
+        "another run of mieb-ray build (pid 40 on host gpu-7, last heard from 60 s ago, since 1970-01-01 00:00:00 UTC)"
+    assert holder(there, 1000.5 + lease.STALE_SECONDS, "head", alive) is None
+    assert holder(None, 0.0, "head", alive) is None and holder({}, 0.0, "head", alive) is None
+    ours = {**here, "pid": os.getpid(), "run": "r1"}  # a run of this very process: held while it runs
+    assert holder(ours, 1000.0, "head", alive, holding={"r1"}) and holder(ours, 1000.0, "head", alive) is None
 
 
 def lossy(batch: dict) -> dict:

@@ -1,0 +1,119 @@
+"""One run at a time per output: while a job writes OUT, its driver holds OUT/_lease.json (which run: job, host,
+pid, since when) and rewrites it every BEAT_SECONDS. Another run given the same OUT (`ray job submit` interrupted
+with Ctrl-C leaves its job running, and the user submits again, with --resume or --overwrite) is refused in one
+line before it touches anything; without this, its --overwrite deleted the files the first run had committed
+while that run went on committing and wrote a manifest over them.
+
+A lease is free when its run ended (the driver drops it when the job ends, however it ends), when it was taken on
+this machine by a process that is gone (a SIGKILLed driver: its next run goes on at once), or when it has not been
+rewritten for STALE_SECONDS (a driver on another machine that died)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psutil
+
+from mieb_ray import storage
+from mieb_ray.errors import UserError
+
+BEAT_SECONDS = 10.0
+STALE_SECONDS = 60.0  # six beats missed: a driver on another machine is taken for dead
+# the runs of this process that hold their output now: one of its runs that could not drop its lease (S3 down as
+# it ended) holds nothing, though its process lives on (a notebook, a test)
+_HOLDING: set[str] = set()
+
+
+def _started(pid: int) -> float | None:
+    """When process `pid` of this machine started (None: there is none), telling a reused pid from the holder."""
+    try:
+        return round(psutil.Process(pid).create_time(), 2)
+    except psutil.Error:
+        return None
+
+
+def holder(lease: dict | None, now: float, host: str, started=_started, holding: set[str] = frozenset()) -> str | None:
+    """The run that holds the output, in words, or None when no live run does. `lease`: the file's content (None:
+    there is none); `host`: this machine's name; `started(pid)`: a process's start time on this machine;
+    `holding`: the runs of this process that hold their output."""
+    if not isinstance(lease, dict) or not isinstance(lease.get("seen"), (int, float)):
+        return None  # no lease, or not one of ours
+    mine = lease.get("host") == host
+    if mine and started(lease.get("pid")) != lease.get("started_at"):
+        return None  # its process is gone (or the pid is another process's now)
+    if mine and lease.get("pid") == os.getpid() and lease.get("run") not in holding:
+        return None  # a run of this process that has ended
+    if not mine and now - lease["seen"] > STALE_SECONDS:
+        return None
+    where = "this machine" if mine else f"host {lease.get('host')}, last heard from {now - lease['seen']:.0f} s ago"
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lease.get("since", lease["seen"])))
+    return f"another run of mieb-ray {lease.get('job')} (pid {lease.get('pid')} on {where}, since {since})"
+
+
+class Lease:
+    """This run's hold on an output (take() makes one); release() ends it, and is safe to call twice."""
+
+    def __init__(self, out: str, job: str):
+        self.uri = storage.join(out, storage.LEASE)
+        pid = os.getpid()
+        self.record = {"job": job, "run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": pid,
+                       "started_at": _started(pid), "since": time.time()}
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._beating, name=f"lease {out}", daemon=True)
+
+    def _write(self) -> None:
+        storage.write_bytes(self.uri, json.dumps({**self.record, "seen": time.time()}).encode())
+
+    def _beating(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS):
+            with contextlib.suppress(Exception):  # an outage: the run's own writes say so; the lease outlives it
+                self._write()
+
+    def held_by_another(self) -> str | None:
+        """Who holds the output now if not this run (another run took it over after this one's beats failed
+        for STALE_SECONDS), else None."""
+        lease = _read(self.uri)
+        if isinstance(lease, dict) and lease.get("run") == self.record["run"]:
+            return None
+        return holder(lease, time.time(), self.record["host"], holding=_HOLDING) or "a run that has ended since"
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        _HOLDING.discard(self.record["run"])
+        if self._beat.is_alive():
+            self._beat.join()  # a beat in flight would write the lease again after it is dropped
+        with contextlib.suppress(Exception):  # unreachable now: it frees itself (a dead process, or stale)
+            if self.held_by_another() is None:
+                storage.delete(self.uri)
+
+
+def _read(uri: str) -> dict | None:
+    """The lease there (None: none; {}: not one); a store that cannot be reached is an error, never "none"."""
+    if not storage.exists(uri):
+        return None
+    try:
+        return json.loads(storage.read_text(uri))
+    except ValueError:
+        return {}
+
+
+def take(out: str, job: str) -> Lease:
+    """Hold `out` for this run of `job`, or refuse in one line naming the run that holds it."""
+    mine = Lease(out, job)
+    lease = _read(mine.uri)
+    if other := holder(lease, time.time(), mine.record["host"], holding=_HOLDING):
+        raise UserError(f"{storage.display(out)} is being written by {other}: wait for it to end, or stop it "
+                        "(ray job stop, or kill its process); --resume and --overwrite leave an output alone while "
+                        "another run writes it")
+    mine._write()
+    _HOLDING.add(mine.record["run"])
+    mine._beat.start()
+    return mine
