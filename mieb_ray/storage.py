@@ -340,11 +340,23 @@ def commit(local: str, dest: str) -> None:
         discard(local)
 
 
+@contextlib.contextmanager
+def writing(dest: str, local: str):
+    """Around writes to `local`, the staging file of `dest`: this machine's disk refusing them (full, a file size
+    limit) is one line naming where the file was to go."""
+    try:
+        yield
+    except OSError as exc:
+        staged = f" (staged in {os.path.dirname(local)})" if is_s3(dest) else ""
+        raise StorageError(f"cannot write {display(dest)}{staged}: {described(exc)}") from exc
+
+
 def commit_file(dest: str, write) -> dict:
     """`write(local_path)` into a staging file, then commit it to `dest`: {"bytes", "sha256"}."""
     local = staging_path(dest)
     try:
-        write(local)
+        with writing(dest, local):
+            write(local)
         stats = file_stats(local)
         commit(local, dest)
         return stats
@@ -370,10 +382,11 @@ def discard(local: str) -> None:
 
 
 def write_bytes(dest: str, data: bytes) -> None:
-    local = staging_path(dest)
-    with open(local, "wb") as f:
-        f.write(data)
-    commit(local, dest)
+    def write(local: str) -> None:
+        with open(local, "wb") as f:  # closed here: a full disk may only say so as it flushes
+            f.write(data)
+
+    commit_file(dest, write)
 
 
 def delete(uri: str) -> None:

@@ -172,9 +172,7 @@ class BioVITASuite:
                 raise UserError(f"BioVITA subset {name} has photos that {first} lacks; embed each corpus apart")
         texts = sorted({t for name in biovita.SUBSETS for t in biovita.load_queries(data, name).query_texts})
         queries = storage.join(out, "embeddings", "_queries", "queries.parquet")
-        local = storage.staging_path(queries)
-        pq.write_table(pa.table({"key": texts, "text": texts}), local)
-        storage.commit(local, queries)
+        storage.commit_file(queries, lambda local: pq.write_table(pa.table({"key": texts, "text": texts}), local))
         return EmbedInputs(biovita.corpus_files(data, first)[0].rsplit("/", 1)[0], "id", queries)
 
     def submit(self, images: str, texts: str, log) -> dict[str, _Run]:
@@ -297,10 +295,8 @@ class BioVITASuite:
 
 
 def _write_ranks(out: str, rows: list[dict]) -> None:
-    dest = storage.join(out, formats.RANKS)
-    local = storage.staging_path(dest)
-    pq.write_table(pa.Table.from_pylist(rows), local)
-    storage.commit(local, dest)
+    table = pa.Table.from_pylist(rows)
+    storage.commit_file(storage.join(out, formats.RANKS), lambda local: pq.write_table(table, local))
 
 
 def _write_report(suite: BioVITASuite, out: str, queries, tops, scores, result) -> None:

@@ -304,10 +304,8 @@ class ZeroShotSuite:
                 "task": pa.array([p.task.name] * n), "key": pa.array([f"{prefix}{i}" for i in range(n)]),
                 "label": pr["label"], "mteb_pred": pr["mteb_pred"].astype(np.int64),
                 "fixed_pred": pr["fixed_pred"].astype(np.int64)}))
-        dest = storage.join(out, "predictions.parquet")
-        local = storage.staging_path(dest)
-        pq.write_table(pa.concat_tables(rows) if rows else pa.table({}), local)
-        storage.commit(local, dest)
+        storage.commit_file(storage.join(out, "predictions.parquet"),
+                            lambda local: pq.write_table(pa.concat_tables(rows) if rows else pa.table({}), local))
 
         summary = self.summary(results, pending)
         storage.write_bytes(storage.join(out, "summary.json"), (json.dumps(summary, indent=2) + "\n").encode())

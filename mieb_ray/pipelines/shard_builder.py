@@ -59,7 +59,8 @@ class ShardBuilder:
         return _OpenShard(shard, dest, local, self.writer_cls(local, image_ext))
 
     def _commit(self, slug: str, shard: _OpenShard) -> dict:
-        rows = shard.writer.close()
+        with storage.writing(shard.dest, shard.local):
+            rows = shard.writer.close()
         stats = storage.file_stats(shard.local)
         storage.commit(shard.local, shard.dest)
         return {"path": shard_path(slug, shard.number, self.writer_cls.suffix), "dataset": slug, "rows": rows, **stats}
@@ -86,7 +87,8 @@ class ShardBuilder:
                     flagged = pc.is_in(rows["key"], value_set=exclude)
                     excluded += pc.sum(flagged).as_py() or 0
                     rows = rows.filter(pc.invert(flagged))
-                shard.writer.write(rows)
+                with storage.writing(shard.dest, shard.local):
+                    shard.writer.write(rows)
                 dropped += n_dropped
                 if bad.num_rows:
                     errors.append(bad)

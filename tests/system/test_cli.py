@@ -222,3 +222,19 @@ def test_a_second_run_into_an_output_being_written_is_refused_and_the_first_fini
         assert hashlib.sha256((out / shard["path"]).read_bytes()).hexdigest() == shard["sha256"]
     assert sorted(os.listdir(out)) == sorted({"_manifest.json", *{s["path"].split("/")[0] for s in
                                                                      manifest["shards"]}})
+
+
+def test_a_disk_that_refuses_a_write_is_one_line_naming_the_file(outputs, tmp_path):
+    """A full disk (or a file size limit) under a local output was an OSError traceback from pyarrow's writer; now
+    one line naming the file. Here the limit is the kernel's (RLIMIT_FSIZE: the write fails with EFBIG)."""
+    limited = ("import resource, signal, sys; from mieb_ray.cli import main; "
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000)); sys.exit(main(sys.argv[1:]))")
+    for layout in ("parquet", "webdataset"):
+        out = tmp_path / layout
+        done = subprocess.run([sys.executable, "-c", limited, "build", "--sources", outputs["mirror"], "--datasets",
+                               "dtd", "--out", str(out), "--format", layout, "--executor", "local"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and re.fullmatch(
+            rf"mieb-ray: error: cannot write {re.escape(str(out))}/dtd/[\w-]+\.(parquet|tar): OSError: .*File too "
+            "large", done.stderr.splitlines()[-1]), done.stderr[-3000:]
