@@ -37,6 +37,8 @@ ERROR = "__error"  # per row: why it is an error row, "" for a good one
 UNIT = "__unit"  # per row: its unit's number in the plan
 DECODED = "__decoded"  # --decode gpu, per row: the read task decoded it (its pixels' bytes), not the device
 ON_DEVICE = "__device"  # --decode gpu, per row: the encoder's device decoded it
+PRECISION = "__precision"  # per row: the torch dtype its encoder ran in ("bfloat16", "float32"), which the unit's
+# result says: under --precision auto only the encoder knows it (its device's)
 
 
 def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: str,
@@ -172,7 +174,7 @@ class EncodeStage:
                 rows = good[lo:lo + self.batch_size]
                 out[rows] = self.encoder.encode_texts([str(t) for t in texts[rows]])
                 self._done(len(rows))
-            return {**batch, "embedding": out}
+            return {**batch, "embedding": out, PRECISION: self._precision(len(texts))}
         import torch
 
         device = self.encoder.device
@@ -185,7 +187,10 @@ class EncodeStage:
             x = self._to_device(_rows(pixels, rows, where))
             out[where] = self.encoder.image_features(self.normalize(x, self.encoder.dtype))
             self._done(len(rows))
-        return {**batch, "embedding": out.cpu().numpy()}
+        return {**batch, "embedding": out.cpu().numpy(), PRECISION: self._precision(len(pixels))}
+
+    def _precision(self, n: int) -> np.ndarray:
+        return np.full(n, str(self.encoder.dtype).removeprefix("torch."), dtype=object)
 
     def _done(self, rows: int) -> None:
         if self.on_rows is not None:
@@ -256,6 +261,7 @@ def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: Tabl
         if ON_DEVICE in rows:  # --decode gpu: where the unit's good images were decoded
             on_device = int((rows[ON_DEVICE] & (rows[ERROR] == "")).sum())
             result["decoded"] = {"device": on_device, "cpu": result["rows"] - on_device}
+        result["precision"] = str(rows[PRECISION][0])
         progress.record(unit.name, unit.identity, result)
         results.append(result)
     return {"unit": np.unique(batch[UNIT]), "result": np.array([json.dumps(r) for r in results], dtype=object)}

@@ -217,8 +217,8 @@ MIXED = "mixed: "  # a value that differs between the outputs: "mixed: a, b"
 def made_by(*uris: str | None) -> dict:
     """Which computation made the embeddings, from the embed outputs' manifests: mode "exact" (embed --exact, what
     mteb's wrappers compute: JPEGs decoded in full on the CPU, the model in float32), "fast" (the embed job's
-    default: bf16 on a GPU, --decode auto), "unknown" (another tool's, no manifest); the precision and where the
-    images were decoded."""
+    default: bf16 on a GPU, --decode auto), "unknown" (another tool's, no manifest); the precision its encoders ran
+    in and where the images were decoded."""
     each = []
     for root in [r for uri in uris if uri for r in embeddings.roots(uri)]:
         manifest = storage.read_manifest(root) or {}
@@ -226,8 +226,10 @@ def made_by(*uris: str | None) -> dict:
         if not isinstance(config, dict) or "exact" not in config:
             each.append({"mode": "unknown"})
             continue
+        ran = sorted(manifest.get("precision") or {})  # what its encoders ran in (an older embed: the setting)
         one = {"mode": "exact" if config["exact"] else "fast",
-               "precision": "float32" if made.get("precision", "float32") == "float32"
+               "precision": ran[0] if len(ran) == 1 else MIXED + ", ".join(ran) if ran
+               else "float32" if made.get("precision", "float32") == "float32"
                else "auto (bf16 on a GPU, float32 on a CPU)"}
         if config.get("modality") == "image":
             counts = manifest.get("counts") or {}

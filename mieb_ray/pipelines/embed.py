@@ -362,6 +362,7 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
                    "data_column": config.columns.data, "rows_per_unit": plan.settings["rows_per_unit"]},
         "model": plan.info.to_dict(), "dim": plan.info.dim, "preprocessing": plan.spec,
         "counts": {"total": rows, "errors": n_errors, **_decoded(results)}, "executor": mode,
+        "precision": _precision(results, config.precision),
         "shards": [{k: r[k] for k in ("path", "rows", "bytes", "sha256")} for r in results],
         "error_files": error_files,
     }, {r["path"] for r in results} | set(error_files))
@@ -371,6 +372,15 @@ def _manifest(config: EmbedConfig, plan: Plan, results: list[dict], job: Job, mo
         log(f"[embed] images decoded: {decoded['decoded_on_device']:,} on the encoders' devices, "
             f"{decoded['decoded_on_cpu']:,} on CPUs (--decode {config.decoding})")
     return manifest
+
+
+def _precision(results: list[dict], setting: str) -> dict[str, int]:
+    """{torch dtype the encoders ran in: embeddings}: what the precision setting ("auto": the device's) became on
+    each encoder (a unit resumed from a record without it counts under the setting)."""
+    rows = {}
+    for r in [r for r in results if r["rows"]]:
+        rows[r.get("precision", setting)] = rows.get(r.get("precision", setting), 0) + r["rows"]
+    return dict(sorted(rows.items()))
 
 
 def _decoded(results: list[dict]) -> dict:

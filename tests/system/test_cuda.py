@@ -148,4 +148,6 @@ def test_one_ray_gpu_actor_end_to_end(cuda, torchvision, ray_local, tiny_clip, t
     assert sorted(gpu) == sorted(cpu) and len(cpu) == len(items)
     a, b = np.stack([cpu[k] for k in sorted(cpu)]), np.stack([gpu[k] for k in sorted(cpu)])
     assert manifest["counts"]["decoded_on_device"] == len(items) - 1 and manifest["counts"]["decoded_on_cpu"] == 1
+    # what --precision auto became on each encoder's device, as the eval's metadata reports it
+    assert runs["cpu"][1]["precision"] == {"float32": len(items)} and manifest["precision"] == {"bfloat16": len(items)}
     assert centred_cosine(b, a, (a.mean(0) + b.mean(0)) / 2).min() >= BAR

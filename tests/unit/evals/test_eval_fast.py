@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 from support.hub_tasks.sts import TASKS as STS
 from support.mteb_tasks import assert_same_scores, mteb_result
 
@@ -49,7 +50,8 @@ def test_fast_reaches_embed_and_every_output_says_which_computation(mirror, tiny
     # one embed job per modality for the whole run: the images (zero-shot's and VisualSTS's), then the prompts
     assert len(calls) == 2 and set(calls) == {not fast}
     mode = "fast" if fast else "exact"
-    made = {"mode": mode, "precision": "auto (bf16 on a GPU, float32 on a CPU)" if fast else "float32",
+    # the precision the encoder ran in: under --fast its device's (an in-process encoder takes a GPU torch sees)
+    made = {"mode": mode, "precision": "bfloat16" if fast and torch.cuda.is_available() else "float32",
             "decode": "auto" if fast else "cpu"}
     for task in TASKS:
         suite = "zeroshot" if task.startswith("CIFAR") else "mteb"

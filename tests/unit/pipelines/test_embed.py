@@ -65,6 +65,7 @@ def test_image_embeddings_of_mieb_train(image_run, mieb_train, tiny_clip):
     source = train_rows(root)
     got = output_rows(out)
     assert set(got) == set(source) and manifest["counts"] == {"total": len(source), "errors": 0}
+    assert manifest["precision"] == {"float32": len(source)}  # what the CPU encoder ran in (auto: the device's)
     assert [s["path"] for s in manifest["shards"]] == [s["path"].replace(".parquet", ".arrow")
                                                         for s in train_manifest["shards"]]
     for key, (_, row) in got.items():
