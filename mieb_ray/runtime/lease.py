@@ -57,7 +57,11 @@ def holder(lease: dict | None, now: float, host: str, started=_started, holding:
 
 
 class Lease:
-    """This run's hold on an output (take() makes one); release() ends it, and is safe to call twice."""
+    """This run's hold on an output (take() makes one); release() ends it, and is safe to call twice. Its thread
+    rewrites it every BEAT_SECONDS while the run lasts, and drops it when the run ends: a store that is down then
+    (the job failed on it) delays the command's exit by RELEASE_SECONDS at most."""
+
+    RELEASE_SECONDS = 3.0  # a healthy store drops it in milliseconds
 
     def __init__(self, out: str, job: str):
         self.uri = storage.join(out, storage.LEASE)
@@ -72,8 +76,15 @@ class Lease:
 
     def _beating(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
-            with contextlib.suppress(Exception):  # an outage: the run's own writes say so; the lease outlives it
+            try:
+                if self.held_by_another():  # taken over: never written over another run's
+                    return
                 self._write()
+            except Exception:  # an outage: the run's own writes say so; the lease outlives it
+                pass
+        with contextlib.suppress(Exception):  # unreachable: it frees itself (a dead process, or stale)
+            if self.held_by_another() is None:
+                storage.delete(self.uri)
 
     def held_by_another(self) -> str | None:
         """Who holds the output now if not this run (another run took it over after this one's beats failed
@@ -86,13 +97,9 @@ class Lease:
     def release(self) -> None:
         if self._stop.is_set():
             return
-        self._stop.set()
         _HOLDING.discard(self.record["run"])
-        if self._beat.is_alive():
-            self._beat.join()  # a beat in flight would write the lease again after it is dropped
-        with contextlib.suppress(Exception):  # unreachable now: it frees itself (a dead process, or stale)
-            if self.held_by_another() is None:
-                storage.delete(self.uri)
+        self._stop.set()  # the thread ends a beat in flight, then drops the lease
+        self._beat.join(self.RELEASE_SECONDS)
 
 
 def _read(uri: str) -> dict | None:

@@ -118,6 +118,21 @@ def test_a_run_that_lost_its_hold_writes_no_manifest(tmp_path):
     assert json.loads((out / storage.LEASE).read_text())["run"] == "other"  # its lease is not this run's to drop
 
 
+def test_a_lease_is_kept_fresh_while_its_run_lasts_and_never_written_over_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "BEAT_SECONDS", 0.05)
+    held = lease.take(str(tmp_path), "audit")
+    uri = tmp_path / storage.LEASE
+    first = json.loads(uri.read_text())["seen"]
+    time.sleep(0.5)
+    assert json.loads(uri.read_text())["seen"] > first  # rewritten: another machine sees it alive
+    other = {"job": "audit", "run": "other", "host": "gpu-7", "pid": 12, "started_at": 1.0, "since": time.time(),
+             "seen": time.time()}
+    uri.write_text(json.dumps(other))  # taken over (this run went unheard on another machine for a minute)
+    time.sleep(0.5)
+    held.release()
+    assert json.loads(uri.read_text()) == other  # neither rewritten nor dropped by the run that lost it
+
+
 def test_who_holds_an_output():
     """lease.holder: a live process of this machine holds it; one of another machine until it goes unheard for
     STALE_SECONDS (its clock is not this one's to read: only how long since its last beat was written)."""
