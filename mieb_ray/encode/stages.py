@@ -58,10 +58,11 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
         size = chunk.num_rows
         for name in out:
             out[name][at:at + size] = chunk[name].to_numpy(zero_copy_only=False)
-        values = chunk[columns.data]
-        if kind != "text":
-            values = parquet.image_bytes(values) if pa.types.is_struct(values.type) else values
-        errors[at:at + size] = data.add(at, values.to_pylist())
+        values, files = chunk[columns.data], [None] * size
+        if kind != "text" and pa.types.is_struct(values.type):  # (the reader read the images a table has by path)
+            values, files = parquet.image_bytes(values), values.combine_chunks().field("path").to_pylist()
+        errors[at:at + size] = [f"cannot read its image file {f}" if e == "missing image" and f else e
+                                for e, f in zip(data.add(at, values.to_pylist()), files)]
         at += size
     if at != n:
         raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "

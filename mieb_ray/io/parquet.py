@@ -89,9 +89,12 @@ def read_range(uri: str, columns: list[str], lo: int = 0, hi: int | None = None,
 
 def image_struct(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """An image column as HF Image structs {bytes, path}: structs pass through untouched; raw binary becomes
-    {bytes, path: null}."""
+    {bytes, path: null}; strings are paths, {bytes: null, path} (a table of image files)."""
     if pa.types.is_struct(col.type):
         return col if col.type == IMAGE_TYPE else col.cast(IMAGE_TYPE)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pa.chunked_array([pa.StructArray.from_arrays([pa.nulls(len(c), pa.binary()), c.cast(pa.string())],
+                                                            fields=list(IMAGE_TYPE)) for c in col.chunks], IMAGE_TYPE)
     return pa.chunked_array([pa.StructArray.from_arrays([c.cast(pa.binary()), pa.nulls(len(c), pa.string())],
                                                         fields=list(IMAGE_TYPE)) for c in col.chunks], IMAGE_TYPE)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mieb_ray import formats, storage
 from mieb_ray.errors import FormatError, UserError
@@ -404,7 +405,53 @@ def _parquet(unit: Unit, piece: Piece, columns: list[Column]):
         for c in columns:
             col = table[c.field]
             data[c.name] = parquet.image_struct(col) if c.kind is Kind.IMAGE else col
-        yield pa.table(data)
+        chunk = pa.table(data)
+        images = [c.name for c in columns if c.kind is Kind.IMAGE and len(_by_path(chunk[c.name]))]
+        if not images:
+            yield chunk
+            continue
+        for lo in range(0, chunk.num_rows, FILE_ROWS):  # the files' bytes, a few at a time
+            part = chunk.slice(lo, FILE_ROWS)
+            for name in images:
+                part = part.set_column(part.schema.get_field_index(name), name, _with_files(part[name], piece.uri))
+            yield part
+
+
+FILE_ROWS = 64  # rows a chunk of a table of image files holds: their bytes are not the table's
+
+
+def _by_path(images: pa.ChunkedArray) -> np.ndarray:
+    """The rows whose image has no bytes but a path."""
+    flat = images.combine_chunks()
+    return np.flatnonzero(pc.and_(pc.is_null(flat.field("bytes")), pc.is_valid(flat.field("path")))
+                          .to_numpy(zero_copy_only=False))
+
+
+def _with_files(images: pa.ChunkedArray, table: str) -> pa.ChunkedArray:
+    """Image structs whose bytes are null but whose path is set (a `datasets` table saved with to_parquet keeps
+    its local images by path; a column of paths) with the bytes of that file, as `datasets` decodes them: an
+    absolute path or URI as it is, a relative one from the table's folder. One that cannot be read stays null:
+    an error row naming its file."""
+    todo = _by_path(images)
+    flat = images.combine_chunks()
+    data, paths = flat.field("bytes"), flat.field("path")
+    folder = table.rsplit("/", 1)[0] if "/" in table else "."
+    uris = [p if "://" in p or p.startswith("/") else storage.join(folder, p) for p in paths.take(todo).to_pylist()]
+
+    def read_file(uri: str) -> bytes | None:
+        try:
+            with storage.open_input(uri) as f:
+                return f.read()
+        except (storage.StorageError, OSError):
+            return None
+
+    with ThreadPoolExecutor(min(16, len(uris))) as pool:  # an object store: one request per image
+        got = list(pool.map(read_file, uris))
+    filled = data.to_pylist()
+    for i, b in zip(todo, got):
+        filled[i] = b
+    return pa.chunked_array([pa.StructArray.from_arrays([pa.array(filled, pa.binary()), paths],
+                                                        fields=list(IMAGE_TYPE))])
 
 
 def _tar(unit: Unit, piece: Piece, columns: list[Column]):

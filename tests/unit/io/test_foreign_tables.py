@@ -158,3 +158,22 @@ def test_each_row_group_is_read_once_however_the_units_fall(tmp_path, monkeypatc
     assert list(read(str(tmp_path / "t.parquet"), 1783)) == keys  # every row, once, in order
     pieces = {i: -(-n // 1783) for i, n in enumerate(groups)}  # a group of more than 1,783 rows: the fewest pieces
     assert sorted(read_groups) == [i for i in range(len(groups)) for _ in range(pieces[i])]
+
+
+def test_a_table_of_image_files_reads_their_bytes(tmp_path):
+    """`datasets`' to_parquet keeps an Image column of local files by path (bytes null), as does a column of paths:
+    the reader takes each file's bytes as `datasets` decodes it, an absolute path as it is and a relative one from
+    the table's folder (they were all "missing image"). A file that is not there stays missing."""
+    import datasets
+
+    files = {key: tmp_path / "pictures" / f"{key}.jpg" for key in KEYS[:3]}
+    for (key, path), data in zip(files.items(), IMAGES):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    (tmp_path / "hf").mkdir()
+    datasets.Dataset.from_dict({"key": list(files), "image": [str(p) for p in files.values()]}) \
+        .cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "hf" / "t.parquet"))
+    assert all(r["bytes"] is None for r in pq.read_table(tmp_path / "hf" / "t.parquet")["image"].to_pylist())
+    assert read(str(tmp_path / "hf")) == dict(zip(KEYS[:3], IMAGES[:3]))
+    parquet(tmp_path / "pictures" / "t.parquet", key=KEYS[:4], image=[f"{k}.jpg" for k in KEYS[:4]])  # k3.jpg: none
+    assert read(str(tmp_path / "pictures" / "t.parquet")) == {**dict(zip(KEYS[:3], IMAGES[:3])), KEYS[3]: None}

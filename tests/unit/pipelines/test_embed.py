@@ -386,3 +386,27 @@ def test_spec_round_trips_through_the_manifest(image_run):
     pixels = load_image(_jpeg((10, 20, 30)), spec)
     assert pixels.shape == (spec.height, spec.width, 3)
     assert normalize(torch.from_numpy(pixels[None]), spec).shape == (1, 3, spec.height, spec.width)
+
+
+def test_a_table_of_image_files_embeds_them_and_names_a_file_it_cannot_read(tiny_clip, tmp_path):
+    """A table that holds its images by path (a column of paths relative to it, or `datasets`' to_parquet of local
+    files) embeds as the same images held as bytes; a file that is not there is an error row naming it."""
+    from support.pictures import encode, picture
+
+    photos = {"a": encode(picture("coffee.jpg")), "b": encode(picture("rocket.jpg"))}
+    for key, data in photos.items():
+        (tmp_path / "files").mkdir(exist_ok=True)
+        (tmp_path / "files" / f"{key}.jpg").write_bytes(data)
+    pq.write_table(pa.table({"key": list(photos), "image": list(photos.values())}), tmp_path / "bytes.parquet")
+    pq.write_table(pa.table({"key": ["a", "b", "c"], "image": ["a.jpg", "b.jpg", "c.jpg"]}),
+                   tmp_path / "files" / "t.parquet")
+    runs = {}
+    for name, table in (("bytes", tmp_path / "bytes.parquet"), ("files", tmp_path / "files" / "t.parquet")):
+        embed(EmbedConfig(str(table), str(tmp_path / f"out-{name}"), tiny_clip, executor="local",
+                          max_error_rate=0.5), log=lambda _: None)
+        runs[name] = dict(zip(*embeddings.read_all(str(tmp_path / f"out-{name}"))))
+    assert sorted(runs["files"]) == ["a", "b"]
+    for key in photos:
+        np.testing.assert_allclose(runs["files"][key], runs["bytes"][key], rtol=0, atol=1e-6)
+    errors = pa.ipc.open_file(glob.glob(str(tmp_path / "out-files" / "_errors" / "*"))[0]).read_all().to_pylist()
+    assert errors == [{"key": "c", "error": "cannot read its image file c.jpg"}]
