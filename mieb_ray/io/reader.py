@@ -295,7 +295,10 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
     parquets = [u for u in uris if u.endswith(PARQUET_SUFFIX)]
     tars = [u for u in uris if u.endswith(TAR_SUFFIX)]
     if not parquets and not tars:
-        raise UserError(f"no .parquet or .tar files under {storage.display(root)}")
+        saved = any(u.endswith(".arrow") for u in uris) and storage.exists(storage.join(root, "state.json"))
+        raise UserError(f"no .parquet or .tar files under {storage.display(root)}" + (
+            " (it is a `datasets` save_to_disk folder: write the dataset with Dataset.to_parquet to read it)"
+            if saved else ""))
     if parquets and tars:
         raise UserError(f"{storage.display(root)} mixes .parquet and .tar files; point --input at one kind")
     return (PARQUET if parquets else WEBDATASET), [InputFile(u, _rel(root, u)) for u in (parquets or tars)]

@@ -177,3 +177,10 @@ def test_a_table_of_image_files_reads_their_bytes(tmp_path):
     assert read(str(tmp_path / "hf")) == dict(zip(KEYS[:3], IMAGES[:3]))
     parquet(tmp_path / "pictures" / "t.parquet", key=KEYS[:4], image=[f"{k}.jpg" for k in KEYS[:4]])  # k3.jpg: none
     assert read(str(tmp_path / "pictures" / "t.parquet")) == {**dict(zip(KEYS[:3], IMAGES[:3])), KEYS[3]: None}
+    # the other way `datasets` writes a dataset to disk is not a table this reads: said so
+    datasets.load_dataset("parquet", data_files=str(tmp_path / "hf" / "t.parquet"), split="train",
+                          cache_dir=str(tmp_path / "cache")).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(UserError, match=r"^no \.parquet or \.tar files under .*saved \(it is a `datasets` "
+                                        r"save_to_disk folder: write the dataset with Dataset\.to_parquet to read "
+                                        r"it\)$"):
+        read(str(tmp_path / "saved"))
