@@ -42,7 +42,8 @@ def holder(lease: dict | None, now: float, host: str, started=_started, holding:
     """The run that holds the output, in words, or None when no live run does. `lease`: the file's content (None:
     there is none); `host`: this machine's name; `started(pid)`: a process's start time on this machine;
     `holding`: the runs of this process that hold their output."""
-    if not isinstance(lease, dict) or not isinstance(lease.get("seen"), (int, float)):
+    if not isinstance(lease, dict) or not isinstance(lease.get("seen"), (int, float)) \
+            or not isinstance(lease.get("pid"), int):
         return None  # no lease, or not one of ours
     mine = lease.get("host") == host
     if mine and started(lease.get("pid")) != lease.get("started_at"):
