@@ -230,21 +230,30 @@ def cache_dir(kind: str) -> str:
     return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "mieb-ray", kind)
 
 
+# A machine's copies of S3 models and mirrors (a sweep over checkpoints makes one each) never leave their disk with
+# less than CACHE_RESERVE of it free: the copies used least recently go first, never one used within
+# CACHE_IN_USE_SECONDS (a job on this machine may be loading it).
+CACHE_RESERVE = 0.1
+CACHE_IN_USE_SECONDS = 3600.0
+
+
 def local_copy(uri: str, files: dict[str, tuple], cache: str) -> str:
     """A folder of this machine holding `files` (of files_under(uri): path under the prefix, stamp) as they are there
     now: downloaded once per machine and version of those files (their sizes and times: files overwritten there
     are fetched again). The machine's other processes wait for a download under way rather than make their own,
-    and see no folder or a complete one (renamed into place)."""
+    and see no folder or a complete one (renamed into place). Its use is noted (the folder's time), and room is
+    made for a new one (make_room)."""
     uri = uri.rstrip("/")
     version = json.dumps([[f, *files[f]] for f in sorted(files)])
     final = os.path.join(cache, hashlib.sha1(f"{uri}\n{version}".encode()).hexdigest())
     if os.path.isdir(final):
-        return final
+        return _used(final)
     try:
         os.makedirs(os.path.join(cache, ".locks"), exist_ok=True)
         with FileLock(os.path.join(cache, ".locks", os.path.basename(final) + ".lock")):
             if os.path.isdir(final):
-                return final
+                return _used(final)
+            make_room(cache, sum(stamp[0] for stamp in files.values()))
             tmp = tempfile.mkdtemp(prefix=".download-", dir=cache)
             try:
                 for rel in files:
@@ -258,6 +267,41 @@ def local_copy(uri: str, files: dict[str, tuple], cache: str) -> str:
     except OSError as exc:  # this machine's side (a full disk, a cache it cannot write) or a read cut short
         raise StorageError(f"cannot copy {display(uri)} into {cache}: {described(exc)}") from exc
     return final
+
+
+def _used(copy: str) -> str:
+    with contextlib.suppress(OSError):  # a cache this process may only read
+        os.utime(copy)
+    return copy
+
+
+def unused_copies(copies: list[tuple[str, float]], now: float) -> list[str]:
+    """Of a cache's copies (folder, last used), those that may go, least recently used first."""
+    return [path for path, used in sorted(copies, key=lambda c: c[1]) if now - used > CACHE_IN_USE_SECONDS]
+
+
+def make_room(cache: str, incoming: int) -> None:
+    """Remove the cache's unused copies, least recently used first, until `incoming` more bytes leave its disk
+    CACHE_RESERVE free (or none is left to remove), and what killed processes left (a download cut short, a copy
+    half removed). A copy goes by a rename first: no process sees it half gone."""
+    now = time.time()
+    for left in [e.path for e in os.scandir(cache) if e.name.startswith((".download-", ".removing-"))
+                 and now - e.stat().st_mtime > CACHE_IN_USE_SECONDS]:
+        shutil.rmtree(left, ignore_errors=True)
+    usage = shutil.disk_usage(cache)
+    short = CACHE_RESERVE * usage.total + incoming - usage.free
+    copies = [(e.path, e.stat().st_mtime) for e in os.scandir(cache) if e.is_dir() and not e.name.startswith(".")]
+    for path in unused_copies(copies, now):
+        if short <= 0:
+            return
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
+        trash = os.path.join(cache, f".removing-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(path, trash)
+        except OSError:  # another process took it first
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        short -= size
 
 
 def check_output(uri: str) -> None:

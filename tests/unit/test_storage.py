@@ -150,3 +150,36 @@ def test_messages_never_hold_a_secret(fresh_clients, monkeypatch, tmp_path):
         storage.list_files("hf://datasets/org/private/data")
     message = str(err.value)
     assert message == "cannot list hf://datasets/org/private/data: bad token ***"
+
+
+def test_copies_of_remote_files_make_room_for_a_new_one_least_recently_used_first(tmp_path, monkeypatch):
+    """A sweep over checkpoints on S3 made one copy of each on every node, until the disk was full: a new copy now
+    removes the copies used least recently while the disk has less than CACHE_RESERVE free, never one used within
+    the hour, nor one on a disk with room."""
+    def checkpoint(name: str) -> str:
+        root = tmp_path / "bucket" / name
+        root.mkdir(parents=True)
+        (root / "model.safetensors").write_bytes(name.encode() * 1000)
+        return str(root)
+
+    def copy(source: str) -> str:
+        return storage.local_copy(source, storage.files_under(source), str(tmp_path / "cache"))
+
+    second = checkpoint("step-2")
+    old, recent = copy(checkpoint("step-1")), copy(second)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))  # last used two hours ago
+    cut_short = tmp_path / "cache" / ".download-x"
+    cut_short.mkdir()
+    os.utime(cut_short, (hours_ago, hours_ago))
+    assert copy(checkpoint("step-3")) and os.path.isdir(old)  # room on this disk: nothing goes
+    assert storage.unused_copies([("a", 10.0), ("b", 5.0), ("c", 9000.0)], 9000.0 + 60) == ["b", "a"]
+    monkeypatch.setattr(storage, "CACHE_RESERVE", 1.0)  # a disk never free enough: every unused copy goes
+    new = copy(checkpoint("step-4"))
+    assert open(os.path.join(new, "model.safetensors"), "rb").read() == b"step-4" * 1000
+    assert not os.path.exists(old) and not cut_short.exists()
+    assert os.path.isdir(recent) and len([e for e in os.listdir(tmp_path / "cache") if not e.startswith(".")]) == 3
+    os.utime(recent, (hours_ago, hours_ago))
+    assert copy(second) == recent  # found, and its use noted
+    copy(checkpoint("step-5"))
+    assert os.path.isdir(recent)  # used just now: kept, though the disk is short
