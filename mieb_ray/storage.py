@@ -426,11 +426,14 @@ def discard(local: str) -> None:
 
 
 def write_bytes(dest: str, data: bytes) -> None:
-    def write(local: str) -> None:
-        with open(local, "wb") as f:  # closed here: a full disk may only say so as it flushes
+    local = staging_path(dest)
+    try:
+        with writing(dest, local), open(local, "wb") as f:  # closed inside: a full disk may say so as it flushes
             f.write(data)
-
-    commit_file(dest, write)
+    except BaseException:
+        discard(local)
+        raise
+    commit(local, dest)
 
 
 def delete(uri: str) -> None:

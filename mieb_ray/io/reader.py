@@ -447,7 +447,11 @@ def _with_files(images: pa.ChunkedArray, table: str) -> pa.ChunkedArray:
         try:
             with storage.open_input(uri) as f:
                 return f.read()
-        except (storage.StorageError, OSError):
+        except storage.StorageError as exc:  # not there: an error row; a store failing: the job's error
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return None
+            raise
+        except OSError:  # a local file this process may not read, a folder
             return None
 
     with ThreadPoolExecutor(min(16, len(uris))) as pool:  # an object store: one request per image
