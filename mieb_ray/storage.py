@@ -100,6 +100,15 @@ def probe_s3(connect: bool = True) -> None:
     probe(_s3_address()[0], "S3 endpoint", connect)
 
 
+def probe_hub() -> None:
+    """probe() of the Hugging Face hub, unless HF_HUB_OFFLINE (its client retries an unreachable host for half a
+    minute per file)."""
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        probe(constants.ENDPOINT, "the Hugging Face hub")
+
+
 @functools.lru_cache(maxsize=None)
 def _s3() -> pafs.S3FileSystem:
     # A bare S3FileSystem() ignores AWS_ENDPOINT_URL, so pass it on; the SDK resolves region and keys.

@@ -109,7 +109,6 @@ def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | Non
 
 
 def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: bool = True) -> str:
-    import huggingface_hub.constants
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     if revision is None and repo in PINNED:
@@ -121,11 +120,10 @@ def _from_hub(repo: str, revision: str | None, cache_dir: str | None, weights: b
         return _snapshot(repo, revision, cache_dir, local_files_only=True)
     except (HfHubHTTPError, OSError, ValueError, LookupError):
         pass
-    if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        try:  # the hub's client retries an unreachable host for half a minute: one line now instead
-            storage.probe(huggingface_hub.constants.ENDPOINT, "the Hugging Face hub")
-        except storage.StorageError as exc:
-            raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
+    try:
+        storage.probe_hub()
+    except storage.StorageError as exc:
+        raise UserError(f"model {repo} is not a local directory or cached here, and {exc}") from None
     try:
         return _snapshot(repo, revision, cache_dir, local_files_only=False, weights=weights)
     except GatedRepoError:

@@ -516,11 +516,9 @@ class MtebSuite:
     def check_data(self) -> None:
         """A mirror without a task's folder, or a hub that cannot be reached, before any suite works (not after
         the others ran, nor after the hub client's half minute of retries per file)."""
-        from huggingface_hub import constants
-
-        if self.sources == HF and self.names and not constants.HF_HUB_OFFLINE:
+        if self.sources == HF and self.names:
             try:
-                storage.probe(constants.ENDPOINT, "the Hugging Face hub")
+                storage.probe_hub()
             except storage.StorageError as exc:
                 raise UserError(f"mteb's tasks read the Hugging Face hub, and {exc} (with their data in this "
                                 "machine's cache, set HF_HUB_OFFLINE=1)") from None

@@ -424,12 +424,10 @@ FILE_ROWS = 64  # rows a chunk of a table of image files holds: their bytes are 
 
 
 def _by_path(images: pa.ChunkedArray) -> np.ndarray:
-    """The rows whose image has no bytes but a path."""
-    if not any(c.field("bytes").null_count for c in images.chunks):  # a table of images: no copy of their bytes
-        return np.zeros(0, np.int64)
-    flat = images.combine_chunks()
-    return np.flatnonzero(pc.and_(pc.is_null(flat.field("bytes")), pc.is_valid(flat.field("path")))
-                          .to_numpy(zero_copy_only=False))
+    """The rows whose image has no bytes but a path (chunk by chunk: the images' bytes are never copied)."""
+    masks = [pc.and_(pc.is_null(c.field("bytes")), pc.is_valid(c.field("path"))).to_numpy(zero_copy_only=False)
+             if c.field("bytes").null_count else np.zeros(len(c), bool) for c in images.chunks]
+    return np.flatnonzero(np.concatenate(masks)) if masks else np.zeros(0, np.int64)
 
 
 def _with_files(images: pa.ChunkedArray, table: str) -> pa.ChunkedArray:
