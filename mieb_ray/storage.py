@@ -400,7 +400,8 @@ def writing(dest: str, local: str):
     try:
         yield
     except OSError as exc:
-        staged = f" (staged in {os.path.dirname(local)})" if is_s3(dest) else ""
+        staged = os.path.dirname(os.path.abspath(local))
+        staged = f" (staged in {staged})" if is_s3(dest) or staged != os.path.dirname(os.path.abspath(dest)) else ""
         raise StorageError(f"cannot write {display(dest)}{staged}: {described(exc)}") from exc
 
 
@@ -443,6 +444,98 @@ def write_bytes(dest: str, data: bytes) -> None:
         discard(local)
         raise
     commit(local, dest)
+
+
+# ------------------------------------------------------------------ small files written by one writer at a time
+# A file's version, for write_if and delete_if: on S3 its ETag, on local disk its content's digest (contents differ
+# from one write to the next: a lease's is its run and a time).
+
+
+def read_versioned(uri: str) -> tuple[bytes | None, str | None]:
+    """A small file's bytes and version; (None, None) when there is none."""
+    if not is_s3(uri):
+        try:
+            with open(uri, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None, None
+        return data, hashlib.sha256(data).hexdigest()
+    from botocore.exceptions import ClientError
+
+    bucket, key = uri[len("s3://"):].split("/", 1)
+    try:
+        found = _boto3_s3().get_object(Bucket=bucket, Key=key)
+        return found["Body"].read(), found["ETag"]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None, None
+        raise StorageError(f"cannot read {uri}: {described(exc)}") from exc
+    except Exception as exc:
+        raise StorageError(f"cannot read {uri}: {described(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _folder_locked(path: str):
+    """This machine's processes one at a time in `path`'s folder (flock: released when the process dies)."""
+    import fcntl
+
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock with it
+
+
+def write_if(uri: str, data: bytes, version: str | None) -> str | None:
+    """Write `data` only if the file is still at `version` (None: only if there is none); its new version, or
+    None when another writer changed it first. S3: a conditional PUT (If-Match, If-None-Match); a server without
+    them writes unconditionally. Local disk: the check and the rename under a lock of the folder."""
+    if not is_s3(uri):
+        with _folder_locked(uri):
+            if read_versioned(uri)[1] == version:
+                write_bytes(uri, data)
+                return hashlib.sha256(data).hexdigest()
+    else:
+        bucket, key = uri[len("s3://"):].split("/", 1)
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        done = _conditional(uri, "write", lambda **c: _boto3_s3().put_object(Bucket=bucket, Key=key, Body=data, **c),
+                            condition)
+        if done is not None:
+            return done["ETag"]
+    now, current = read_versioned(uri)  # a retried PUT that had landed fails its own condition: it landed
+    return current if now == data else None
+
+
+def _conditional(uri: str, verb: str, call, condition: dict):
+    """call(**condition) on S3: its response, or None when the condition failed (412; 409: a concurrent write
+    won; 404: If-Match of nothing). A server without such conditions (NotImplemented) gets the call without."""
+    from botocore.exceptions import ClientError
+
+    try:
+        try:
+            return call(**condition)
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (404, 409, 412):
+                return None
+            if exc.response.get("Error", {}).get("Code") not in ("NotImplemented", "InvalidArgument"):
+                raise
+        return call()
+    except Exception as exc:
+        raise StorageError(f"cannot {verb} {uri}: {described(exc)}") from exc
+
+
+def delete_if(uri: str, version: str) -> bool:
+    """Delete the file only if it is still at `version`; whether it was."""
+    if not is_s3(uri):
+        with _folder_locked(uri):
+            if read_versioned(uri)[1] != version:
+                return False
+            delete(uri)
+        return True
+    bucket, key = uri[len("s3://"):].split("/", 1)
+    return _conditional(uri, "delete", lambda **c: _boto3_s3().delete_object(Bucket=bucket, Key=key, **c),
+                        {"IfMatch": version}) is not None
 
 
 def delete(uri: str) -> None:

@@ -60,7 +60,9 @@ def holder(lease: dict | None, now: float, host: str, started=_started, holding:
 class Lease:
     """This run's hold on an output (take() makes one); release() ends it, and is safe to call twice. Its thread
     rewrites it every BEAT_SECONDS while the run lasts, and drops it when the run ends: a store that is down then
-    (the job failed on it) delays the command's exit by RELEASE_SECONDS at most."""
+    (the job failed on it) delays the command's exit by RELEASE_SECONDS at most. Every write and the drop are
+    conditional on the file being as this run last wrote it (storage.write_if): two runs starting together cannot
+    both take it, and a run that lost it never writes over the run that took it."""
 
     RELEASE_SECONDS = 3.0  # a healthy store drops it in milliseconds
 
@@ -69,31 +71,30 @@ class Lease:
         pid = os.getpid()
         self.record = {"job": job, "run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": pid,
                        "started_at": _started(pid), "since": time.time()}
+        self.version: str | None = None  # of the file as this run last wrote it
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._beating, name=f"lease {out}", daemon=True)
 
-    def _write(self) -> None:
-        storage.write_bytes(self.uri, json.dumps({**self.record, "seen": time.time()}).encode())
+    def _write(self, over: str | None) -> str | None:
+        """Write it over the file at version `over` (None: where there is none); None when that failed."""
+        data = json.dumps({**self.record, "seen": time.time()}).encode()
+        self.version = storage.write_if(self.uri, data, over) or self.version
+        return self.version if self.version != over else None
 
     def _beating(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             try:
-                if self.held_by_another():  # taken over: never written over another run's
+                if self._write(self.version) is None:  # taken over: never written over another run's
                     return
-                self._write()
             except Exception:  # an outage: the run's own writes say so; the lease outlives it
                 pass
         with contextlib.suppress(Exception):  # unreachable: it frees itself (a dead process, or stale)
-            if self.held_by_another() is None:
-                storage.delete(self.uri)
+            storage.delete_if(self.uri, self.version)
 
     def held_by_another(self) -> str | None:
         """Who holds the output now if not this run (another run took it over after this one's beats failed
         for STALE_SECONDS), else None."""
-        lease = _read(self.uri)
-        if isinstance(lease, dict) and lease.get("run") == self.record["run"]:
-            return None
-        return holder(lease, time.time(), self.record["host"], holding=_HOLDING) or "a run that has ended since"
+        return held_by_another(self.uri, self.record["run"], self.record["host"])
 
     def release(self) -> None:
         if self._stop.is_set():
@@ -103,25 +104,47 @@ class Lease:
         self._beat.join(self.RELEASE_SECONDS)
 
 
-def _read(uri: str) -> dict | None:
-    """The lease there (None: none; {}: not one); a store that cannot be reached is an error, never "none"."""
-    if not storage.exists(uri):
-        return None
+def _read(uri: str) -> tuple[dict | None, str | None]:
+    """The lease there (None: none; {}: not one) and its version; a store that cannot be reached is an error,
+    never "none"."""
+    data, version = storage.read_versioned(uri)
+    if data is None:
+        return None, None
     try:
-        return json.loads(storage.read_text(uri))
+        return json.loads(data), version
     except ValueError:
-        return {}
+        return {}, version
+
+
+def held_by_another(uri: str, run: str, host: str | None = None) -> str | None:
+    """Who holds the lease at `uri` if not run `run`, in words; None when `run` holds it."""
+    lease, _ = _read(uri)
+    if isinstance(lease, dict) and lease.get("run") == run:
+        return None
+    return holder(lease, time.time(), host or socket.gethostname(), holding=_HOLDING) or "a run that has ended since"
+
+
+def check_held(out: str, run: str | None, what: str) -> None:
+    """Before a worker commits `what` into `out` for run `run` (None: a run that holds no lease): refuse if another
+    run took the output over (this run went unheard for STALE_SECONDS), so the files it commits are never mixed
+    with the other run's."""
+    if run is not None and (other := held_by_another(storage.join(out, storage.LEASE), run)):
+        raise UserError(f"{storage.display(out)} was taken over by {other} while this run's hold on it lapsed: "
+                        f"{what} was not committed")
 
 
 def take(out: str, job: str) -> Lease:
     """Hold `out` for this run of `job`, or refuse in one line naming the run that holds it."""
     mine = Lease(out, job)
-    lease = _read(mine.uri)
-    if other := holder(lease, time.time(), mine.record["host"], holding=_HOLDING):
-        raise UserError(f"{storage.display(out)} is being written by {other}: wait for it to end, or stop it "
-                        "(ray job stop, or kill its process); --resume and --overwrite leave an output alone while "
-                        "another run writes it")
-    mine._write()
-    _HOLDING.add(mine.record["run"])
-    mine._beat.start()
-    return mine
+    for _ in range(3):  # a lease that changes between the read and the write is read again
+        lease, version = _read(mine.uri)
+        if other := holder(lease, time.time(), mine.record["host"], holding=_HOLDING):
+            raise UserError(f"{storage.display(out)} is being written by {other}: wait for it to end, or stop it "
+                            "(ray job stop, or kill its process); --resume and --overwrite leave an output alone "
+                            "while another run writes it")
+        _HOLDING.add(mine.record["run"])  # before it is written: this process's other runs see it held
+        if mine._write(version) is not None:
+            mine._beat.start()
+            return mine
+        _HOLDING.discard(mine.record["run"])
+    raise UserError(f"{storage.display(out)}: other runs keep taking it as this one starts; try again")

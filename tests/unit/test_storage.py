@@ -183,3 +183,39 @@ def test_copies_of_remote_files_make_room_for_a_new_one_least_recently_used_firs
     assert copy(second) == recent  # found, and its use noted
     copy(checkpoint("step-5"))
     assert os.path.isdir(recent)  # used just now: kept, though the disk is short
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_conditional_write_lands_only_over_the_version_it_read(where, tmp_path, request):
+    """storage.write_if / delete_if (what a run's lease is written with): a write or delete lands only while the
+    file is as the writer last saw it, and a retried write that had landed counts as landed; on S3 read back with
+    boto3 (SeaweedFS's conditional PUT and DELETE)."""
+    if where == "s3":
+        s3 = request.getfixturevalue("s3")
+        request.getfixturevalue("fresh_clients")
+        uri = f"s3://{s3.bucket}/cas-test/{tmp_path.name}/lease.json"
+        client, key = s3.client(), f"cas-test/{tmp_path.name}/lease.json"
+
+        def content():
+            try:
+                return client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+            except client.exceptions.NoSuchKey:
+                return None
+    else:
+        uri = str(tmp_path / "lease.json")
+
+        def content():
+            return open(uri, "rb").read() if os.path.exists(uri) else None
+
+    assert storage.read_versioned(uri) == (None, None)
+    first = storage.write_if(uri, b"run a", None)
+    assert first and content() == b"run a"
+    assert storage.write_if(uri, b"run b", None) is None and content() == b"run a"  # it exists now
+    assert storage.write_if(uri, b"run a", None) == first  # a retry of the write that landed: landed
+    second = storage.write_if(uri, b"run a, later", first)
+    assert second not in (None, first) and content() == b"run a, later"
+    assert storage.write_if(uri, b"run b", first) is None and content() == b"run a, later"  # it changed since
+    assert storage.read_versioned(uri) == (b"run a, later", second)
+    assert not storage.delete_if(uri, first) and content() == b"run a, later"
+    assert storage.delete_if(uri, second) and content() is None
+    assert storage.write_if(uri, b"run b", second) is None and content() is None  # nothing to write over

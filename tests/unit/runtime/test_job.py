@@ -133,6 +133,51 @@ def test_a_lease_is_kept_fresh_while_its_run_lasts_and_never_written_over_anothe
     assert json.loads(uri.read_text()) == other  # neither rewritten nor dropped by the run that lost it
 
 
+_TAKE_AT_ONCE = """
+import os, sys, time
+from mieb_ray.errors import UserError
+from mieb_ray.runtime import lease
+print("ready", flush=True)
+at = float(sys.stdin.readline())
+while time.time() < at:  # all at the same instant
+    pass
+try:
+    lease.take(sys.argv[1], "embed")
+    print("took", flush=True)
+except UserError:
+    print("refused", flush=True)
+time.sleep(3)  # alive while the others try
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_of_runs_starting_together_into_one_output_one_takes_it(where, tmp_path, request):
+    """Six runs start at the same instant (a sweep that forgot to vary --out): exactly one holds the output, the
+    others are refused; the lease is written only where it was as read (storage.write_if)."""
+    env = dict(os.environ)
+    if where == "s3":
+        s3 = request.getfixturevalue("s3")
+        out, env = f"s3://{s3.bucket}/race/{tmp_path.name}", {**env, **s3.env}
+    else:
+        out = str(tmp_path / "out")
+        os.makedirs(out)
+    runs = [subprocess.Popen([sys.executable, "-c", _TAKE_AT_ONCE, out], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env) for _ in range(6)]
+    try:
+        assert [r.stdout.readline() for r in runs] == ["ready\n"] * 6
+        at = time.time() + 0.5
+        for r in runs:
+            r.stdin.write(f"{at}\n")
+            r.stdin.flush()
+        said = sorted(r.stdout.readline().strip() for r in runs)
+    finally:
+        for r in runs:
+            r.kill()
+            r.wait()
+    assert said == ["refused"] * 5 + ["took"]
+
+
 def test_who_holds_an_output():
     """lease.holder: a live process of this machine holds it; one of another machine until it goes unheard for
     STALE_SECONDS (its clock is not this one's to read: only how long since its last beat was written)."""
