@@ -81,6 +81,7 @@ def _hash_unit(out: str, item: HashUnit, partitions: int, progress: Progress) ->
                 if hi > lo:
                     writer.write_table(table.slice(lo, hi - lo))
     path = f"{DIR}/{item.name}.parquet"
+    progress.held(item.name)
     stats = storage.commit_file(storage.join(out, path), write)
     counts = pc.value_counts(pc.fill_null(table["eval_task"], "")).to_pylist() if table.num_rows else []
     result = {"path": path, "name": item.name, "rows": table.num_rows,

@@ -258,6 +258,7 @@ def commit_stage(batch: dict, units: list[Unit], out: str, schema, columns: Tabl
         if mine.sum() != unit.hi - unit.lo:  # a unit travels as one block: anything else would lose rows
             raise RuntimeError(f"unit {unit.name} arrived with {int(mine.sum())} of its {unit.hi - unit.lo} rows")
         rows = {k: v[mine] for k, v in batch.items()}
+        progress.held(unit.name)
         result = embeddings.commit_shard(out, unit.name, schema, rows, columns.key, columns.carry, rows[ERROR])
         if ON_DEVICE in rows:  # --decode gpu: where the unit's good images were decoded
             on_device = int((rows[ON_DEVICE] & (rows[ERROR] == "")).sum())

@@ -92,6 +92,8 @@ class ShardBuilder:
                 dropped += n_dropped
                 if bad.num_rows:
                     errors.append(bad)
+            if self.progress is not None:
+                self.progress.held(unit.name)
             shards = [self._commit(slug, shard)] if shard is not None else []
             shard = None
         finally:

@@ -87,7 +87,7 @@ class Job:
         output without --resume, or with --resume but other settings or other units, is refused in one line that
         says what differs: hours of work are never replaced or orphaned by mistake. From here on `progress` is
         the records the workers commit."""
-        self.progress = Progress(self.out, settings)
+        self.progress = Progress(self.out, settings, self.lease.record["run"] if self.lease else None)
         left = self._unfinished()
         if not left:
             return {}

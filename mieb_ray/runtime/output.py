@@ -48,15 +48,21 @@ class Progress:
     A record counts on resume only if its unit (what was read) and settings equal this run's: a unit made
     from other files, with another model, format or shard size is made again."""
 
-    def __init__(self, out: str, settings: dict):
-        self.out = out
+    def __init__(self, out: str, settings: dict, run: str | None = None):
+        self.out, self.run = out, run  # run: the run that holds the output (runtime/lease.py), None: none
         self.settings = json.loads(json.dumps(settings))  # as a record will read back (tuples become lists)
 
     def path(self, name: str) -> str:
         return storage.join(self.out, storage.PROGRESS, f"{name}.json")
 
+    def held(self, name: str) -> None:
+        """Called by the worker before it commits unit `name`'s files: refused once another run took the output
+        over (lease.check_held)."""
+        lease.check_held(self.out, self.run, f"unit {name}")
+
     def record(self, name: str, unit, result: dict) -> None:
         """Called by the worker once every file of the unit is committed. `unit`: JSON-able, what was read."""
+        self.held(name)
         record = {"unit": unit, "settings": self.settings, "result": result}
         storage.write_bytes(self.path(name), json.dumps(record).encode())
 

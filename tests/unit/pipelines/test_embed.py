@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import datasets
 import numpy as np
@@ -410,3 +411,25 @@ def test_a_table_of_image_files_embeds_them_and_names_a_file_it_cannot_read(tiny
         np.testing.assert_allclose(runs["files"][key], runs["bytes"][key], rtol=0, atol=1e-6)
     errors = pa.ipc.open_file(glob.glob(str(tmp_path / "out-files" / "_errors" / "*"))[0]).read_all().to_pylist()
     assert errors == [{"key": "c", "error": "cannot read its image file c.jpg"}]
+
+
+def test_a_run_whose_output_was_taken_over_commits_nothing_more(mieb_train, tiny_clip, tmp_path):
+    """A run that went unheard for lease.STALE_SECONDS (a driver on another machine) was taken for dead and
+    another run took its output over: its next unit is refused before any file of it is committed, so the other
+    run's files are never mixed with its own, and it never writes over the other's lease."""
+    root, _ = mieb_train
+    out = tmp_path / "out"
+    other = {"job": "embed", "run": "other", "host": "gpu-7", "pid": 12, "started_at": 1.0, "since": time.time(),
+             "seen": time.time()}
+
+    def taken_over_after_the_first_unit(line: str) -> None:
+        if re.match(r"\[embed\] 1/\d+ units", line):
+            (out / storage.LEASE).write_text(json.dumps(other))
+
+    config = EmbedConfig(root, str(out), tiny_clip, batch_size=16, executor="local")
+    with pytest.raises(UserError, match=rf"^{re.escape(str(out))} was taken over by another run of mieb-ray embed "
+                                        r"\(pid 12 on host gpu-7, last heard from \d+ s ago, since .*\) while this "
+                                        r"run's hold on it lapsed: unit \S+ was not committed$"):
+        embed(config, log=taken_over_after_the_first_unit)
+    assert len(list(out.rglob("*.arrow"))) == len(list((out / "_progress").rglob("*.json"))) == 1
+    assert json.loads((out / storage.LEASE).read_text()) == other
