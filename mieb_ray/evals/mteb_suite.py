@@ -253,11 +253,16 @@ def server(vectors: embed_cache.Lookup | embed_cache.Given, dim: int, task: str)
 
 
 class ItemSink:
-    """A task's inputs, each key once, into local Parquet files (images streamed: a corpus may not fit memory)."""
+    """A task's inputs, each key once, into local Parquet files in `folder` (images streamed: a corpus may not fit
+    memory), staged for `dest`'s: a disk that refuses a write is one line naming them (storage.writing)."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, dest: str):
         self.paths = {kind: os.path.join(folder, f"{kind}.parquet") for kind in ITEM_SCHEMA}
-        self.writers = {kind: pq.ParquetWriter(path, ITEM_SCHEMA[kind]) for kind, path in self.paths.items()}
+        self.dests = {kind: storage.join(dest, f"{kind}.parquet") for kind in ITEM_SCHEMA}
+        self.writers = {}
+        for kind, path in self.paths.items():
+            with storage.writing(self.dests[kind], path):
+                self.writers[kind] = pq.ParquetWriter(path, ITEM_SCHEMA[kind])
         self.seen: set[str] = set()
 
     def add(self, keys: list, data: list, texts: list) -> None:
@@ -268,11 +273,14 @@ class ItemSink:
                     self.seen.add(key)
                     rows[key] = value
             if rows:
-                self.writers[kind].write_table(pa.table([list(rows), list(rows.values())], schema=ITEM_SCHEMA[kind]))
+                with storage.writing(self.dests[kind], self.paths[kind]):
+                    self.writers[kind].write_table(pa.table([list(rows), list(rows.values())],
+                                                            schema=ITEM_SCHEMA[kind]))
 
     def close(self) -> None:
-        for w in self.writers.values():
-            w.close()
+        for kind, w in self.writers.items():
+            with storage.writing(self.dests[kind], self.paths[kind]):
+                w.close()
 
 
 @contextmanager
@@ -359,7 +367,7 @@ def collect_task(name: str, sources: str, folder: str, dim: int) -> tuple[dict[s
     for loading in _holding_data(task):
         loading.load_data()
     with tempfile.TemporaryDirectory() as tmp:
-        sink = ItemSink(tmp)
+        sink = ItemSink(tmp, folder)
         try:
             # the scores of zero vectors are dropped, and so are their warnings
             with warnings.catch_warnings(), _without_abstention():

@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
+import subprocess
+import sys
 import types
 
 import datasets
@@ -463,3 +466,32 @@ def test_an_outage_that_outlasts_the_hub_clients_retries_runs_the_task_again(tmp
     assert not isinstance(caught.value, TransientStorageError)
     assert str(caught.value).startswith(f"{name}: mteb cannot load its data from the hub: ")
     assert loads == [name]  # not run again
+
+
+def test_a_temp_disk_that_refuses_the_recorded_inputs_is_one_line(tmp_path):
+    """The pass that records a task's inputs writes them into the temp dir as mteb hands them over: a full temp
+    disk was an OSError traceback through mteb's evaluate; now one line naming the file and where it was staged.
+    Here the limit is the kernel's (RLIMIT_FSIZE, after a first run made the `datasets` cache: no other write)."""
+    import numpy as np
+
+    noise = np.random.default_rng(0).integers(0, 256, (6, 96, 96, 3), dtype=np.uint8)
+    pictures = []
+    for array in noise:  # about 28 KB each as PNG
+        out = io.BytesIO()
+        Image.fromarray(array).save(out, "PNG")
+        pictures.append(out.getvalue())
+    root = tmp_path / "mirror"
+    _sts(root, "mteb/rendered-sts13", list(zip(pictures[:3], pictures[3:])), [0.5, 2.0, 4.5])
+    model = make_tiny_clip(str(tmp_path / "model"))
+    ours(["STS13VisualSTS"], str(root), model, str(tmp_path / "warm"))
+    limited = ("import resource, signal, sys; from mieb_ray.cli import main; "
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000)); sys.exit(main(sys.argv[1:]))")
+    out, temp = tmp_path / "out", tmp_path / "temp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-c", limited, "eval", "--tasks", "STS13VisualSTS", "--sources", str(root),
+                           "--model", model, "--out", str(out), "--executor", "local"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(temp)})
+    assert done.returncode == 1 and re.fullmatch(
+        rf"mieb-ray: error: cannot write {re.escape(str(out))}/\S+/images\.parquet \(staged in "
+        rf"{re.escape(str(temp))}/\S+\): OSError: .*File too large", done.stderr.splitlines()[-1]), done.stderr[-3000:]
