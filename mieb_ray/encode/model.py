@@ -93,16 +93,19 @@ def pinned(name: str, revision: str | None = None) -> tuple[str | None, dict]:
 
 
 def resolve(name_or_path: str, revision: str | None = None, cache_dir: str | None = None,
-            weights: bool = True) -> str:
+            weights: bool = True, node: str | None = None) -> str:
     """A local directory holding the model's config, weights, tokenizer and processor files; with weights=False a
-    hub or S3 model's may hold only the small files (its weights checked to exist)."""
+    hub or S3 model's may hold only the small files (its weights checked to exist). node: the machine's name
+    where a job's encoder resolves it, not its driver (a local path the driver found may be missing there)."""
     if storage.is_s3(name_or_path):
         return _from_s3(name_or_path, cache_dir or default_cache_dir(), weights)
     if _is_hub(name_or_path):
         return _from_hub(name_or_path, revision, cache_dir, weights)
     if not os.path.isdir(name_or_path):
-        raise UserError(f"model path {name_or_path} does not exist" if not os.path.exists(name_or_path)
-                        else f"model path {name_or_path} is not a directory")
+        there = f" on {node}, a node where this job encodes: a local --model must be at that path on every node " \
+            "that encodes (or give it as s3:// or a hub name)" if node else ""
+        raise UserError(f"model path {name_or_path} does not exist{there}" if not os.path.exists(name_or_path)
+                        else f"model path {name_or_path} is not a directory{there}")
     if not _select(os.listdir(name_or_path)):
         raise UserError(f"model {name_or_path} has no weights (*.safetensors or pytorch_model*.bin)")
     return os.path.abspath(name_or_path)

@@ -19,6 +19,7 @@ its decoded pixels; ON_DEVICE says whether the device decoded it, which the unit
 from __future__ import annotations
 
 import json
+import socket
 import warnings
 
 import numpy as np
@@ -31,6 +32,7 @@ from mieb_ray.encode.preprocess import ImageSpec, Normalizer, load_images
 from mieb_ray.errors import FormatError
 from mieb_ray.io import embeddings, parquet, reader
 from mieb_ray.io.reader import TableColumns, Unit
+from mieb_ray.runtime import tasks
 from mieb_ray.runtime.output import Progress
 
 ERROR = "__error"  # per row: why it is an error row, "" for a good one
@@ -155,7 +157,8 @@ class EncodeStage:
         import torch
 
         torch.set_num_threads(max(1, threads))
-        path = resolve(model, revision)  # on this node: a local dir, or the hub's / S3's files cached here
+        # on this node: a local dir, or the hub's / S3's files cached here
+        path = resolve(model, revision, node=socket.gethostname() if tasks.node() else None)
         self.encoder = Encoder(path, load_info(path, model, revision, modality=modality), device=device,
                                dtype=precision, raw=raw, compile=compile)
         self.modality, self.data_column, self.batch_size = modality, data_column, batch_size

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 
 import datasets
@@ -433,3 +434,22 @@ def test_a_run_whose_output_was_taken_over_commits_nothing_more(mieb_train, tiny
         embed(config, log=taken_over_after_the_first_unit)
     assert len(list(out.rglob("*.arrow"))) == len(list((out / "_progress").rglob("*.json"))) == 1
     assert json.loads((out / storage.LEASE).read_text()) == other
+
+
+def test_a_local_model_missing_where_an_encoder_runs_names_that_node(ray_local, mieb_train, tiny_clip, tmp_path):
+    """A local --model is read by the driver, then by each encoder on its own node: on a cluster without a shared
+    disk one may lack it. Here the folder goes after the driver read it; the error names the node."""
+    root, _ = mieb_train
+    model = tmp_path / "model"
+    shutil.copytree(tiny_clip, model)
+
+    def gone_once_planned(line: str) -> None:
+        if re.match(r"\[embed\] \d+ shards from", line):
+            model.rename(tmp_path / "elsewhere")
+
+    with pytest.raises(UserError, match=rf"^model path {re.escape(str(model))} does not exist on "
+                                        rf"{re.escape(socket.gethostname())}, a node where this job encodes: a local "
+                                        r"--model must be at that path on every node that encodes \(or give it as "
+                                        r"s3:// or a hub name\)$"):
+        embed(EmbedConfig(root, str(tmp_path / "out"), str(model), batch_size=16, executor="ray"),
+              log=gone_once_planned)
