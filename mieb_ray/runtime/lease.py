@@ -78,8 +78,13 @@ class Lease:
     def _write(self, over: str | None) -> str | None:
         """Write it over the file at version `over` (None: where there is none); None when that failed."""
         data = json.dumps({**self.record, "seen": time.time()}).encode()
-        self.version = storage.write_if(self.uri, data, over) or self.version
-        return self.version if self.version != over else None
+        written = storage.write_if(self.uri, data, over)
+        if written is None and over is not None:
+            lease, now = _read(self.uri)
+            if isinstance(lease, dict) and lease.get("run") == self.record["run"]:  # ours: a write whose reply
+                written = storage.write_if(self.uri, data, now)  # was lost (the store failed after it landed)
+        self.version = written or self.version
+        return written
 
     def _beating(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):

@@ -125,6 +125,10 @@ def test_a_lease_is_kept_fresh_while_its_run_lasts_and_never_written_over_anothe
     first = json.loads(uri.read_text())["seen"]
     time.sleep(0.5)
     assert json.loads(uri.read_text())["seen"] > first  # rewritten: another machine sees it alive
+    landed = {**json.loads(uri.read_text()), "seen": 5.0}
+    uri.write_text(json.dumps(landed))  # a beat of its own that landed though the store said it failed
+    time.sleep(0.5)
+    assert json.loads(uri.read_text())["seen"] > 5.0  # still its own: it goes on beating
     other = {"job": "audit", "run": "other", "host": "gpu-7", "pid": 12, "started_at": 1.0, "since": time.time(),
              "seen": time.time()}
     uri.write_text(json.dumps(other))  # taken over (this run went unheard on another machine for a minute)
