@@ -481,7 +481,8 @@ def _folder_locked(path: str):
 
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a filesystem without locks (some network mounts): as before, unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # the lock with it
