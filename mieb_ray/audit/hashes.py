@@ -70,7 +70,8 @@ def _hash_unit(out: str, item: HashUnit, partitions: int, progress: Progress) ->
         keys, images = chunk[columns.key].to_pylist(), parquet.image_bytes(chunk["image"]).to_pylist()
         row_tasks = chunk["eval_task"].to_pylist() if task == BY_ROW else \
             [by_slug.get(matches.dataset_of(k)) for k in keys] if by_slug else [task] * len(keys)
-        chunks.append(matches.hash_rows(keys, images, item.number, first, partitions, row_tasks))
+        chunks.append(matches.hash_rows(keys, images, item.number, first, partitions, row_tasks,
+                                        lambda row: reader.null_key(columns.key, item.unit, item.unit.lo + row)))
         first += len(keys)
     table = matches.by_partition(pa.concat_tables(chunks) if chunks else matches.HASH_SCHEMA.empty_table())
     bounds = np.flatnonzero(np.diff(table["part"].to_numpy())) + 1

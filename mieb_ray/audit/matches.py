@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from mieb_ray import formats
 from mieb_ray.audit import hamming
-from mieb_ray.audit.fingerprints import CENTRED, SIDES, fingerprint
+from mieb_ray.audit.fingerprints import CENTRED, SIDES, Fingerprint, fingerprint
 
 PDQ_HASHES = ("pdq", "pdq_mirror", "pdq_centred", "pdq_sides")  # columns of 32-byte PDQ hashes, one or more a row
 # (train column, eval column) compared, each hash of one with each of the other: the two pictures, one the other's
@@ -59,9 +59,11 @@ def partition(sha: bytes | None, pix: bytes | None, partitions: int) -> int:
 
 
 def hash_rows(keys: list[str], images: list[bytes | None], unit: int, first_row: int, partitions: int,
-              eval_task: list[str | None]) -> pa.Table:
-    """Hash rows of one chunk of a unit (rows first_row, first_row + 1, ...)."""
-    prints = [fingerprint(image) for image in images]
+              eval_task: list[str | None], null_key=lambda row: "null key") -> pa.Table:
+    """Hash rows of one chunk of a unit (rows first_row, first_row + 1, ...). A row without a key is an error row,
+    null_key(its row) (nothing could name it in a pair, nor leave it out of a build)."""
+    prints = [fingerprint(image) if key is not None else Fingerprint(*[None] * 7, null_key(first_row + i))
+              for i, (key, image) in enumerate(zip(keys, images))]
     return pa.table({
         "key": pa.array(keys, pa.string()),
         **{c: pa.array([getattr(p, c) for p in prints], HASH_SCHEMA.field(c).type)

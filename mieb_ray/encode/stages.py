@@ -69,6 +69,8 @@ def read_stage(batch: dict, units: list[Unit], columns: TableColumns, modality: 
     if at != n:
         raise FormatError(f"{storage.display(unit.pieces[0].uri)} has {unit.lo + at:,} rows, fewer than the "
                           f"{unit.hi:,} it had when the job was planned; was it changed during the run?")
+    for i in np.flatnonzero([k is None for k in out[columns.key]]):  # a row the output could not name
+        errors[i] = errors[i] or reader.null_key(columns.key, unit, unit.lo + i)
     return {**out, **data.columns(columns.data), ERROR: errors, UNIT: np.full(n, int(number))}
 
 

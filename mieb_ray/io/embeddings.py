@@ -50,7 +50,8 @@ def commit_shard(out: str, name: str, schema_: pa.Schema, rows: dict, key: str, 
     result = {"path": name, "rows": int((~bad).sum()), "errors": int(bad.sum()), "error_file": None}
     if bad.any():
         result["error_file"] = f"_errors/{name}"
-        table = pa.table({"key": [str(k) for k in rows[key][bad]], "error": [str(e) for e in errors[bad]]},
+        table = pa.table({"key": [None if k is None else str(k) for k in rows[key][bad]],
+                          "error": [str(e) for e in errors[bad]]},
                          schema=EMBEDDING_ERROR_SCHEMA)
         storage.commit_file(storage.join(out, result["error_file"]), lambda local: write_ipc(local, table))
     table = shard_table(schema_, [str(k) for k in rows[key][~bad]], rows["embedding"][~bad],

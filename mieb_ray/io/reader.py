@@ -345,6 +345,11 @@ def group_cuts(groups: list[int], step: int) -> list[tuple[int, int]]:
     return [c for c in cuts if c[1] > c[0]] or [(0, 0)]
 
 
+def null_key(column: str, unit: Unit, index: int) -> str:
+    """The error of row `index` of a unit's table whose key is null: no output could name it, so say where it is."""
+    return f"null key (column {column}): row {index:,} of {storage.display(unit.file_of(index))}"
+
+
 def plan_table(files: list[InputFile], rows_per_unit: int | dict[str, int],
                offsets: dict[str, list[int]] | None = None) -> list[Unit]:
     """Each file (its rows counted) cut into units of at most `rows_per_unit` rows (a dict: per file uri): a

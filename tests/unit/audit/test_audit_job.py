@@ -285,6 +285,21 @@ def test_self_audit_groups_copies_and_build_keeps_one_of_each(ray_local, tmp_pat
     assert "--against self cannot be combined with other tables" in capsys.readouterr().err
 
 
+def test_a_row_without_a_key_is_an_error_row_that_says_where_it_is(ray_local, tmp_path, capsys):
+    """A null key named nothing: its row was paired as "None" (and a build could never leave it out). Now it is an
+    error row giving its row and file, and the copy it holds pairs with nothing."""
+    from support.planted import write_table
+
+    copy = jpeg(tiles()[0])
+    table = write_table(str(tmp_path / "table"), ["a/0", None, "a/2"], [copy, copy, jpeg(tiles()[1])])
+    out = str(tmp_path / "audit")
+    assert main(["audit", "--train", table, "--against", "self", "--out", out]) == 0
+    assert "[audit] done: build --exclude would leave out 0 of 3 rows" in capsys.readouterr().out
+    assert pq.read_table(os.path.join(out, "duplicates.parquet")).num_rows == 0
+    assert pq.read_table(os.path.join(out, "errors.parquet")).to_pylist() == [
+        {"side": "train", "key": None, "error": f"null key (column key): row 1 of {table}/000000.parquet"}]
+
+
 def test_against_mieb_covers_the_tasks_mteb_scores_and_their_clean_scores(tmp_path, tiny_clip, capsys):
     """--against mieb reads every MIEB eval image, the tasks mteb scores included (read by mteb's loaders, keyed as
     the eval's collect pass keys them): the train rows that copy STS12's, STS13's and FGVCAircraft's test images are

@@ -453,3 +453,15 @@ def test_a_local_model_missing_where_an_encoder_runs_names_that_node(ray_local, 
                                         r"s3:// or a hub name\)$"):
         embed(EmbedConfig(root, str(tmp_path / "out"), str(model), batch_size=16, executor="ray"),
               log=gone_once_planned)
+
+
+def test_a_row_without_a_key_is_an_error_row_that_says_where_it_is(tiny_clip, tmp_path):
+    """A null key named nothing: its embedding was written under the key "None". Now it is an error row giving its
+    row and file; the other rows are embedded."""
+    photo = [_jpeg((200, 30, 30)), _jpeg((30, 200, 30)), _jpeg((30, 30, 200))]
+    pq.write_table(pa.table({"key": ["a", None, "c"], "image": photo}), tmp_path / "t.parquet")
+    manifest = embed(EmbedConfig(str(tmp_path / "t.parquet"), str(tmp_path / "out"), tiny_clip, executor="local",
+                                 max_error_rate=1.0), log=lambda line: None)
+    assert embeddings.read_all(str(tmp_path / "out"))[0] == ["a", "c"]
+    errors = [pa.ipc.open_file(str(tmp_path / "out" / e)).read_all().to_pylist() for e in manifest["error_files"]]
+    assert errors == [[{"key": None, "error": f"null key (column key): row 1 of {tmp_path / 't.parquet'}"}]]
