@@ -378,11 +378,17 @@ def remove_staging(root: str) -> None:
             os.unlink(path)
 
 
+def _object(uri: str) -> tuple[str, str]:
+    """An s3:// URI's bucket and key."""
+    bucket, key = uri[len("s3://"):].split("/", 1)
+    return bucket, key
+
+
 def commit(local: str, dest: str) -> None:
     """Make the finished file `local` visible at `dest` all at once, and remove `local`."""
     try:
         if is_s3(dest):
-            bucket, key = dest[len("s3://"):].split("/", 1)
+            bucket, key = _object(dest)
             try:
                 _boto3_s3().upload_file(local, bucket, key)
             except Exception as exc:  # boto3 raises several unrelated types; name the target, not the keys
@@ -460,17 +466,13 @@ def read_versioned(uri: str) -> tuple[bytes | None, str | None]:
         except FileNotFoundError:
             return None, None
         return data, hashlib.sha256(data).hexdigest()
-    from botocore.exceptions import ClientError
-
-    bucket, key = uri[len("s3://"):].split("/", 1)
+    bucket, key = _object(uri)
     try:
         found = _boto3_s3().get_object(Bucket=bucket, Key=key)
         return found["Body"].read(), found["ETag"]
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+    except Exception as exc:  # boto3 raises several unrelated types; a missing object is a ClientError
+        if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None, None
-        raise StorageError(f"cannot read {uri}: {described(exc)}") from exc
-    except Exception as exc:
         raise StorageError(f"cannot read {uri}: {described(exc)}") from exc
 
 
@@ -498,7 +500,7 @@ def write_if(uri: str, data: bytes, version: str | None) -> str | None:
                 write_bytes(uri, data)
                 return hashlib.sha256(data).hexdigest()
     else:
-        bucket, key = uri[len("s3://"):].split("/", 1)
+        bucket, key = _object(uri)
         condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         done = _conditional(uri, "write", lambda **c: _boto3_s3().put_object(Bucket=bucket, Key=key, Body=data, **c),
                             condition)
@@ -534,7 +536,7 @@ def delete_if(uri: str, version: str) -> bool:
                 return False
             delete(uri)
         return True
-    bucket, key = uri[len("s3://"):].split("/", 1)
+    bucket, key = _object(uri)
     return _conditional(uri, "delete", lambda **c: _boto3_s3().delete_object(Bucket=bucket, Key=key, **c),
                         {"IfMatch": version}) is not None
 
