@@ -36,7 +36,7 @@ import time
 import pyarrow as pa
 
 from mieb_ray.audit import hashes, join, matches, near, outputs, pdq, plan
-from mieb_ray.audit.config import DEFAULT_THRESHOLD, AuditConfig
+from mieb_ray.audit.config import DEFAULT_THRESHOLD, MIEB, SELF, AuditConfig
 from mieb_ray.audit.hashes import HashFiles
 from mieb_ray.audit.near import NEAR_K, near_pairs
 from mieb_ray.encode.model import pinned
@@ -62,7 +62,7 @@ def audit(config: AuditConfig, log=print, ctx: RunContext | None = None) -> dict
                                             config.allow_mixed_models):
             log(f"[audit] warning: {note}")
     job = Job("audit", config.out, "a complete audit", re.compile(rf"^{hashes.DIR}/"), config.resume,
-              config.overwrite, log)
+              config.overwrite, log, inputs=(config.train, *[t for t in config.against if t not in (MIEB, SELF)]))
     with job:  # its hold on the output ends with the run, however it ends
         job.start()
         train, against = plan.train_side(config), plan.against_side(config, log, ctx)

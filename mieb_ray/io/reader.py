@@ -290,8 +290,12 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
         fmt, shards = built
         return fmt, [InputFile(storage.join(root, s["path"]), s["path"], s["rows"]) for s in shards]
     else:
-        uris = [u for u in storage.list_files(root)
-                if not re.search(r"(^|/)[._]", _rel(root, u))]  # not _errors/, .staging files or hidden folders
+        uris = storage.list_files(root)
+        if nested := _nested_output(root, uris):
+            raise UserError(f"{storage.display(storage.join(root, nested[0]))} inside the input "
+                            f"{storage.display(root)} is an output of mieb-ray (it holds {nested[1]}), not part of "
+                            "the table: point --input at the table's own files, and --out outside them")
+        uris = [u for u in uris if not re.search(r"(^|/)[._]", _rel(root, u))]  # not _errors/, .staging files
     parquets = [u for u in uris if u.endswith(PARQUET_SUFFIX)]
     tars = [u for u in uris if u.endswith(TAR_SUFFIX)]
     if not parquets and not tars:
@@ -302,6 +306,17 @@ def input_files(root: str) -> tuple[str, list[InputFile]]:
     if parquets and tars:
         raise UserError(f"{storage.display(root)} mixes .parquet and .tar files; point --input at one kind")
     return (PARQUET if parquets else WEBDATASET), [InputFile(u, _rel(root, u)) for u in (parquets or tars)]
+
+
+def _nested_output(root: str, uris: list[str]) -> tuple[str, str] | None:
+    """(its folder, the file that says so) of an output of ours inside the input folder `root`, if any: its shards
+    and result tables would be read as rows of the table (an --out inside the --input, a run ago or now)."""
+    for uri in uris:
+        parts = _rel(root, uri).split("/")
+        for i, part in enumerate(parts[1:], start=1):
+            if part == storage.PROGRESS or i == len(parts) - 1 and part in (storage.MANIFEST, storage.LEASE):
+                return "/".join(parts[:i]), part
+    return None
 
 
 def _built(manifest: dict) -> tuple[str, list[dict]] | None:

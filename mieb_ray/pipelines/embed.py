@@ -156,7 +156,7 @@ def embed(config: EmbedConfig, log=print, ctx: RunContext | None = None) -> dict
     where = placement_of(config, ctx)
     info, made_by = describe(config.model, config.revision, modality=config.modality)  # a hub name: its commit
     job = Job("embed", config.out, "complete embeddings", _OURS, config.resume, config.overwrite, log,
-              identity=_identity(config, info, made_by), reuse=config.reuse)
+              identity=_identity(config, info, made_by), reuse=config.reuse, inputs=(config.input,))
     if (reused := job.reusable()) is not None:
         return reused
     with job, tasks.using(where.mode, where.ctx):  # the plan's tar indexing too; the job's hold on its output

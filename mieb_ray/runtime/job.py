@@ -37,13 +37,14 @@ TICK_SECONDS = 5.0
 
 class Job:
     def __init__(self, name: str, out: str, what: str, ours: re.Pattern, resume: bool = False,
-                 overwrite: bool = False, log=print, identity: dict | None = None, reuse: bool = False):
+                 overwrite: bool = False, log=print, identity: dict | None = None, reuse: bool = False,
+                 inputs: tuple[str, ...] = ()):
         """name: the log's prefix (build, embed, audit); what: the output, for messages ("a complete build");
         ours: the relative paths of the files this kind of job writes (shards, error and hash files); identity:
         what decides the output's content (runtime/identity.py); reuse: an output of that identity is kept, one
         of another replaced, an unfinished one of these settings resumed (what a job a command runs for its own
-        needs does: `eval --model`'s embeddings and eval splits)."""
-        self.name, self.out, self.what, self.ours = name, out, what, ours
+        needs does: `eval --model`'s embeddings and eval splits); inputs: the tables the run reads."""
+        self.name, self.out, self.what, self.ours, self.inputs = name, out, what, ours, inputs
         self.resume, self.overwrite, self.log = resume or reuse, overwrite, log
         self.identity, self.reuse = identity, reuse
         self.progress: Progress | None = None  # once the plan gives the settings (earlier)
@@ -75,6 +76,7 @@ class Job:
     def start(self) -> None:
         """Before the plan: the output writable, a complete one refused (or removed, --overwrite), an unfinished
         one removed with --overwrite (else earlier() decides, once it knows this run's settings)."""
+        output.check_apart(self.out, self.inputs)
         self.lease = output.prepare(self.out, self.overwrite, self.what, self.name)
         if self.overwrite:
             for uri in self._unfinished():

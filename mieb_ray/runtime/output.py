@@ -95,6 +95,18 @@ class Progress:
         storage.delete_tree(storage.join(self.out, storage.PROGRESS))
 
 
+def check_apart(out: str, inputs: tuple[str, ...]) -> None:
+    """An output inside a folder the run reads is refused: its files would be read as the input's rows, by this
+    run's plan or the next run's (reader.input_files refuses an output it finds inside an input too)."""
+    def norm(uri: str) -> str:
+        return uri.rstrip("/") if storage.is_s3(uri) else os.path.realpath(uri)
+
+    for given in inputs:
+        if norm(out) == norm(given) or norm(out).startswith(norm(given) + "/"):
+            raise UserError(f"--out {storage.display(out)} is inside the input {storage.display(given)}: its files "
+                            "would be read as the input's rows; choose an --out outside it")
+
+
 def prepare(out: str, overwrite: bool, what: str, job: str) -> lease.Lease:
     """Before any work: the output is writable (one line if not) and no other run is writing it (this run's lease
     on it is returned), a killed run's staging files are gone, and a complete output is refused, or with

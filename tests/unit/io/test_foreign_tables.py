@@ -132,6 +132,24 @@ def test_a_manifest_of_another_tool_is_not_trusted(tmp_path):
     assert read(str(root)) == CLEAN
 
 
+@pytest.mark.parametrize("mark", ["_manifest.json", "_lease.json", "_progress/unit.json"])
+def test_an_output_of_ours_inside_an_input_folder_is_refused_not_read_as_rows(tmp_path, mark):
+    """An audit or build written inside the table's folder (an --out inside the --input, done or running): its
+    Parquet files were read as rows of the table (an audit's duplicates.parquet: "has no column image"; a build's
+    shards: every row twice)."""
+    root = tmp_path / "in"
+    parquet(root / "a.parquet", key=KEYS, image=IMAGES)
+    parquet(root / "sub" / "audit" / "duplicates.parquet", key=KEYS, image=IMAGES)
+    (root / "sub" / "audit" / mark).parent.mkdir(parents=True, exist_ok=True)
+    (root / "sub" / "audit" / mark).write_text("{}")
+    with pytest.raises(UserError, match=rf"^{root}/sub/audit inside the input {root} is an output of mieb-ray \(it "
+                                        rf"holds {mark.split('/')[0]}\), not part of the table: point --input at the "
+                                        r"table's own files, and --out outside them$"):
+        reader.input_files(str(root))
+    (root / "sub" / "audit" / mark).unlink()  # a folder of tables, no output: read as such
+    assert [f.rel for f in reader.input_files(str(root))[1]] == ["a.parquet", "sub/audit/duplicates.parquet"]
+
+
 @pytest.mark.parametrize(("groups", "cuts"), [
     ([1000] * 5, [1000, 2000, 3000, 4000, 5000]),
     ([300] * 7 + [90], [1500, 2190]),

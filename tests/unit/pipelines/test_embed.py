@@ -465,3 +465,16 @@ def test_a_row_without_a_key_is_an_error_row_that_says_where_it_is(tiny_clip, tm
     assert embeddings.read_all(str(tmp_path / "out"))[0] == ["a", "c"]
     errors = [pa.ipc.open_file(str(tmp_path / "out" / e)).read_all().to_pylist() for e in manifest["error_files"]]
     assert errors == [[{"key": None, "error": f"null key (column key): row 1 of {tmp_path / 't.parquet'}"}]]
+
+
+def test_an_out_inside_the_input_is_refused_before_anything_is_written(tiny_clip, tmp_path):
+    """An --out inside the --input folder: the run went through, and every later run of that input read the
+    output's tables as rows (or refused them). Now refused at once, nothing made there."""
+    table = tmp_path / "table"
+    table.mkdir()
+    pq.write_table(pa.table({"key": ["a"], "image": [_jpeg((200, 30, 30))]}), table / "t.parquet")
+    with pytest.raises(UserError, match=rf"^--out {re.escape(str(table / 'emb'))} is inside the input "
+                                        rf"{re.escape(str(table))}: its files would be read as the input's rows; "
+                                        r"choose an --out outside it$"):
+        embed(EmbedConfig(str(table), str(table / "emb"), tiny_clip, executor="local"), log=lambda line: None)
+    assert sorted(p.name for p in table.iterdir()) == ["t.parquet"]
