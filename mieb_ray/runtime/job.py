@@ -5,8 +5,9 @@ The job supplies its units (name -> what the unit reads), its stages (runtime/un
 
     reusable() with `reuse`: a complete output of the same identity, to return as it is; one of another identity
               is to be replaced (runtime/identity.py: the one reuse rule)
-    start()   the output checked and writable, and held by this run (runtime/lease.py: one run at a time), a
-              complete one refused without --overwrite, an unfinished one removed with --overwrite
+    start()   the output checked: writable, outside the folders the run reads, and held by this run
+              (runtime/lease.py: one run at a time); a complete one refused without --overwrite, an unfinished one
+              removed with --overwrite
     earlier() once the plan gives the settings: an unfinished output continued with --resume (the units whose
               progress record an earlier run committed with these settings), refused without it, and refused
               with it when the settings or units differ, saying how: hours of work are never replaced by mistake
