@@ -132,8 +132,12 @@ def held_by_another(uri: str, run: str, host: str | None = None) -> str | None:
 def check_held(out: str, run: str | None, what: str) -> None:
     """Before a worker commits `what` into `out` for run `run` (None: a run that holds no lease): refuse if another
     run took the output over (this run went unheard for STALE_SECONDS), so the files it commits are never mixed
-    with the other run's."""
-    if run is not None and (other := held_by_another(storage.join(out, storage.LEASE), run)):
+    with the other run's. No lease at all is no other run: a unit still committing after its driver was
+    interrupted (and dropped the lease) is kept for --resume, as every committed unit is."""
+    uri = storage.join(out, storage.LEASE)
+    if run is None or _read(uri)[0] is None:
+        return
+    if other := held_by_another(uri, run):
         raise UserError(f"{storage.display(out)} was taken over by {other} while this run's hold on it lapsed: "
                         f"{what} was not committed")
 
