@@ -121,12 +121,16 @@ def _read(uri: str) -> tuple[dict | None, str | None]:
         return {}, version
 
 
-def held_by_another(uri: str, run: str, host: str | None = None) -> str | None:
-    """Who holds the lease at `uri` if not run `run`, in words; None when `run` holds it."""
-    lease, _ = _read(uri)
+def _other(lease: dict | None, run: str, host: str) -> str | None:
+    """Who holds `lease` if not run `run`, in words; None when `run` holds it."""
     if isinstance(lease, dict) and lease.get("run") == run:
         return None
-    return holder(lease, time.time(), host or socket.gethostname(), holding=_HOLDING) or "a run that has ended since"
+    return holder(lease, time.time(), host, holding=_HOLDING) or "a run that has ended since"
+
+
+def held_by_another(uri: str, run: str, host: str | None = None) -> str | None:
+    """Who holds the lease at `uri` if not run `run`, in words; None when `run` holds it."""
+    return _other(_read(uri)[0], run, host or socket.gethostname())
 
 
 def check_held(out: str, run: str | None, what: str) -> None:
@@ -134,10 +138,10 @@ def check_held(out: str, run: str | None, what: str) -> None:
     run took the output over (this run went unheard for STALE_SECONDS), so the files it commits are never mixed
     with the other run's. No lease at all is no other run: a unit still committing after its driver was
     interrupted (and dropped the lease) is kept for --resume, as every committed unit is."""
-    uri = storage.join(out, storage.LEASE)
-    if run is None or _read(uri)[0] is None:
+    if run is None:
         return
-    if other := held_by_another(uri, run):
+    lease, _ = _read(storage.join(out, storage.LEASE))  # one read: this is every unit's commit
+    if lease is not None and (other := _other(lease, run, socket.gethostname())):
         raise UserError(f"{storage.display(out)} was taken over by {other} while this run's hold on it lapsed: "
                         f"{what} was not committed")
 

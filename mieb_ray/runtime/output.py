@@ -61,8 +61,8 @@ class Progress:
         lease.check_held(self.out, self.run, f"unit {name}")
 
     def record(self, name: str, unit, result: dict) -> None:
-        """Called by the worker once every file of the unit is committed. `unit`: JSON-able, what was read."""
-        self.held(name)
+        """Called by the worker once every file of the unit is committed (after held()). `unit`: JSON-able, what
+        was read."""
         record = {"unit": unit, "settings": self.settings, "result": result}
         storage.write_bytes(self.path(name), json.dumps(record).encode())
 
